@@ -1,0 +1,50 @@
+"""Views over caller buffers: ``bytes``-likes, numpy arrays and CPU torch tensors.
+
+The store moves raw bytes; the engine hands it torch tensors. Everything is reduced
+to a flat ``memoryview`` of unsigned bytes once, at the API boundary, with the size
+checked there so no tier ever sees a short buffer.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from kvstore.errors import BufferSizeError, InvalidArgument
+
+
+def byte_view(buf: Any, *, writable: bool = False) -> memoryview:
+    """A flat ``memoryview`` of unsigned bytes over ``buf`` (no copy)."""
+    if hasattr(buf, "detach") and hasattr(buf, "is_contiguous"):  # torch.Tensor
+        if buf.device.type != "cpu":
+            raise InvalidArgument("the store reads and writes host memory: pass a CPU tensor")
+        if not buf.is_contiguous():
+            raise InvalidArgument("tensor buffers must be contiguous")
+        import torch
+
+        buf = buf.detach().view(torch.uint8).numpy() if buf.numel() else np.empty(0, np.uint8)
+    try:
+        mv = memoryview(buf)
+    except TypeError:
+        raise InvalidArgument(f"expected a buffer, got {type(buf).__name__}") from None
+    if not mv.contiguous:
+        raise InvalidArgument("buffers must be contiguous")
+    if writable and mv.readonly:
+        raise InvalidArgument("destination buffer is read-only")
+    return mv.cast("B") if mv.format != "B" or mv.ndim != 1 else mv
+
+
+def rows_view(buf: Any, n_rows: int, row_bytes: int, *, writable: bool = False) -> memoryview:
+    """``byte_view`` that must hold exactly ``n_rows × row_bytes`` bytes."""
+    mv = byte_view(buf, writable=writable)
+    if len(mv) != n_rows * row_bytes:
+        raise BufferSizeError(
+            f"buffer of {len(mv)} bytes, expected {n_rows} x {row_bytes} = {n_rows * row_bytes}"
+        )
+    return mv
+
+
+def block_view(buf: Any, block_bytes: int) -> memoryview:
+    """One block's payload; must be exactly ``block_bytes``."""
+    return rows_view(buf, 1, block_bytes)
