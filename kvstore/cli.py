@@ -1,0 +1,102 @@
+"""``kvstore`` command line: one subcommand per module, loaded lazily.
+
+Each command module defines ``configure(parser)`` and ``run(args) -> int``; this file
+only wires them together, prints bad input as one line, and sets the exit status, so a
+command's own module never has to think about either.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import sys
+import tomllib
+from collections.abc import Sequence
+from typing import Any
+
+from kvstore.errors import KVStoreError
+
+# name -> (module, one-line help). Modules are imported only when their command runs,
+# so `kvstore hitrate` never pays for gRPC and `kvstore serve` never for matplotlib.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "demo": ("kvstore.demo", "multi-turn agent conversation through an embedded store"),
+    "serve": ("kvstore.daemon.cli", "run the cache daemon (gRPC)"),
+    "node": ("storage_nodes.node_cli", "run a storage node daemon (gRPC)"),
+    "stats": ("clients.stats_cli", "print a running daemon's statistics"),
+    "hitrate": ("kvstore.hitrate.cli", "replay traffic logs through simulated tiers"),
+    "loadgen": ("kvstore.loadgen.cli", "replay a trace against a running daemon"),
+}
+
+
+class UsageError(Exception):
+    """Bad command-line input: printed as one line, exit status 2."""
+
+
+def _available() -> dict[str, tuple[str, str]]:
+    out = {}
+    for name, (mod, help_) in COMMANDS.items():
+        try:
+            found = importlib.util.find_spec(mod) is not None
+        except ModuleNotFoundError:  # parent package not built yet
+            found = False
+        if found:
+            out[name] = (mod, help_)
+    return out
+
+
+def load_config(path: str) -> dict[str, Any]:
+    """A TOML config whose keys are flag names (``ssd-dir`` or ``ssd_dir``)."""
+    try:
+        with open(path, "rb") as f:
+            data = tomllib.load(f)
+    except OSError as e:
+        raise UsageError(f"cannot read config {path}: {e.strerror}") from None
+    except tomllib.TOMLDecodeError as e:
+        raise UsageError(f"invalid TOML in {path}: {e}") from None
+    return {k.replace("-", "_"): v for k, v in data.items()}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="kvstore",
+        description="Tiered KV-cache store: HBM, host DRAM and an SSD cluster with 72 h retention.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (mod, help_) in _available().items():
+        p = sub.add_parser(name, help=help_, description=help_)
+        p.add_argument("--json", action="store_true", help="machine-readable output")
+        p.add_argument("--config", metavar="FILE.toml", help="read flag defaults from a TOML file")
+        importlib.import_module(mod).configure(p)
+        p.set_defaults(_module=mod)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parser.parse_args(argv)
+    if not getattr(args, "command", None):
+        parser.print_help()
+        return 2
+    try:
+        if args.config:
+            # Config values are defaults; flags given on the command line still win.
+            sub = parser._subparsers._group_actions[0].choices[args.command]  # type: ignore[union-attr]
+            cfg = load_config(args.config)
+            known = {a.dest for a in sub._actions}
+            unknown = sorted(set(cfg) - known)
+            if unknown:
+                raise UsageError(f"{args.config}: unknown keys {', '.join(unknown)}")
+            sub.set_defaults(**cfg)
+            args = parser.parse_args(argv)
+        return int(importlib.import_module(args._module).run(args) or 0)
+    except (UsageError, KVStoreError, ValueError, FileNotFoundError, PermissionError) as e:
+        print(f"kvstore {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
