@@ -1,0 +1,197 @@
+"""Translation between kvstore objects and protocol messages (DESIGN §4, §7).
+
+Shared by the clients and the daemon so both ends cut and reassemble blocks the same
+way: an encoded block (64-byte header + payload) is sent as chunks of at most
+``CHUNK_BYTES``, in order; the receiver writes the payload bytes straight into the
+destination row and verifies the header and checksum when the last chunk arrives.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+from clients.proto import kvstore_pb2 as pb
+from kvstore.block import HEADER_BYTES, decode_header, make_header, payload_checksum
+from kvstore.errors import BlockError, InvalidArgument
+from kvstore.keys import KEY_BYTES, Key, Namespace
+
+CHUNK_BYTES = 1 << 20
+#: gRPC message limit on both ends: one chunk plus protobuf framing.
+MAX_MESSAGE_BYTES = CHUNK_BYTES + (64 << 10)
+
+_TIER_OF_DURABILITY = {"dram": pb.DURABILITY_DRAM, "ssd": pb.DURABILITY_SSD}
+_DURABILITY_OF_ENUM = {v: k for k, v in _TIER_OF_DURABILITY.items()}
+
+
+def ns_to_proto(ns: Namespace) -> pb.NamespaceSpec:
+    return pb.NamespaceSpec(
+        model_id=ns.model_id,
+        model_revision=ns.model_revision,
+        kv_dtype=ns.kv_dtype,
+        kv_layout=ns.kv_layout,
+        cached_layers=list(ns.cached_layers),
+        kv_heads=ns.kv_heads,
+        head_dim=ns.head_dim,
+        block_tokens=ns.block_tokens,
+        tp_rank=ns.tp_rank,
+        tp_size=ns.tp_size,
+        hash_alg=ns.hash_alg,
+        tenant=ns.tenant,
+        fingerprint=ns.fingerprint,
+    )
+
+
+def ns_from_proto(spec: pb.NamespaceSpec) -> Namespace:
+    """Rebuild and validate a namespace; a stated fingerprint must match ours."""
+    ns = Namespace(
+        model_id=spec.model_id,
+        model_revision=spec.model_revision,
+        kv_dtype=spec.kv_dtype,
+        kv_layout=spec.kv_layout,
+        cached_layers=tuple(spec.cached_layers),
+        kv_heads=spec.kv_heads,
+        head_dim=spec.head_dim,
+        block_tokens=spec.block_tokens,
+        tp_rank=spec.tp_rank,
+        tp_size=spec.tp_size,
+        hash_alg=spec.hash_alg,
+        tenant=spec.tenant,
+    )
+    if spec.fingerprint and spec.fingerprint != ns.fingerprint:
+        raise InvalidArgument("namespace fingerprint does not match its fields")
+    return ns
+
+
+def check_keys(keys: Sequence[bytes]) -> list[Key]:
+    out = [bytes(k) for k in keys]
+    for k in out:
+        if len(k) != KEY_BYTES:
+            raise InvalidArgument(f"keys must be {KEY_BYTES} bytes, got {len(k)}")
+    return out
+
+
+def durability_to_proto(d: str) -> int:
+    try:
+        return _TIER_OF_DURABILITY[d]
+    except KeyError:
+        raise InvalidArgument(f"durability must be 'dram' or 'ssd', got {d!r}") from None
+
+
+def durability_from_proto(v: int) -> str:
+    try:
+        return _DURABILITY_OF_ENUM[v]
+    except KeyError:
+        raise InvalidArgument(f"unknown durability {v}") from None
+
+
+def iter_chunks(
+    block_index: int, fingerprint: bytes, key: bytes, payload: memoryview
+) -> Iterator[pb.BlockChunk]:
+    """One encoded block as chunks of at most ``CHUNK_BYTES`` (header in the first)."""
+    header = make_header(fingerprint, key, payload).pack()
+    total = HEADER_BYTES + len(payload)
+    first = min(total, CHUNK_BYTES) - HEADER_BYTES
+    yield pb.BlockChunk(
+        block_index=block_index, offset=0, data=header + bytes(payload[:first]), last=first == len(payload)
+    )
+    pos = first
+    while pos < len(payload):
+        end = min(len(payload), pos + CHUNK_BYTES)
+        yield pb.BlockChunk(
+            block_index=block_index, offset=HEADER_BYTES + pos, data=bytes(payload[pos:end]),
+            last=end == len(payload),
+        )
+        pos = end
+
+
+@dataclass(slots=True)
+class _Partial:
+    header: bytearray
+    received: int
+
+
+class BlockAssembler:
+    """Reassembles chunked encoded blocks into payload rows of ``rows``.
+
+    ``slot_of(block_index)`` says which row a block's payload goes to. Chunk order and
+    bounds are enforced (``InvalidArgument``: a malformed stream); a block whose header
+    or checksum fails verification raises ``BlockError`` from ``add`` on its last chunk.
+    """
+
+    def __init__(self, ns: Namespace, keys: Sequence[Key], rows: memoryview, slots: dict[int, int]):
+        self._fp = ns.fingerprint
+        self._bb = ns.block_bytes
+        self._keys = keys
+        self._rows = rows
+        self._slots = slots
+        self._partial: dict[int, _Partial] = {}
+        self.complete: list[int] = []  # block indices, in completion order
+        self._done: set[int] = set()
+
+    @property
+    def encoded_bytes(self) -> int:
+        return HEADER_BYTES + self._bb
+
+    def add(self, chunk: pb.BlockChunk) -> bool:
+        """Take one chunk; return True when it completed (and verified) a block."""
+        idx = chunk.block_index
+        slot = self._slots.get(idx)
+        if slot is None:
+            raise InvalidArgument(f"chunk for block {idx}, which was not announced")
+        if idx in self._done:
+            raise InvalidArgument(f"chunk for block {idx}, which is already complete")
+        data = chunk.data
+        if len(data) > CHUNK_BYTES:
+            raise InvalidArgument(f"chunk of {len(data)} bytes exceeds {CHUNK_BYTES}")
+        part = self._partial.get(idx)
+        if part is None:
+            part = self._partial[idx] = _Partial(bytearray(HEADER_BYTES), 0)
+        if chunk.offset != part.received:
+            raise InvalidArgument(f"block {idx}: chunk at offset {chunk.offset}, expected {part.received}")
+        end = part.received + len(data)
+        if end > self.encoded_bytes:
+            raise InvalidArgument(f"block {idx}: {end} bytes exceed the encoded size {self.encoded_bytes}")
+        mv = memoryview(data)
+        pos = part.received
+        if pos < HEADER_BYTES:
+            n = min(HEADER_BYTES - pos, len(mv))
+            part.header[pos : pos + n] = mv[:n]
+            mv = mv[n:]
+            pos += n
+        if len(mv):
+            base = slot * self._bb + pos - HEADER_BYTES
+            self._rows[base : base + len(mv)] = mv
+        part.received = end
+        if not chunk.last:
+            return False
+        if end != self.encoded_bytes:
+            raise InvalidArgument(f"block {idx}: last chunk at {end} bytes, expected {self.encoded_bytes}")
+        del self._partial[idx]
+        self._done.add(idx)
+        self._verify(idx, slot, part.header)
+        self.complete.append(idx)
+        return True
+
+    def _verify(self, idx: int, slot: int, header: bytearray) -> None:
+        hdr = decode_header(header)
+        if hdr.fingerprint != self._fp:
+            raise BlockError(f"block {idx} belongs to another namespace")
+        if hdr.key != self._keys[idx]:
+            raise BlockError(f"block {idx} carries key {hdr.key.hex()}, expected {self._keys[idx].hex()}")
+        if hdr.payload_len != self._bb:
+            raise BlockError(f"block {idx}: payload length {hdr.payload_len}, expected {self._bb}")
+        row = self._rows[slot * self._bb : (slot + 1) * self._bb]
+        if payload_checksum(row) != hdr.checksum:
+            raise BlockError(f"block {idx}: payload checksum mismatch")
+
+
+def verify_staged_header(header: bytes, ns: Namespace, key: Key, row: memoryview) -> None:
+    """Check a same-host staged row against the header the client sent with it."""
+    if len(header) != HEADER_BYTES:
+        raise InvalidArgument(f"staged header of {len(header)} bytes, expected {HEADER_BYTES}")
+    hdr = decode_header(header)
+    if hdr.fingerprint != ns.fingerprint or hdr.key != key or hdr.payload_len != ns.block_bytes:
+        raise InvalidArgument("staged header does not match its namespace, key or block size")
+    if payload_checksum(row) != hdr.checksum:
+        raise BlockError("staged payload checksum mismatch")

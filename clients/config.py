@@ -1,0 +1,84 @@
+"""Client configuration: the store URL, credentials, deadlines, retries."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+from clients.breaker import BreakerConfig
+from clients.codec import MAX_MESSAGE_BYTES
+from kvstore.errors import InvalidArgument
+
+TOKEN_ENV = "KVSTORE_AUTH_TOKEN"
+
+
+@dataclass(frozen=True, slots=True)
+class ClientConfig:
+    """``target`` is ``host:port``. ``default_timeout_s`` applies when a call passes
+    ``timeout_s=None``; retries of UNAVAILABLE happen only inside that deadline.
+    ``shm="auto"`` uses the same-host fast path when the daemon's staging segment can
+    be mapped; ``"off"`` never does."""
+
+    target: str
+    tls: bool = False
+    tls_ca_file: str | None = None
+    auth_token: str | None = None
+    default_timeout_s: float = 10.0
+    retry_initial_backoff_s: float = 0.01
+    retry_max_backoff_s: float = 0.5
+    breaker: BreakerConfig = field(default_factory=BreakerConfig)
+    shm: str = "auto"
+    shm_bytes: int = 64 << 20
+
+    def __post_init__(self) -> None:
+        if self.shm not in ("auto", "off"):
+            raise InvalidArgument(f"shm must be 'auto' or 'off', got {self.shm!r}")
+        if self.default_timeout_s <= 0:
+            raise InvalidArgument("default_timeout_s must be positive")
+
+    def channel_options(self) -> list[tuple[str, int]]:
+        return [
+            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.keepalive_time_ms", 30_000),
+            ("grpc.keepalive_timeout_ms", 10_000),
+            # Reconnect quickly after a daemon restart; the breaker bounds the cost.
+            ("grpc.initial_reconnect_backoff_ms", 100),
+            ("grpc.max_reconnect_backoff_ms", 2_000),
+        ]
+
+    def metadata(self) -> tuple[tuple[str, str], ...]:
+        return (("authorization", f"Bearer {self.auth_token}"),) if self.auth_token else ()
+
+
+def parse_store_url(url: str) -> tuple[str, bool]:
+    """``grpc://H:P`` or ``grpcs://H:P`` (TLS) -> (``H:P``, tls)."""
+    for scheme, tls in (("grpc://", False), ("grpcs://", True)):
+        if url.startswith(scheme):
+            target = url[len(scheme):].rstrip("/")
+            host, sep, port = target.rpartition(":")
+            if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+                raise InvalidArgument(f"store URL {url!r} must be {scheme}HOST:PORT")
+            return target, tls
+    raise InvalidArgument(f"store URL {url!r} must start with grpc:// or grpcs://")
+
+
+def read_token(token_file: str | None) -> str | None:
+    """The token from ``token_file`` (first field of its first non-comment line; the
+    daemon's ``token tenant`` file format works too) or from ``$KVSTORE_AUTH_TOKEN``."""
+    if token_file:
+        try:
+            with open(token_file, encoding="utf-8") as f:
+                for line in f:
+                    line = line.strip()
+                    if line and not line.startswith("#"):
+                        return line.split()[0]
+        except OSError as e:
+            raise InvalidArgument(f"cannot read token file {token_file}: {e.strerror}") from None
+        raise InvalidArgument(f"token file {token_file} holds no token")
+    return os.environ.get(TOKEN_ENV) or None
+
+
+def config_from_url(url: str, *, token_file: str | None = None, **kw: object) -> ClientConfig:
+    target, tls = parse_store_url(url)
+    return ClientConfig(target=target, tls=tls, auth_token=read_token(token_file), **kw)  # type: ignore[arg-type]

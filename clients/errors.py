@@ -1,0 +1,79 @@
+"""Errors of the clients package and their mapping to and from gRPC status codes.
+
+The daemon names the kvstore error class in the status details (``"UnknownNamespace:
+namespace ... is not registered"``) so a client re-raises exactly the class the
+embedded store would have raised, and the conformance suite sees one behaviour.
+"""
+
+from __future__ import annotations
+
+import grpc
+
+from kvstore import errors as kv
+
+
+class ClientError(kv.KVStoreError):
+    """Base of the errors this package adds to the kvstore hierarchy."""
+
+
+class AccessDenied(ClientError, kv.InvalidArgument):
+    """The namespace belongs to another tenant (a misuse: the request names it)."""
+
+
+class AuthenticationFailed(ClientError, kv.StoreUnavailable):
+    """The daemon refused the token; to an engine that is an unavailable store."""
+
+
+class CircuitOpen(ClientError, kv.StoreUnavailable):
+    """The store failed repeatedly; calls are skipped until the cool-down ends."""
+
+
+# Misuse classes a daemon may name; anything else INVALID_ARGUMENT is InvalidArgument.
+_MISUSE = {
+    cls.__name__: cls
+    for cls in (kv.InvalidArgument, kv.InvalidTokens, kv.UnknownNamespace, kv.BufferSizeError)
+}
+
+#: Codes after which a retry (within the deadline) may succeed.
+RETRYABLE = frozenset({grpc.StatusCode.UNAVAILABLE})
+#: Codes that say "the store is not answering": they count against the circuit breaker.
+UNAVAILABLE_CODES = frozenset(
+    {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.RESOURCE_EXHAUSTED,
+     grpc.StatusCode.CANCELLED}
+)
+
+
+def status_for(exc: BaseException) -> tuple[grpc.StatusCode, str]:
+    """Server side: the status code and details to abort with for ``exc``."""
+    name = type(exc).__name__
+    if isinstance(exc, AccessDenied):
+        return grpc.StatusCode.PERMISSION_DENIED, f"{name}: {exc}"
+    if isinstance(exc, kv.UnknownNamespace):
+        return grpc.StatusCode.FAILED_PRECONDITION, f"{name}: {exc}"
+    if isinstance(exc, ValueError):
+        n = name if name in _MISUSE else "InvalidArgument"
+        return grpc.StatusCode.INVALID_ARGUMENT, f"{n}: {exc}"
+    if isinstance(exc, kv.BlockError):
+        return grpc.StatusCode.INVALID_ARGUMENT, f"InvalidArgument: {exc}"
+    if isinstance(exc, kv.IntegrityError):
+        return grpc.StatusCode.INTERNAL, f"IntegrityError: {exc}"
+    if isinstance(exc, kv.StoreUnavailable):
+        return grpc.StatusCode.UNAVAILABLE, f"StoreUnavailable: {exc}"
+    return grpc.StatusCode.INTERNAL, f"{name}: {exc}"
+
+
+def error_for(code: grpc.StatusCode, details: str | None) -> kv.KVStoreError:
+    """Client side: the kvstore error to raise for a failed RPC."""
+    details = details or code.name
+    name, _, msg = details.partition(": ")
+    if code == grpc.StatusCode.PERMISSION_DENIED:
+        return AccessDenied(msg or details)
+    if code == grpc.StatusCode.UNAUTHENTICATED:
+        return AuthenticationFailed(f"daemon refused the token: {msg or details}")
+    if code == grpc.StatusCode.FAILED_PRECONDITION:
+        return kv.UnknownNamespace(msg or details)
+    if code == grpc.StatusCode.INVALID_ARGUMENT:
+        return _MISUSE.get(name, kv.InvalidArgument)(msg or details)
+    if code == grpc.StatusCode.INTERNAL and name == "IntegrityError":
+        return kv.IntegrityError(msg)
+    return kv.StoreUnavailable(f"{code.name.lower()}: {details}")

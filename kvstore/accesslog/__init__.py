@@ -1,0 +1,1 @@
+"""The daemon's access log (DESIGN §8): one Parquet row per ``Lookup``."""

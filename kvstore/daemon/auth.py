@@ -1,0 +1,97 @@
+"""Bearer-token authentication and namespace ownership (DESIGN §7).
+
+``--auth-token-file`` holds ``token tenant`` lines. Every RPC carries
+``authorization: Bearer TOKEN``; the token is compared in constant time against every
+known token (no early exit, no dict lookup keyed by the secret), and a tenant may only
+name namespaces whose ``tenant`` field is its own. Without a token file every caller is
+trusted (``OpenAuth``, the null object) — fine on loopback, warned about elsewhere.
+"""
+
+from __future__ import annotations
+
+import hmac
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+
+from clients.errors import AccessDenied
+from kvstore.errors import InvalidArgument
+from kvstore.keys import Namespace
+
+
+class AuthError(Exception):
+    """The caller did not present a valid token (maps to UNAUTHENTICATED)."""
+
+
+class Authenticator(ABC):
+    """Turns request metadata into a tenant and guards namespace ownership."""
+
+    @abstractmethod
+    def tenant_of(self, metadata: Sequence[tuple[str, str | bytes]]) -> str | None:
+        """The caller's tenant (``None``: unrestricted); raises ``AuthError``."""
+
+    def check_namespace(self, tenant: str | None, ns: Namespace) -> None:
+        """Raise ``AccessDenied`` unless ``tenant`` owns ``ns``."""
+        if tenant is not None and ns.tenant != tenant:
+            raise AccessDenied(f"namespace of tenant {ns.tenant!r} is not accessible to tenant {tenant!r}")
+
+    @property
+    def enabled(self) -> bool:
+        return True
+
+
+class OpenAuth(Authenticator):
+    def tenant_of(self, metadata: Sequence[tuple[str, str | bytes]]) -> str | None:
+        return None
+
+    @property
+    def enabled(self) -> bool:
+        return False
+
+
+class TokenAuth(Authenticator):
+    def __init__(self, tokens: dict[str, str]) -> None:
+        if not tokens:
+            raise InvalidArgument("the auth token file defines no tokens")
+        self._tokens = [(t.encode(), tenant) for t, tenant in tokens.items()]
+
+    def tenant_of(self, metadata: Sequence[tuple[str, str | bytes]]) -> str | None:
+        presented = b""
+        for k, v in metadata:
+            if k == "authorization":
+                value = v.encode() if isinstance(v, str) else v
+                if not value.startswith(b"Bearer "):
+                    raise AuthError("authorization must be 'Bearer TOKEN'")
+                presented = value[len(b"Bearer "):]
+        if not presented:
+            raise AuthError("missing authorization: Bearer TOKEN")
+        found: str | None = None
+        for token, tenant in self._tokens:  # all compared: timing does not depend on which
+            if hmac.compare_digest(token, presented):
+                found = tenant
+        if found is None:
+            raise AuthError("unknown token")
+        return found
+
+
+def load_token_file(path: str) -> TokenAuth:
+    """Parse ``token tenant`` lines (``#`` comments, blank lines ignored)."""
+    tokens: dict[str, str] = {}
+    try:
+        with open(path, encoding="utf-8") as f:
+            lines = f.read().splitlines()
+    except OSError as e:
+        raise InvalidArgument(f"cannot read auth token file {path}: {e.strerror}") from None
+    for n, raw in enumerate(lines, 1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        parts = line.split()
+        if len(parts) != 2:
+            raise InvalidArgument(f"{path}:{n}: expected 'token tenant'")
+        token, tenant = parts
+        if len(token) < 16:
+            raise InvalidArgument(f"{path}:{n}: token shorter than 16 characters")
+        if token in tokens:
+            raise InvalidArgument(f"{path}:{n}: duplicate token")
+        tokens[token] = tenant
+    return TokenAuth(tokens)

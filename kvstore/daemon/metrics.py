@@ -1,0 +1,139 @@
+"""Prometheus metrics of the daemon (``--metrics-listen``).
+
+Two sources: counters the RPC layer keeps itself (lookups, hits per tier and size
+class, bytes in and out per path, RPC latency), and, at scrape time, the store's own
+``stats()`` (per-tier capacity, usage per size class, and every tier/store counter:
+evictions, back-pressure waits, drops, retention violations, corrupt blocks…), so the
+two can never disagree about what the store did.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from kvstore.tier import StoreStats
+
+_LATENCY_BUCKETS_S = (
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10,
+)
+_NAME_RE = re.compile(r"[^a-zA-Z0-9_]")
+
+
+def _metric_name(counter: str) -> str:
+    base = _NAME_RE.sub("_", counter).strip("_").lower()
+    return f"kvstore_{base.removesuffix('_total')}"
+
+
+class StoreCollector(Collector):
+    """Exports ``store.stats()`` at scrape time."""
+
+    def __init__(self, stats: Callable[[], StoreStats]) -> None:
+        self._stats = stats
+
+    def collect(self) -> Iterator[Any]:
+        try:
+            st = self._stats()
+        except Exception:  # a scrape must never take the daemon down
+            return
+        cap = GaugeMetricFamily("kvstore_tier_capacity_bytes", "tier capacity", labels=["tier"])
+        used = GaugeMetricFamily("kvstore_tier_used_bytes", "tier bytes in use", labels=["tier"])
+        cls_cap = GaugeMetricFamily(
+            "kvstore_size_class_capacity_blocks", "capacity in blocks", labels=["tier", "block_bytes"]
+        )
+        cls_used = GaugeMetricFamily(
+            "kvstore_size_class_used_blocks", "blocks stored", labels=["tier", "block_bytes"]
+        )
+        counters: dict[str, CounterMetricFamily] = {}
+
+        def counter(name: str, labels: list[str]) -> CounterMetricFamily:
+            fam = counters.get(name)
+            if fam is None:
+                fam = counters[name] = CounterMetricFamily(name, f"store counter {name}", labels=labels)
+            return fam
+
+        for t in st.tiers:
+            cap.add_metric([t.name], t.capacity_bytes)
+            used.add_metric([t.name], t.used_bytes)
+            for c in t.size_classes:
+                cls_cap.add_metric([t.name, str(c.block_bytes)], c.capacity_blocks)
+                cls_used.add_metric([t.name, str(c.block_bytes)], c.used_blocks)
+            for k, v in t.counters.items():
+                counter(_metric_name(k) + "_tier", ["tier"]).add_metric([t.name], v)
+        for k, v in st.counters.items():
+            counter(_metric_name(k) + "_store", []).add_metric([], v)
+        yield from (cap, used, cls_cap, cls_used, *counters.values())
+
+
+class DaemonMetrics:
+    """The RPC-side counters; one registry per daemon so tests can run several."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.lookups = Counter("kvstore_lookups", "Lookup RPCs", ["block_bytes"], registry=r)
+        self.lookup_blocks = Counter(
+            "kvstore_lookup_blocks", "blocks asked for by Lookup", ["block_bytes"], registry=r
+        )
+        self.hit_blocks = Counter(
+            "kvstore_hit_blocks", "Lookup hit blocks by fastest tier", ["tier", "block_bytes"], registry=r
+        )
+        self.hit_tokens = Counter(
+            "kvstore_hit_tokens", "Lookup hit tokens by fastest tier", ["tier", "block_bytes"], registry=r
+        )
+        self.bytes_in = Counter(
+            "kvstore_bytes_in", "payload bytes committed", ["path", "block_bytes"], registry=r
+        )
+        self.bytes_out = Counter(
+            "kvstore_bytes_out", "payload bytes served", ["path", "block_bytes"], registry=r
+        )
+        self.rejected_blocks = Counter(
+            "kvstore_rejected_blocks", "received blocks failing verification", ["reason"], registry=r
+        )
+        self.rpc_errors = Counter("kvstore_rpc_errors", "failed RPCs", ["method", "code"], registry=r)
+        self.rpc_seconds = Histogram(
+            "kvstore_rpc_seconds", "RPC latency", ["method"], buckets=_LATENCY_BUCKETS_S, registry=r
+        )
+        self._server: Any = None
+
+    def attach_store(self, stats: Callable[[], StoreStats]) -> None:
+        self.registry.register(StoreCollector(stats))
+
+    def record_lookup(self, block_bytes: int, block_tokens: int, asked: int, tiers: tuple[str, ...]) -> None:
+        bb = str(block_bytes)
+        self.lookups.labels(bb).inc()
+        self.lookup_blocks.labels(bb).inc(asked)
+        per_tier: dict[str, int] = {}
+        for t in tiers:
+            per_tier[t] = per_tier.get(t, 0) + 1
+        for t, n in per_tier.items():
+            self.hit_blocks.labels(t, bb).inc(n)
+            self.hit_tokens.labels(t, bb).inc(n * block_tokens)
+
+    @contextmanager
+    def timed(self, method: str) -> Iterator[None]:
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.rpc_seconds.labels(method).observe(time.perf_counter() - t0)
+
+    def serve(self, listen: str) -> int:
+        """Start the HTTP exporter on ``host:port``; returns the bound port."""
+        host, _, port = listen.rpartition(":")
+        server, _thread = start_http_server(int(port), addr=host or "127.0.0.1", registry=self.registry)
+        self._server = server
+        return int(server.server_port)
+
+    def close(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None

@@ -1,0 +1,275 @@
+"""The embedded store: ``KVStore`` over an ordered list of tiers (DESIGN §5–§6).
+
+``tiers[0]`` is the top (DRAM); the rest are below it (SSD or the cluster). Tiers are
+inclusive: commits go to the top and, by write-back, to every tier below; reads are
+served by the fastest tier holding each block and lower-tier hits are promoted. A
+lower tier that raises is treated as a miss and counted: lost blocks are misses, never
+errors to the engine.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from kvstore.buffers import block_view, rows_view
+from kvstore.errors import InvalidArgument, StoreUnavailable, UnknownNamespace
+from kvstore.keys import Key, Namespace
+from kvstore.tier import (
+    CommitResult,
+    Durability,
+    KVStore,
+    LookupResult,
+    StoreStats,
+    Tier,
+)
+from kvstore.writeback import NullWriteBack, ThreadWriteBack, WriteBack
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class ManagerConfig:
+    max_dirty_bytes: int | None = None  # None: 10 % of the top tier
+    commit_wait_s: float = 5.0  # back-pressure wait when the call gives no deadline
+    close_flush_s: float = 60.0
+    writeback_batch_blocks: int = 32
+    retention_touch_interval_s: float = 30.0  # DESIGN §6: SSD copies refreshed within a minute
+    prefetch_workers: int = 2
+
+
+@dataclass(frozen=True, slots=True)
+class _Run:
+    tier: int
+    start: int
+    length: int
+
+
+def _deadline(timeout_s: float | None, default_s: float | None = None) -> float | None:
+    t = default_s if timeout_s is None else timeout_s
+    return None if t is None else time.monotonic() + t
+
+
+class TierManager(KVStore):
+    def __init__(self, tiers: Sequence[Tier], config: ManagerConfig = ManagerConfig()) -> None:
+        if not tiers:
+            raise InvalidArgument("a tier manager needs at least one tier")
+        self.tiers = list(tiers)
+        self.config = config
+        self._top = self.tiers[0]
+        max_dirty = config.max_dirty_bytes
+        if max_dirty is None:
+            max_dirty = max(1, self._top.stats().capacity_bytes // 10)
+        self._wb: WriteBack = (
+            ThreadWriteBack(
+                self.tiers[1:],
+                max_dirty_bytes=max_dirty,
+                batch_blocks=config.writeback_batch_blocks,
+                touch_interval_s=config.retention_touch_interval_s,
+            )
+            if len(self.tiers) > 1
+            else NullWriteBack()
+        )
+        self._pool = ThreadPoolExecutor(config.prefetch_workers, thread_name_prefix="kvstore-prefetch")
+        self._namespaces: dict[bytes, Namespace] = {}
+        self._lock = threading.Lock()
+        self._closed = False
+        self.counters: Counter[str] = Counter()
+
+    # -- helpers ------------------------------------------------------------------
+    def _check(self, ns: Namespace) -> None:
+        if self._closed:
+            raise StoreUnavailable("store is closed")
+        if self._namespaces.get(ns.fingerprint) != ns:
+            raise UnknownNamespace(f"namespace {ns.model_id!r} is not registered")
+
+    def _contains(self, i: int, ns: Namespace, keys: Sequence[Key]) -> int:
+        if i == 0:
+            return self._top.contains(ns, keys)
+        try:
+            return self.tiers[i].contains(ns, keys)
+        except Exception:
+            self._count_tier_error(i)
+            return 0
+
+    def _count_tier_error(self, i: int) -> None:
+        log.warning("tier %s failed; treating as a miss", self.tiers[i].name, exc_info=True)
+        with self._lock:
+            self.counters["tier_errors_total"] += 1
+
+    def _runs(self, ns: Namespace, keys: Sequence[Key]) -> list[_Run]:
+        """The longest prefix present in the union of tiers, as runs served by one tier.
+
+        Each run goes to the fastest tier holding its first block; because every tier
+        evicts a chain tail-first, a faster tier's holdings are a prefix and a run never
+        skips a faster copy in practice.
+        """
+        runs: list[_Run] = []
+        pos, n = 0, len(keys)
+        while pos < n:
+            for i in range(len(self.tiers)):
+                got = self._contains(i, ns, keys[pos:])
+                if got:
+                    runs.append(_Run(i, pos, got))
+                    pos += got
+                    break
+            else:
+                break
+        return runs
+
+    # -- KVStore --------------------------------------------------------------------
+    def register(self, ns: Namespace, *, timeout_s: float | None = None) -> None:
+        if self._closed:
+            raise StoreUnavailable("store is closed")
+        for tier in self.tiers:
+            tier.register(ns)
+        with self._lock:
+            self._namespaces[ns.fingerprint] = ns
+
+    def lookup(self, ns: Namespace, keys: Sequence[Key], *, timeout_s: float | None = None) -> LookupResult:
+        self._check(ns)
+        tiers: list[str] = []
+        for run in self._runs(ns, keys):
+            tiers.extend([self.tiers[run.tier].name] * run.length)
+        with self._lock:
+            self.counters["lookups_total"] += 1
+            self.counters["lookup_blocks_total"] += len(keys)
+            self.counters["lookup_hit_blocks_total"] += len(tiers)
+        return LookupResult(hit_blocks=len(tiers), tiers=tuple(tiers))
+
+    def get_into(self, ns: Namespace, keys: Sequence[Key], dst: Any, *, timeout_s: float | None = None) -> int:
+        self._check(ns)
+        bb = ns.block_bytes
+        out = rows_view(dst, len(keys), bb, writable=True)
+        served = self._fetch(ns, keys, out)
+        hit = sum(served.values())
+        if hit:
+            self._top.touch(ns, keys[:hit])
+            self._wb.note_hits(ns, keys[:hit])
+        with self._lock:
+            self.counters["get_blocks_total"] += len(keys)
+            for name, count in served.items():
+                self.counters[f"get_hit_blocks_{name}"] += count
+        return hit
+
+    def _fetch(self, ns: Namespace, keys: Sequence[Key], out: memoryview) -> Counter[str]:
+        """Copy the hit prefix into ``out``, promoting lower-tier runs into the top tier."""
+        bb = ns.block_bytes
+        served: Counter[str] = Counter()
+        for run in self._runs(ns, keys):
+            a, b = run.start, run.start + run.length
+            tier = self.tiers[run.tier]
+            rows = out[a * bb : b * bb]
+            try:
+                got = tier.get_into(ns, keys[a:b], rows)
+            except Exception:
+                if run.tier == 0:
+                    raise
+                self._count_tier_error(run.tier)
+                got = 0
+            if got and run.tier > 0:
+                self._top.put(ns, keys[a : a + got], rows[: got * bb])
+                with self._lock:
+                    self.counters["promoted_blocks_total"] += got
+            served[tier.name] += got
+            if got < run.length:  # evicted between lookup and read: the prefix ends here
+                break
+        return served
+
+    def commit(
+        self,
+        ns: Namespace,
+        keys: Sequence[Key],
+        payloads: Mapping[int, Any],
+        *,
+        durability: Durability = "dram",
+        timeout_s: float | None = None,
+    ) -> CommitResult:
+        self._check(ns)
+        if durability not in ("dram", "ssd"):
+            raise InvalidArgument(f"durability must be 'dram' or 'ssd', got {durability!r}")
+        bb = ns.block_bytes
+        views: dict[int, memoryview] = {}
+        for idx, buf in payloads.items():  # validate everything before storing anything
+            if not isinstance(idx, int) or not 0 <= idx < len(keys):
+                raise InvalidArgument(f"payload index {idx!r} outside the chain of {len(keys)} keys")
+            views[idx] = block_view(buf, bb)
+        deadline = _deadline(timeout_s, self.config.commit_wait_s)
+        new = [i for i in sorted(views) if not self._top.contains(ns, keys[i : i + 1])]
+        present = len(views) - len(new)
+        ticket = self._wb.last_ticket()
+        accepted: list[int] = []
+        # Reserve head first, in pieces that fit under the dirty bound: a commit larger
+        # than the bound streams through the flusher, and what the deadline refuses is
+        # the chain's tail, the least valuable part (DESIGN §6).
+        while len(accepted) < len(new):
+            granted = self._wb.reserve(len(new) - len(accepted), bb, deadline)
+            if granted == 0:
+                break
+            part = new[len(accepted) : len(accepted) + granted]
+            ticket = self._wb.submit(ns, [keys[i] for i in part], b"".join(views[i] for i in part))
+            accepted.extend(part)
+        # One put for the whole commit, so insertion runs last→first over the chain and
+        # a commit larger than the tier keeps its head, as the hit-rate model does.
+        res = self._top.put(ns, [keys[i] for i in accepted], b"".join(views[i] for i in accepted))
+        inserted, dropped = res.inserted, res.dropped + len(new) - len(accepted)
+        self._top.touch(ns, keys)
+        achieved: Durability = "dram"
+        if durability == "ssd" and self._wb.durable_level == "ssd" and self._wb.wait(ticket, _deadline(timeout_s)):
+            achieved = "ssd"
+        with self._lock:
+            self.counters["commits_total"] += 1
+            self.counters["commit_blocks_total"] += inserted
+            self.counters["dropped_blocks_total"] += dropped
+        return CommitResult(inserted=inserted, present=present, dropped=dropped, durability=achieved)
+
+    def prefetch(self, ns: Namespace, keys: Sequence[Key], *, timeout_s: float | None = None) -> Future[int]:
+        self._check(ns)
+        keys = list(keys)
+
+        def promote() -> int:
+            runs = self._runs(ns, keys)
+            if not runs or all(r.tier == 0 for r in runs):
+                return sum(r.length for r in runs)
+            scratch = bytearray(len(keys) * ns.block_bytes)
+            self._fetch(ns, keys, memoryview(scratch))
+            return self._top.contains(ns, keys)
+
+        return self._pool.submit(promote)
+
+    def flush(self, *, timeout_s: float | None = None) -> None:
+        if self._closed:
+            raise StoreUnavailable("store is closed")
+        if not self._wb.wait(self._wb.last_ticket(), _deadline(timeout_s)):
+            raise StoreUnavailable("flush did not finish before its deadline")
+
+    def delete_namespace(self, ns: Namespace, *, timeout_s: float | None = None) -> int:
+        self._check(ns)
+        self.flush(timeout_s=timeout_s)  # nothing of ns may land below after the delete
+        return sum(tier.delete_namespace(ns) for tier in self.tiers)
+
+    def stats(self, *, timeout_s: float | None = None) -> StoreStats:
+        with self._lock:
+            counters = dict(self.counters)
+        counters.update(self._wb.counters)
+        counters["dirty_bytes"] = self._wb.dirty_bytes()
+        return StoreStats(tiers=tuple(t.stats() for t in self.tiers), counters=counters)
+
+    def check_integrity(self) -> None:
+        for tier in self.tiers:
+            tier.check_integrity()
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._wb.close(_deadline(self.config.close_flush_s))
+        self._pool.shutdown(wait=True)
+        for tier in self.tiers:
+            tier.close()
