@@ -150,7 +150,6 @@ class TierManager(KVStore):
         served = self._fetch(ns, keys, out)
         hit = sum(served.values())
         if hit:
-            self._top.touch(ns, keys[:hit])
             self._wb.note_hits(ns, keys[:hit])
         with self._lock:
             self.counters["get_blocks_total"] += len(keys)
@@ -159,27 +158,34 @@ class TierManager(KVStore):
         return hit
 
     def _fetch(self, ns: Namespace, keys: Sequence[Key], out: memoryview) -> Counter[str]:
-        """Copy the hit prefix into ``out``, promoting lower-tier runs into the top tier."""
+        """Copy the hit prefix into ``out``; promote it into the top tier if any of it came
+        from below, and touch it there last→first."""
         bb = ns.block_bytes
         served: Counter[str] = Counter()
+        hit = 0
         for run in self._runs(ns, keys):
             a, b = run.start, run.start + run.length
             tier = self.tiers[run.tier]
-            rows = out[a * bb : b * bb]
             try:
-                got = tier.get_into(ns, keys[a:b], rows)
+                got = tier.get_into(ns, keys[a:b], out[a * bb : b * bb])
             except Exception:
                 if run.tier == 0:
                     raise
                 self._count_tier_error(run.tier)
                 got = 0
-            if got and run.tier > 0:
-                self._top.put(ns, keys[a : a + got], rows[: got * bb])
-                with self._lock:
-                    self.counters["promoted_blocks_total"] += got
             served[tier.name] += got
+            hit += got
             if got < run.length:  # evicted between lookup and read: the prefix ends here
                 break
+        if hit and served[self._top.name] < hit:
+            # One put over the whole prefix, last→first: promoted blocks are inserted and
+            # top-tier ones touched in chain order, so a prefix larger than the top tier
+            # leaves its head there, exactly as the hit-rate model does (DESIGN §10).
+            self._top.put(ns, keys[:hit], out[: hit * bb])
+            with self._lock:
+                self.counters["promoted_blocks_total"] += hit - served[self._top.name]
+        elif hit:
+            self._top.touch(ns, keys[:hit])
         return served
 
     def commit(

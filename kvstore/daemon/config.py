@@ -1,0 +1,75 @@
+"""Configuration of the cache daemon (``kvstore serve``, DESIGN §9)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from kvstore.errors import InvalidArgument
+
+
+@dataclass(frozen=True, slots=True)
+class ServerLimits:
+    """Bounds on what one request may ask of the daemon (memory safety: a request is
+    buffered whole so a malformed one can be refused without side effects)."""
+
+    max_keys_per_request: int = 1 << 16
+    max_request_bytes: int = 1 << 30
+    max_staging_segment_bytes: int = 1 << 30
+    max_staging_total_bytes: int = 8 << 30
+
+
+@dataclass(frozen=True, slots=True)
+class DaemonConfig:
+    listen: str = "127.0.0.1:7420"
+    dram_bytes: int = 8 << 30
+    ssd_dir: str | None = None
+    ssd_capacity_bytes: int | None = None
+    nodes: tuple[str, ...] = ()
+    retention_s: float = 72 * 3600.0
+    max_dirty_bytes: int | None = None
+    metrics_listen: str | None = None
+    access_log_dir: str | None = None
+    access_log_rotate_s: float = 60.0
+    auth_token_file: str | None = None
+    tls_cert_file: str | None = None
+    tls_key_file: str | None = None
+    workers: int = 32
+    shutdown_grace_s: float = 10.0
+    shm: bool = True
+    limits: ServerLimits = ServerLimits()
+
+    def __post_init__(self) -> None:
+        _check_hostport("--listen", self.listen)
+        if self.metrics_listen is not None:
+            _check_hostport("--metrics-listen", self.metrics_listen)
+        if self.dram_bytes <= 0:
+            raise InvalidArgument("--dram must be positive")
+        if self.ssd_dir and self.nodes:
+            raise InvalidArgument("--ssd-dir and --nodes are exclusive: one tier below DRAM")
+        if self.ssd_dir and not self.ssd_capacity_bytes:
+            raise InvalidArgument("--ssd-dir needs --ssd-capacity")
+        if self.ssd_capacity_bytes is not None and not self.ssd_dir:
+            raise InvalidArgument("--ssd-capacity needs --ssd-dir")
+        if not (self.retention_s > 0 or self.retention_s == math.inf):
+            raise InvalidArgument("--retention must be positive")
+        if (self.tls_cert_file is None) != (self.tls_key_file is None):
+            raise InvalidArgument("--tls-cert and --tls-key go together")
+        if not 0 < self.access_log_rotate_s <= 60:
+            raise InvalidArgument("access-log rotation must be within (0, 60] seconds")
+        if self.workers < 1:
+            raise InvalidArgument("--workers must be >= 1")
+
+    @property
+    def host(self) -> str:
+        return self.listen.rpartition(":")[0].strip("[]")
+
+    @property
+    def loopback(self) -> bool:
+        return self.host in ("127.0.0.1", "localhost", "::1") or self.host.startswith("127.")
+
+
+def _check_hostport(flag: str, value: str) -> None:
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or int(port) > 65535:
+        raise InvalidArgument(f"{flag} must be HOST:PORT, got {value!r}")

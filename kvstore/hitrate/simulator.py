@@ -1,0 +1,213 @@
+"""The hit-rate model of DESIGN §10, driven through the same eviction policies as the DRAM tier.
+
+Per request: expire idle SSD blocks, find the longest prefix present in the union of the
+tiers (each hit block attributed to the fastest tier holding it), then commit the whole
+chain to every tier, last→first. Tiers never influence each other: each is a policy of its
+own capacity over the same stream of commits.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Container, Hashable, Iterable
+from dataclasses import dataclass
+
+from kvstore.errors import IntegrityError
+from kvstore.eviction import EvictionPolicy, make_policy
+from kvstore.hitrate.config import TIER_NAMES, SimConfig, is_absent
+from kvstore.hitrate.errors import ConfigError
+from kvstore.hitrate.request import Request
+from kvstore.hitrate.result import SimResult, TierResult
+from kvstore.hitrate.retention import IdleExpiry, NoRetention, Retention
+
+_NOTHING: frozenset[Hashable] = frozenset()
+"""Stands in for an absent tier in membership tests: C-speed ``in``, always False."""
+
+
+@dataclass(slots=True)
+class SimTier:
+    """One simulated tier: its policy and retention (a null object where none applies)."""
+
+    name: str
+    capacity_blocks: float
+    policy: EvictionPolicy
+    retention: Retention
+
+    def commit(self, keys: list[Hashable], now_s: float) -> None:
+        evicted = self.policy.access_many(keys[::-1])
+        self.retention.record(keys, evicted, now_s)
+
+
+class Simulator:
+    """Replays requests through up to three tiers; ``result()`` may be read at any time.
+
+    The tier layout is fixed by the first request's block size (capacities in bytes are
+    blocks of that size); a later request with another block size is a ``ConfigError``.
+    """
+
+    def __init__(self, config: SimConfig) -> None:
+        make_policy(config.policy, 0)  # unknown policy names fail before any input is read
+        self.config = config
+        self._block_tokens = 0
+        self._tiers: list[SimTier | None] = [None, None, None]
+        self._now_s = -math.inf
+        self.requests = 0
+        self.input_tokens = 0
+        self.hit_tokens = 0
+        self.ratio_sum = 0.0
+        self.ratio_requests = 0
+        self.replay_extra_tokens = 0
+        self.tier_hit_blocks = [0, 0, 0]
+        self.tier_hit_tokens = [0, 0, 0]
+
+    # -- set-up -------------------------------------------------------------------------
+
+    def _build(self, block_tokens: int) -> None:
+        self._block_tokens = block_tokens
+        for i, name in enumerate(TIER_NAMES):
+            cap = self.config.capacity(name)
+            if is_absent(cap):
+                continue
+            blocks = self.config.capacity_blocks(name, block_tokens)
+            policy = make_policy(self.config.policy, blocks)
+            retention: Retention = NoRetention()
+            if name == "ssd" and not math.isinf(self.config.retention_s):
+                retention = IdleExpiry(policy, self.config.retention_s)
+            self._tiers[i] = SimTier(name, blocks, policy, retention)
+
+    @property
+    def tiers(self) -> list[SimTier]:
+        """The present tiers, fastest first."""
+        return [t for t in self._tiers if t is not None]
+
+    def membership(self) -> tuple[Container[Hashable], Container[Hashable], Container[Hashable]]:
+        """Each tier's policy for ``key in``; an empty set for an absent tier."""
+        a, b, c = (t.policy if t is not None else _NOTHING for t in self._tiers)
+        return a, b, c
+
+    def _advance(self, request: Request) -> float:
+        if request.block_tokens != self._block_tokens:
+            if self._block_tokens:
+                raise ConfigError(
+                    f"requests with block sizes {self._block_tokens} and {request.block_tokens} "
+                    "in one replay; replay each block size separately"
+                )
+            self._build(request.block_tokens)
+        # Trace time never runs backwards: a late-logged request is replayed "now".
+        now = request.time_s * self.config.time_scale
+        if now > self._now_s:
+            self._now_s = now
+        for t in self._tiers:
+            if t is not None:
+                t.retention.expire(self._now_s)
+        return self._now_s
+
+    # -- the model ----------------------------------------------------------------------
+
+    def lookup(self, request: Request) -> tuple[int, list[int]]:
+        """Longest present prefix and the tier index (0 hbm, 1 dram, 2 ssd) of each hit
+        block; no side effects. For tests and the sweep; ``feed`` inlines it."""
+        p0, p1, p2 = self.membership()
+        where: list[int] = []
+        for k in request.keys:
+            if k in p0:
+                where.append(0)
+            elif k in p1:
+                where.append(1)
+            elif k in p2:
+                where.append(2)
+            else:
+                break
+        return len(where), where
+
+    def commit(self, keys: list[Hashable], now_s: float) -> None:
+        for t in self._tiers:
+            if t is not None:
+                t.commit(keys, now_s)
+
+    def feed(self, requests: Iterable[Request]) -> None:
+        """Replay ``requests`` in order, accumulating totals."""
+        keep = self.config.replay_keep_tokens
+        hit_blocks = self.tier_hit_blocks
+        hit_tok = self.tier_hit_tokens
+        for req in requests:
+            now = self._advance(req)
+            keys = req.keys
+            if not isinstance(keys, list):
+                keys = list(keys)
+            p0, p1, p2 = self.membership()
+            c0 = c1 = c2 = 0
+            # The hot loop: membership only, attribution by counting.
+            for k in keys:
+                if k in p0:
+                    c0 += 1
+                elif k in p1:
+                    c1 += 1
+                elif k in p2:
+                    c2 += 1
+                else:
+                    break
+            h = c0 + c1 + c2
+            b = req.block_tokens
+            big_l = req.input_tokens
+            tok = [c0 * b, c1 * b, c2 * b]
+            full = big_l // b
+            # Blocks from index L // B on weigh less than B (the partial tail, or nothing).
+            for i in range(full, h):
+                k = keys[i]
+                ti = 0 if k in p0 else 1 if k in p1 else 2
+                tok[ti] -= b - max(0, big_l - i * b)
+            hit = tok[0] + tok[1] + tok[2]
+            hit_blocks[0] += c0
+            hit_blocks[1] += c1
+            hit_blocks[2] += c2
+            hit_tok[0] += tok[0]
+            hit_tok[1] += tok[1]
+            hit_tok[2] += tok[2]
+            self.requests += 1
+            self.input_tokens += big_l
+            self.hit_tokens += hit
+            if big_l > 0:
+                self.ratio_sum += hit / big_l
+                self.ratio_requests += 1
+            if hit > 0:
+                self.replay_extra_tokens += min(keep, hit)
+            self.commit(keys, now)
+
+    # -- results ------------------------------------------------------------------------
+
+    def result(self) -> SimResult:
+        b = self._block_tokens
+        tiers = []
+        for i, name in enumerate(TIER_NAMES):
+            t = self._tiers[i]
+            present = not is_absent(self.config.capacity(name))
+            cap = self.config.capacity_blocks(name, b) if b else 0
+            tiers.append(
+                TierResult(
+                    name=name,
+                    hit_tokens=self.tier_hit_tokens[i],
+                    hit_blocks=self.tier_hit_blocks[i],
+                    capacity_blocks=t.capacity_blocks if t is not None else cap,
+                    present=present,
+                )
+            )
+        return SimResult(
+            requests=self.requests,
+            input_tokens=self.input_tokens,
+            hit_tokens=self.hit_tokens,
+            ratio_sum=self.ratio_sum,
+            ratio_requests=self.ratio_requests,
+            replay_extra_tokens=self.replay_extra_tokens,
+            block_tokens=b,
+            tiers=tuple(tiers),
+        )
+
+    def check_integrity(self) -> None:
+        for t in self.tiers:
+            t.policy.check_integrity()
+            t.retention.check_integrity()
+        if sum(self.tier_hit_tokens) != self.hit_tokens:
+            raise IntegrityError("tier hit tokens do not add up to the total")
+        if self.hit_tokens > self.input_tokens:
+            raise IntegrityError("more hit tokens than input tokens")
