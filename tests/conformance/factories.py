@@ -1,0 +1,51 @@
+"""Every implementation the conformance suites run against.
+
+``TIER_FACTORIES`` build a ``Tier``; ``STORE_FACTORIES`` build a ``KVStore``. Each factory
+takes a scratch directory and a capacity in bytes and returns the object plus a
+cleanup callable. Add an implementation by adding one entry: the suites pick it up.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from kvstore.dram import DramConfig, DramTier
+from kvstore.manager import ManagerConfig, TierManager
+from kvstore.tier import KVStore, Tier
+
+Made = tuple[Any, Callable[[], None]]
+TierFactory = Callable[[Path, int], tuple[Tier, Callable[[], None]]]
+StoreFactory = Callable[[Path, int], tuple[KVStore, Callable[[], None]]]
+
+
+def _dram(tmp: Path, capacity_bytes: int) -> tuple[Tier, Callable[[], None]]:
+    tier = DramTier(DramConfig(capacity_bytes, chunk_bytes=capacity_bytes // 4))
+    return tier, tier.close
+
+
+def _manager_dram_dram(tmp: Path, capacity_bytes: int) -> tuple[KVStore, Callable[[], None]]:
+    # Until a lower tier exists on every machine, a second DRAM tier plays SSD: the
+    # manager's semantics (inclusion, promotion, write-back) do not depend on which.
+    top = DramTier(DramConfig(capacity_bytes // 2, chunk_bytes=capacity_bytes // 8))
+    low = DramTier(DramConfig(capacity_bytes, chunk_bytes=capacity_bytes // 4, name="ssd"))
+    store = TierManager([top, low], ManagerConfig(max_dirty_bytes=capacity_bytes // 4))
+    return store, store.close
+
+
+def _manager_dram(tmp: Path, capacity_bytes: int) -> tuple[KVStore, Callable[[], None]]:
+    store = TierManager([DramTier(DramConfig(capacity_bytes, chunk_bytes=capacity_bytes // 4))])
+    return store, store.close
+
+
+TIER_FACTORIES: dict[str, TierFactory] = {
+    "dram": _dram,
+}
+
+STORE_FACTORIES: dict[str, StoreFactory] = {
+    "manager-dram": _manager_dram,
+    "manager-dram+dram": _manager_dram_dram,
+}
+
+# --- implementations registered by their own packages below this line -------------

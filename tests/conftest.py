@@ -1,0 +1,61 @@
+"""Shared fixtures: namespaces, deterministic payloads, trace location."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, settings
+
+from kvstore.keys import Namespace
+
+settings.register_profile(
+    "ci", max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def traces_dir() -> Path | None:
+    """The sample traces: $KVSTORE_TRACES_DIR, else ../shared/traces beside the repo."""
+    env = os.environ.get("KVSTORE_TRACES_DIR")
+    path = Path(env) if env else REPO.parent / "shared" / "traces"
+    return path if path.is_dir() else None
+
+
+@pytest.fixture
+def shared_traces() -> Path:
+    path = traces_dir()
+    if path is None:
+        pytest.skip("sample traces not found: set KVSTORE_TRACES_DIR or provide ../shared/traces")
+    return path
+
+
+def small_ns(**overrides: object) -> Namespace:
+    """A namespace with small blocks (2 KiB) so tests move little data."""
+    fields: dict[str, object] = dict(
+        model_id="test-model",
+        model_revision="r1",
+        kv_dtype="float16",
+        kv_layout="mha",
+        cached_layers=(0, 1),
+        kv_heads=2,
+        head_dim=8,
+        block_tokens=16,
+    )
+    fields.update(overrides)
+    return Namespace(**fields)  # type: ignore[arg-type]
+
+
+def payload_for(ns: Namespace, key: bytes) -> bytes:
+    """Deterministic payload derived from the key: any reader can re-derive and check it."""
+    rng = np.random.default_rng(int.from_bytes(key[:8], "little"))
+    return rng.integers(0, 256, ns.block_bytes, dtype=np.uint8).tobytes()
+
+
+@pytest.fixture
+def ns() -> Namespace:
+    return small_ns()
