@@ -1,0 +1,66 @@
+"""``kvstore serve``: run the cache daemon (DESIGN §9).
+
+Flags may also come from ``--config FILE.toml`` (keys are flag names); sizes and
+durations are parsed here, after the config is merged, so ``dram = "8GiB"`` and
+``dram = 8589934592`` both work.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from kvstore.daemon.config import DaemonConfig
+from kvstore.units import parse_duration, parse_size
+
+
+def configure(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--listen", default="127.0.0.1:7420", help="HOST:PORT to serve gRPC on (port 0: any)")
+    p.add_argument("--dram", default="8GiB", help="DRAM tier capacity")
+    p.add_argument("--ssd-dir", default=None, help="directory of the embedded SSD engine")
+    p.add_argument("--ssd-capacity", default=None, help="SSD tier capacity (with --ssd-dir)")
+    p.add_argument("--nodes", default=None, help="storage nodes H:P,… instead of --ssd-dir")
+    p.add_argument("--retention", default="72h", help="SSD retention of idle blocks")
+    p.add_argument("--max-dirty", default=None, help="bound on bytes awaiting write-back (default 10%% of DRAM)")
+    p.add_argument("--metrics-listen", default=None, help="HOST:PORT for Prometheus metrics")
+    p.add_argument("--access-log", default=None, metavar="DIR", help="write the Parquet access log here")
+    p.add_argument("--access-log-rotate", default="60s", help="close and rotate access-log files this often (<= 60s)")
+    p.add_argument("--auth-token-file", default=None, help="file of 'token tenant' lines")
+    p.add_argument("--tls-cert", default=None, help="PEM certificate chain")
+    p.add_argument("--tls-key", default=None, help="PEM private key")
+    p.add_argument("--workers", type=int, default=32, help="RPC worker threads")
+    p.add_argument("--no-shm", dest="shm", action="store_false", help="do not offer the shared-memory path")
+
+
+def config_from_args(args: argparse.Namespace) -> DaemonConfig:
+    def size(v: Any) -> int | None:
+        return None if v is None else parse_size(v)
+
+    nodes = tuple(n.strip() for n in str(args.nodes).split(",") if n.strip()) if args.nodes else ()
+    return DaemonConfig(
+        listen=str(args.listen),
+        dram_bytes=parse_size(args.dram),
+        ssd_dir=args.ssd_dir,
+        ssd_capacity_bytes=size(args.ssd_capacity),
+        nodes=nodes,
+        retention_s=parse_duration(args.retention),
+        max_dirty_bytes=size(args.max_dirty),
+        metrics_listen=args.metrics_listen,
+        access_log_dir=args.access_log,
+        access_log_rotate_s=parse_duration(args.access_log_rotate),
+        auth_token_file=args.auth_token_file,
+        tls_cert_file=args.tls_cert,
+        tls_key_file=args.tls_key,
+        workers=int(args.workers),
+        shm=bool(args.shm),
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    config = config_from_args(args)
+    if args.json:
+        print(json.dumps({"config": {k: getattr(config, k) for k in config.__slots__ if k != "limits"}}))
+    from kvstore.daemon.server import run_daemon
+
+    return run_daemon(config)

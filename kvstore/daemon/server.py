@@ -1,0 +1,144 @@
+"""Assembles and runs the cache daemon: store, gRPC server, health, metrics, access log.
+
+Shutdown (SIGTERM, SIGINT or ``stop()``): health goes NOT_SERVING, the server stops
+accepting RPCs and lets running ones finish within the grace period, then the store
+flushes its write-back to SSD and closes; the process exits 0.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from clients.codec import MAX_MESSAGE_BYTES
+from clients.proto import kvstore_pb2_grpc as pb_grpc
+from kvstore.daemon.access_log import make_access_log
+from kvstore.daemon.auth import Authenticator, OpenAuth, load_token_file
+from kvstore.daemon.config import DaemonConfig
+from kvstore.daemon.metrics import DaemonMetrics
+from kvstore.daemon.servicer import KVStoreServicer
+from kvstore.daemon.staging import StagingArea, StagingConfig
+from kvstore.daemon.store_factory import open_store
+from kvstore.tier import KVStore
+
+log = logging.getLogger(__name__)
+SERVICE_NAME = "kvstore.v1.KVStore"
+
+
+@dataclass(frozen=True, slots=True)
+class Bound:
+    port: int
+    metrics_port: int | None
+
+
+class Daemon:
+    def __init__(self, config: DaemonConfig, store: KVStore | None = None) -> None:
+        self.config = config
+        self.auth: Authenticator = (
+            load_token_file(config.auth_token_file) if config.auth_token_file else OpenAuth()
+        )
+        tls = _server_credentials(config)
+        self.store = store if store is not None else open_store(config)
+        self.metrics = DaemonMetrics()
+        self.metrics.attach_store(self.store.stats)
+        self.access_log = make_access_log(config.access_log_dir, rotate_s=config.access_log_rotate_s)
+        lim = config.limits
+        self.staging = (
+            StagingArea(StagingConfig(max_segment_bytes=lim.max_staging_segment_bytes,
+                                      max_total_bytes=lim.max_staging_total_bytes))
+            if config.shm else None
+        )
+        self.servicer = KVStoreServicer(self.store, self.auth, self.access_log, self.metrics, self.staging, lim)
+        self.server = grpc.server(
+            ThreadPoolExecutor(config.workers, thread_name_prefix="kvstore-rpc"),
+            options=[
+                ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+                ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+                ("grpc.so_reuseport", 0),
+            ],
+            maximum_concurrent_rpcs=config.workers * 4,
+        )
+        pb_grpc.add_KVStoreServicer_to_server(self.servicer, self.server)
+        self.health = health.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        if tls is None:
+            port = self.server.add_insecure_port(config.listen)
+        else:
+            port = self.server.add_secure_port(config.listen, tls)
+        if port == 0:
+            raise OSError(f"cannot listen on {config.listen}")
+        self.port = port
+        self.metrics_port: int | None = None
+        self._stopped = threading.Event()
+        self._stop_lock = threading.Lock()
+
+    def start(self) -> Bound:
+        if self.config.metrics_listen:
+            self.metrics_port = self.metrics.serve(self.config.metrics_listen)
+        self.server.start()
+        for name in ("", SERVICE_NAME):
+            self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        return Bound(self.port, self.metrics_port)
+
+    def stop(self) -> None:
+        """Stop accepting, finish running RPCs, flush write-back, release everything."""
+        with self._stop_lock:
+            if self._stopped.is_set():
+                return
+            self.health.enter_graceful_shutdown()
+            self.server.stop(self.config.shutdown_grace_s).wait()
+            try:
+                self.store.flush(timeout_s=None)
+            except Exception:
+                log.exception("flush at shutdown failed")
+            self.store.close()
+            self.access_log.close()
+            if self.staging is not None:
+                self.staging.close()
+            self.metrics.close()
+            self._stopped.set()
+
+    def wait(self) -> None:
+        self._stopped.wait()
+
+
+def _server_credentials(config: DaemonConfig) -> grpc.ServerCredentials | None:
+    if not config.tls_cert_file:
+        return None
+    assert config.tls_key_file is not None  # DaemonConfig checks they go together
+    with open(config.tls_cert_file, "rb") as f:
+        cert = f.read()
+    with open(config.tls_key_file, "rb") as f:
+        key = f.read()
+    return grpc.ssl_server_credentials([(key, cert)])
+
+
+def run_daemon(config: DaemonConfig) -> int:
+    """Run until SIGTERM/SIGINT; print the bound addresses as the first lines."""
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(message)s")
+    if not config.loopback and config.auth_token_file is None:
+        print(f"kvstore serve: warning: listening on {config.listen} without --auth-token-file: "
+              "any host that can reach it can read and write the cache", file=sys.stderr)
+    daemon = Daemon(config)
+    bound = daemon.start()
+    print(f"listening on {config.host}:{bound.port}", flush=True)
+    if bound.metrics_port is not None:
+        host = config.metrics_listen.rpartition(":")[0] if config.metrics_listen else "127.0.0.1"
+        print(f"metrics on {host}:{bound.metrics_port}", flush=True)
+
+    def on_signal(signum: int, _frame: object) -> None:
+        # Stop in another thread: the handler runs in the main thread, which waits below.
+        threading.Thread(target=daemon.stop, name="kvstore-shutdown").start()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    daemon.wait()
+    print("stopped", flush=True)
+    return 0

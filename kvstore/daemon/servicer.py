@@ -1,0 +1,292 @@
+"""The ``KVStore`` gRPC service over any ``KVStore`` implementation (DESIGN §7).
+
+Every RPC authenticates first, then checks that the caller's tenant owns the namespace
+it names, then validates the whole request before touching the store, so a refused or
+malformed request has no side effects. ``Commit`` buffers the blocks of one request,
+verifies each one's header and checksum as it completes, and commits once: a malformed
+chunk aborts the request with nothing stored, while a stream that ends early (the
+client went away) commits the complete, verified blocks before the break and nothing
+else (DESIGN §7).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
+
+import grpc
+
+from clients import codec
+from clients.errors import status_for
+from clients.proto import kvstore_pb2 as pb
+from clients.proto import kvstore_pb2_grpc as pb_grpc
+from kvstore.block import now_us
+from kvstore.daemon.access_log import AccessLog, LookupRecord
+from kvstore.daemon.auth import Authenticator, AuthError
+from kvstore.daemon.config import ServerLimits
+from kvstore.daemon.metrics import DaemonMetrics
+from kvstore.daemon.staging import DATA_OFFSET, StagingArea
+from kvstore.errors import BlockError, InvalidArgument
+from kvstore.keys import Key, Namespace
+from kvstore.tier import KVStore, StoreStats
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+def stats_to_proto(st: StoreStats) -> pb.StatsResponse:
+    return pb.StatsResponse(
+        tiers=[
+            pb.TierStats(
+                name=t.name, capacity_bytes=t.capacity_bytes, used_bytes=t.used_bytes,
+                size_classes=[pb.SizeClassStats(block_bytes=c.block_bytes, capacity_blocks=c.capacity_blocks,
+                                                used_blocks=c.used_blocks) for c in t.size_classes],
+                counters={k: int(v) for k, v in t.counters.items()},
+                info={k: str(v) for k, v in t.info.items()},
+            )
+            for t in st.tiers
+        ],
+        counters={k: int(v) for k, v in st.counters.items()},
+    )
+
+
+class KVStoreServicer(pb_grpc.KVStoreServicer):
+    def __init__(
+        self,
+        store: KVStore,
+        auth: Authenticator,
+        access_log: AccessLog,
+        metrics: DaemonMetrics,
+        staging: StagingArea | None,
+        limits: ServerLimits = ServerLimits(),
+    ) -> None:
+        self.store = store
+        self.auth = auth
+        self.access_log = access_log
+        self.metrics = metrics
+        self.staging = staging
+        self.limits = limits
+
+    # -- plumbing -------------------------------------------------------------------
+    def _tenant(self, ctx: grpc.ServicerContext, method: str) -> str | None:
+        try:
+            return self.auth.tenant_of(ctx.invocation_metadata())
+        except AuthError as e:
+            self.metrics.rpc_errors.labels(method, "UNAUTHENTICATED").inc()
+            ctx.abort(grpc.StatusCode.UNAUTHENTICATED, str(e))
+            raise  # unreachable: abort raises
+
+    def _fail(self, ctx: grpc.ServicerContext, method: str, exc: Exception) -> None:
+        code, details = status_for(exc)
+        if code == grpc.StatusCode.INTERNAL:
+            log.exception("%s failed", method)
+        self.metrics.rpc_errors.labels(method, code.name).inc()
+        ctx.abort(code, details)
+
+    def _unary(self, ctx: grpc.ServicerContext, method: str, fn: Callable[[str | None], T]) -> T:
+        with self.metrics.timed(method):
+            tenant = self._tenant(ctx, method)
+            try:
+                return fn(tenant)
+            except Exception as e:
+                self._fail(ctx, method, e)
+                raise  # unreachable
+
+    def _ns(self, tenant: str | None, spec: pb.NamespaceSpec) -> Namespace:
+        ns = codec.ns_from_proto(spec)
+        self.auth.check_namespace(tenant, ns)
+        return ns
+
+    def _keys(self, keys: Any) -> list[Key]:
+        if len(keys) > self.limits.max_keys_per_request:
+            raise InvalidArgument(f"{len(keys)} keys exceed the limit of {self.limits.max_keys_per_request}")
+        return codec.check_keys(keys)
+
+    def _rows_bytes(self, ns: Namespace, n: int) -> int:
+        nbytes = n * ns.block_bytes
+        if nbytes > self.limits.max_request_bytes:
+            raise InvalidArgument(
+                f"request of {nbytes} payload bytes exceeds the limit of {self.limits.max_request_bytes}"
+            )
+        return nbytes
+
+    def _staged_rows(self, tenant: str | None, ref: pb.StagingRef, nbytes: int) -> memoryview:
+        if self.staging is None:
+            raise InvalidArgument("this daemon offers no shared-memory staging")
+        return self.staging.rows(tenant, ref.staging_id, ref.offset, nbytes)
+
+    @staticmethod
+    def _timeout(ctx: grpc.ServicerContext) -> float | None:
+        return ctx.time_remaining()
+
+    # -- RPCs -----------------------------------------------------------------------
+    def RegisterNamespace(self, req: pb.RegisterNamespaceRequest, ctx: grpc.ServicerContext) -> Any:
+        def run(tenant: str | None) -> pb.RegisterNamespaceResponse:
+            ns = self._ns(tenant, req.ns)
+            self.store.register(ns, timeout_s=self._timeout(ctx))
+            return pb.RegisterNamespaceResponse(block_bytes=ns.block_bytes)
+
+        return self._unary(ctx, "RegisterNamespace", run)
+
+    def DeleteNamespace(self, req: pb.DeleteNamespaceRequest, ctx: grpc.ServicerContext) -> Any:
+        def run(tenant: str | None) -> pb.DeleteNamespaceResponse:
+            ns = self._ns(tenant, req.ns)
+            n = self.store.delete_namespace(ns, timeout_s=self._timeout(ctx))
+            return pb.DeleteNamespaceResponse(deleted_blocks=n)
+
+        return self._unary(ctx, "DeleteNamespace", run)
+
+    def Lookup(self, req: pb.LookupRequest, ctx: grpc.ServicerContext) -> Any:
+        def run(tenant: str | None) -> pb.LookupResponse:
+            ns = self._ns(tenant, req.ns)
+            keys = self._keys(req.keys)
+            res = self.store.lookup(ns, keys, timeout_s=self._timeout(ctx))
+            tiers = tuple(res.tiers)
+            self.metrics.record_lookup(ns.block_bytes, ns.block_tokens, len(keys), tiers)
+            self.access_log.record(
+                LookupRecord(
+                    ts_us=now_us(), tenant=ns.tenant, namespace=ns.fingerprint, block_tokens=ns.block_tokens,
+                    prompt_tokens=req.prompt_tokens, keys=keys, hit_blocks=res.hit_blocks,
+                    hit_hbm=tiers.count("hbm"), hit_dram=tiers.count("dram"), hit_ssd=tiers.count("ssd"),
+                )
+            )
+            return pb.LookupResponse(hit_blocks=res.hit_blocks, tiers=tiers)
+
+        return self._unary(ctx, "Lookup", run)
+
+    def Get(self, req: pb.GetRequest, ctx: grpc.ServicerContext) -> Iterator[pb.GetResponse]:
+        with self.metrics.timed("Get"):
+            tenant = self._tenant(ctx, "Get")
+            try:
+                ns = self._ns(tenant, req.ns)
+                keys = self._keys(req.keys)
+                nbytes = self._rows_bytes(ns, len(keys))
+                bb = ns.block_bytes
+                if req.HasField("staging"):
+                    rows = self._staged_rows(tenant, req.staging, nbytes)
+                    hit = self.store.get_into(ns, keys, rows, timeout_s=self._timeout(ctx))
+                    self.metrics.bytes_out.labels("shm", str(bb)).inc(hit * bb)
+                    yield pb.GetResponse(done=pb.GetDone(hit_blocks=hit))
+                    return
+                buf = memoryview(bytearray(nbytes))
+                hit = self.store.get_into(ns, keys, buf, timeout_s=self._timeout(ctx))
+            except Exception as e:
+                self._fail(ctx, "Get", e)
+                return
+            fp = ns.fingerprint
+            for i in range(hit):
+                for chunk in codec.iter_chunks(i, fp, keys[i], buf[i * bb : (i + 1) * bb]):
+                    yield pb.GetResponse(chunk=chunk)
+            self.metrics.bytes_out.labels("grpc", str(bb)).inc(hit * bb)
+            yield pb.GetResponse(done=pb.GetDone(hit_blocks=hit))
+
+    def Commit(self, it: Iterator[pb.CommitRequest], ctx: grpc.ServicerContext) -> Any:
+        with self.metrics.timed("Commit"):
+            tenant = self._tenant(ctx, "Commit")
+            try:
+                return self._commit(tenant, it, ctx)
+            except Exception as e:
+                if isinstance(e, BlockError):
+                    self.metrics.rejected_blocks.labels(type(e).__name__).inc()
+                self._fail(ctx, "Commit", e)
+                raise  # unreachable
+
+    def _commit(self, tenant: str | None, it: Iterator[pb.CommitRequest], ctx: grpc.ServicerContext) -> Any:
+        first = next(it, None)
+        if first is None or first.WhichOneof("part") != "open":
+            raise InvalidArgument("a Commit stream must start with its CommitOpen message")
+        op = first.open
+        ns = self._ns(tenant, op.ns)
+        keys = self._keys(op.keys)
+        indices = list(op.indices)
+        if len(set(indices)) != len(indices) or any(i >= len(keys) for i in indices):
+            raise InvalidArgument("commit indices must be distinct positions in the chain")
+        durability = codec.durability_from_proto(op.durability)
+        bb = ns.block_bytes
+        nbytes = self._rows_bytes(ns, len(indices))
+        slots = {idx: j for j, idx in enumerate(indices)}
+        if op.HasField("staging"):
+            payloads = self._staged_payloads(tenant, op.staging, it, ns, keys, indices, nbytes)
+            path, incomplete = "shm", 0
+        else:
+            rows = memoryview(bytearray(nbytes))
+            asm = codec.BlockAssembler(ns, keys, rows, slots)
+            truncated = False
+            try:
+                for msg in it:
+                    if msg.WhichOneof("part") != "chunk":
+                        raise InvalidArgument("after CommitOpen a stream carries only chunks")
+                    asm.add(msg.chunk)
+            except grpc.RpcError:
+                truncated = True  # the client went away: keep what fully arrived
+            payloads = {idx: rows[slots[idx] * bb : (slots[idx] + 1) * bb] for idx in asm.complete}
+            path, incomplete = "grpc", len(indices) - len(asm.complete)
+            if truncated or not ctx.is_active():
+                log.info("commit stream ended early: %d of %d blocks complete", len(payloads), len(indices))
+        res = self.store.commit(ns, keys, payloads, durability=durability,  # type: ignore[arg-type]
+                                timeout_s=self._timeout(ctx))
+        self.metrics.bytes_in.labels(path, str(bb)).inc(res.inserted * bb)
+        return pb.CommitResponse(
+            inserted=res.inserted, present=res.present, dropped=res.dropped,
+            durability=codec.durability_to_proto(res.durability), incomplete=incomplete,
+        )
+
+    def _staged_payloads(
+        self, tenant: str | None, ref: pb.StagingRef, it: Iterator[pb.CommitRequest],
+        ns: Namespace, keys: list[Key], indices: list[int], nbytes: int,
+    ) -> dict[int, memoryview]:
+        msg = next(it, None)
+        if msg is None or msg.WhichOneof("part") != "staged" or next(it, None) is not None:
+            raise InvalidArgument("a staged Commit carries exactly one StagedHeaders message")
+        headers = msg.staged.headers
+        if len(headers) != len(indices):
+            raise InvalidArgument(f"{len(headers)} staged headers for {len(indices)} blocks")
+        rows = self._staged_rows(tenant, ref, nbytes)
+        bb = ns.block_bytes
+        out: dict[int, memoryview] = {}
+        for j, idx in enumerate(indices):
+            row = rows[j * bb : (j + 1) * bb]
+            codec.verify_staged_header(headers[j], ns, keys[idx], row)
+            out[idx] = row
+        return out
+
+    def Prefetch(self, req: pb.PrefetchRequest, ctx: grpc.ServicerContext) -> Any:
+        def run(tenant: str | None) -> pb.PrefetchResponse:
+            ns = self._ns(tenant, req.ns)
+            keys = self._keys(req.keys)
+            n = self.store.prefetch(ns, keys, timeout_s=self._timeout(ctx)).result(self._timeout(ctx))
+            return pb.PrefetchResponse(top_tier_blocks=n)
+
+        return self._unary(ctx, "Prefetch", run)
+
+    def Flush(self, req: pb.FlushRequest, ctx: grpc.ServicerContext) -> Any:
+        def run(tenant: str | None) -> pb.FlushResponse:
+            self.store.flush(timeout_s=self._timeout(ctx))
+            return pb.FlushResponse()
+
+        return self._unary(ctx, "Flush", run)
+
+    def Stats(self, req: pb.StatsRequest, ctx: grpc.ServicerContext) -> Any:
+        return self._unary(ctx, "Stats", lambda tenant: stats_to_proto(self.store.stats(timeout_s=self._timeout(ctx))))
+
+    def OpenStaging(self, req: pb.OpenStagingRequest, ctx: grpc.ServicerContext) -> Any:
+        def run(tenant: str | None) -> pb.OpenStagingResponse:
+            if self.staging is None:
+                raise InvalidArgument("this daemon offers no shared-memory staging")
+            seg = self.staging.open(tenant, req.size_bytes)
+            return pb.OpenStagingResponse(
+                staging_id=seg.id, path=seg.path, size_bytes=seg.size_bytes, data_offset=DATA_OFFSET,
+                nonce=seg.nonce,
+            )
+
+        return self._unary(ctx, "OpenStaging", run)
+
+    def CloseStaging(self, req: pb.CloseStagingRequest, ctx: grpc.ServicerContext) -> Any:
+        def run(tenant: str | None) -> pb.CloseStagingResponse:
+            if self.staging is None:
+                raise InvalidArgument("this daemon offers no shared-memory staging")
+            self.staging.close_segment(tenant, req.staging_id)
+            return pb.CloseStagingResponse()
+
+        return self._unary(ctx, "CloseStaging", run)
