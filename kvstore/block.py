@@ -110,6 +110,9 @@ def decode_header(buf: bytes | bytearray | memoryview) -> BlockHeader:
         raise BlockMagicError(f"bad magic {magic!r}")
     if version != FORMAT_VERSION:
         raise BlockVersionError(f"unsupported block format version {version}")
+    if flags != 0:
+        # Version 1 defines no flags: a set bit means a writer we do not understand.
+        raise BlockVersionError(f"unsupported block flags {flags:#x}")
     return BlockHeader(fp, key, plen, csum, created, version, flags)
 
 

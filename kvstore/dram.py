@@ -78,9 +78,15 @@ class DramTier(Tier):
             raise UnknownNamespace(f"namespace {ns.model_id!r} is not registered with {self.name}")
         return self._classes[ns.block_bytes]
 
-    def _touch_locked(self, cs: _ClassState, keys: Sequence[Key]) -> None:
+    @staticmethod
+    def _held(cs: _ClassState, key: Key, fp: bytes) -> bool:
+        # Keys of different namespaces never collide by construction, but a tenant that
+        # learned another's keys must still not read its blocks: check the owner.
+        return cs.owner.get(key) == fp
+
+    def _touch_locked(self, cs: _ClassState, fp: bytes, keys: Sequence[Key]) -> None:
         for key in reversed(keys):
-            if key in cs.slot and cs.policy.touch(key):
+            if cs.owner.get(key) == fp and cs.policy.touch(key):
                 self._tick += 1
                 cs.stamp[key] = self._tick
 
@@ -161,10 +167,10 @@ class DramTier(Tier):
 
     def contains(self, ns: Namespace, keys: Sequence[Key]) -> int:
         with self._lock:
-            slots = self._state(ns).slot
+            owner, fp = self._state(ns).owner, ns.fingerprint
             n = 0
             for key in keys:
-                if key not in slots:
+                if owner.get(key) != fp:
                     break
                 n += 1
             return n
@@ -174,7 +180,8 @@ class DramTier(Tier):
         out = rows_view(dst, len(keys), bb, writable=True)
         with self._lock:
             cs = self._state(ns)
-            slots = [cs.slot.get(k) for k in keys]
+            fp = ns.fingerprint
+            slots = [cs.slot[k] if cs.owner.get(k) == fp else None for k in keys]
             n = slots.index(None) if None in slots else len(slots)
             view, sc, i = self._pool.view, cs.sc, 0
             while i < n:
@@ -185,7 +192,7 @@ class DramTier(Tier):
                 off = self._pool.offset(sc, slots[i])  # type: ignore[arg-type]
                 out[i * bb : j * bb] = view[off : off + (j - i) * bb]
                 i = j
-            self._touch_locked(cs, keys[:n])
+            self._touch_locked(cs, fp, keys[:n])
             self.counters["get_blocks"] += n
             self.counters["get_misses"] += len(keys) - n
             return n
@@ -197,15 +204,19 @@ class DramTier(Tier):
             raise InvalidArgument("put: duplicate keys in one call")
         with self._lock:
             cs = self._state(ns)
-            if not present_ok and any(k in cs.slot for k in keys):
+            fp = ns.fingerprint
+            if not present_ok and any(self._held(cs, k, fp) for k in keys):
                 raise InvalidArgument("put: key already present and present_ok=False")
             self._expire_leases()
             present = dropped = 0
             for i in range(len(keys) - 1, -1, -1):
                 key = keys[i]
-                if key in cs.slot:
+                if self._held(cs, key, fp):
                     present += 1
-                    self._touch_locked(cs, (key,))
+                    self._touch_locked(cs, fp, (key,))
+                    continue
+                if key in cs.slot:  # held for another namespace: refuse, never alias
+                    dropped += 1
                     continue
                 slot = self._alloc(cs)
                 if slot is None:
@@ -226,7 +237,7 @@ class DramTier(Tier):
 
     def touch(self, ns: Namespace, keys: Sequence[Key]) -> None:
         with self._lock:
-            self._touch_locked(self._state(ns), keys)
+            self._touch_locked(self._state(ns), ns.fingerprint, keys)
 
     def delete_namespace(self, ns: Namespace) -> int:
         with self._lock:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from abc import ABC, abstractmethod
 from collections import deque
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 
 from kvstore.errors import IntegrityError
 from kvstore.eviction import EvictionPolicy
@@ -51,13 +51,19 @@ class IdleExpiry(Retention):
     their chain reaches the front.
     """
 
-    def __init__(self, policy: EvictionPolicy, retention_s: float) -> None:
+    def __init__(
+        self,
+        policy: EvictionPolicy,
+        retention_s: float,
+        on_expire: Callable[[Hashable], None] | None = None,
+    ) -> None:
         if not retention_s > 0 or math.isinf(retention_s):
             raise ValueError(f"retention must be a positive finite duration, got {retention_s}")
         self._policy = policy
         self._retention_s = retention_s
         self._last: dict[Hashable, float] = {}
         self._chains: deque[tuple[float, Sequence[Hashable]]] = deque()
+        self._on_expire = on_expire
         self.expired_blocks = 0
 
     def expire(self, now_s: float) -> int:
@@ -71,6 +77,8 @@ class IdleExpiry(Retention):
                     del last[k]
                     if policy.remove(k):
                         n += 1
+                        if self._on_expire is not None:
+                            self._on_expire(k)
         self.expired_blocks += n
         return n
 

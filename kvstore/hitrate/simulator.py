@@ -76,6 +76,11 @@ class Simulator:
             self._tiers[i] = SimTier(name, blocks, policy, retention)
 
     @property
+    def block_tokens(self) -> int:
+        """The run's block size; 0 before the first request."""
+        return self._block_tokens
+
+    @property
     def tiers(self) -> list[SimTier]:
         """The present tiers, fastest first."""
         return [t for t in self._tiers if t is not None]
@@ -85,7 +90,8 @@ class Simulator:
         a, b, c = (t.policy if t is not None else _NOTHING for t in self._tiers)
         return a, b, c
 
-    def _advance(self, request: Request) -> float:
+    def advance(self, request: Request) -> float:
+        """Move the clock to ``request`` and expire idle SSD blocks; return the model time."""
         if request.block_tokens != self._block_tokens:
             if self._block_tokens:
                 raise ConfigError(
@@ -106,7 +112,7 @@ class Simulator:
 
     def lookup(self, request: Request) -> tuple[int, list[int]]:
         """Longest present prefix and the tier index (0 hbm, 1 dram, 2 ssd) of each hit
-        block; no side effects. For tests and the sweep; ``feed`` inlines it."""
+        block; no side effects (``step`` inlines the same loop)."""
         p0, p1, p2 = self.membership()
         where: list[int] = []
         for k in request.keys:
@@ -127,52 +133,55 @@ class Simulator:
 
     def feed(self, requests: Iterable[Request]) -> None:
         """Replay ``requests`` in order, accumulating totals."""
-        keep = self.config.replay_keep_tokens
-        hit_blocks = self.tier_hit_blocks
-        hit_tok = self.tier_hit_tokens
+        advance, step = self.advance, self.step
         for req in requests:
-            now = self._advance(req)
-            keys = req.keys
-            if not isinstance(keys, list):
-                keys = list(keys)
-            p0, p1, p2 = self.membership()
-            c0 = c1 = c2 = 0
-            # The hot loop: membership only, attribution by counting.
-            for k in keys:
-                if k in p0:
-                    c0 += 1
-                elif k in p1:
-                    c1 += 1
-                elif k in p2:
-                    c2 += 1
-                else:
-                    break
-            h = c0 + c1 + c2
-            b = req.block_tokens
-            big_l = req.input_tokens
-            tok = [c0 * b, c1 * b, c2 * b]
-            full = big_l // b
-            # Blocks from index L // B on weigh less than B (the partial tail, or nothing).
-            for i in range(full, h):
-                k = keys[i]
-                ti = 0 if k in p0 else 1 if k in p1 else 2
-                tok[ti] -= b - max(0, big_l - i * b)
-            hit = tok[0] + tok[1] + tok[2]
-            hit_blocks[0] += c0
-            hit_blocks[1] += c1
-            hit_blocks[2] += c2
-            hit_tok[0] += tok[0]
-            hit_tok[1] += tok[1]
-            hit_tok[2] += tok[2]
-            self.requests += 1
-            self.input_tokens += big_l
-            self.hit_tokens += hit
-            if big_l > 0:
-                self.ratio_sum += hit / big_l
-                self.ratio_requests += 1
-            if hit > 0:
-                self.replay_extra_tokens += min(keep, hit)
-            self.commit(keys, now)
+            step(req, advance(req))
+
+    def step(self, req: Request, now: float) -> int:
+        """Look ``req`` up, account its hits, commit its chain; return its hit tokens.
+        ``now`` comes from ``advance(req)``."""
+        keys = req.keys
+        if not isinstance(keys, list):
+            keys = list(keys)
+        p0, p1, p2 = self.membership()
+        c0 = c1 = c2 = 0
+        # The hot loop: membership only, attribution by counting.
+        for k in keys:
+            if k in p0:
+                c0 += 1
+            elif k in p1:
+                c1 += 1
+            elif k in p2:
+                c2 += 1
+            else:
+                break
+        h = c0 + c1 + c2
+        b = req.block_tokens
+        big_l = req.input_tokens
+        tok = [c0 * b, c1 * b, c2 * b]
+        # Blocks from index L // B on weigh less than B (the partial tail, or nothing).
+        for i in range(big_l // b, h):
+            k = keys[i]
+            ti = 0 if k in p0 else 1 if k in p1 else 2
+            tok[ti] -= b - max(0, big_l - i * b)
+        hit = tok[0] + tok[1] + tok[2]
+        blocks, tokens = self.tier_hit_blocks, self.tier_hit_tokens
+        blocks[0] += c0
+        blocks[1] += c1
+        blocks[2] += c2
+        tokens[0] += tok[0]
+        tokens[1] += tok[1]
+        tokens[2] += tok[2]
+        self.requests += 1
+        self.input_tokens += big_l
+        self.hit_tokens += hit
+        if big_l > 0:
+            self.ratio_sum += hit / big_l
+            self.ratio_requests += 1
+        if hit > 0:
+            self.replay_extra_tokens += min(self.config.replay_keep_tokens, hit)
+        self.commit(keys, now)
+        return hit
 
     # -- results ------------------------------------------------------------------------
 

@@ -1,0 +1,148 @@
+"""DRAM-tier specifics beyond the conformance suite: chunks, size classes, leases."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from kvstore.dram import DramConfig, DramTier
+from kvstore.errors import InvalidArgument
+from kvstore.keys import chain_keys
+from tests.conftest import payload_for, small_ns
+
+SMALL = small_ns()  # 2 KiB blocks
+BIG = small_ns(model_id="big", head_dim=32)  # 8 KiB blocks
+CHUNK = 32 << 10
+
+
+def make(chunks: int = 8, **kw) -> DramTier:
+    t = DramTier(DramConfig(chunks * CHUNK, chunk_bytes=CHUNK, **kw))
+    t.register(SMALL)
+    t.register(BIG)
+    return t
+
+
+def chain(ns, n: int, seed: int) -> list[bytes]:
+    return chain_keys(ns, np.random.default_rng(seed).integers(0, 1 << 20, n * ns.block_tokens))
+
+
+def put(t: DramTier, ns, keys) -> None:
+    t.put(ns, keys, b"".join(payload_for(ns, k) for k in keys))
+
+
+def verify(t: DramTier, ns, keys) -> int:
+    dst = bytearray(len(keys) * ns.block_bytes)
+    n = t.get_into(ns, keys, dst)
+    assert bytes(dst[: n * ns.block_bytes]) == b"".join(payload_for(ns, k) for k in keys[:n])
+    return n
+
+
+def test_a_class_takes_chunks_from_another_when_its_blocks_are_older() -> None:
+    t = make(chunks=4)
+    old = chain(SMALL, 4 * CHUNK // SMALL.block_bytes, seed=1)  # fills the whole pool
+    put(t, SMALL, old)
+    assert t.stats().size_classes[0].used_blocks == len(old)
+    new = chain(BIG, 8, seed=2)  # needs two chunks of the big class
+    put(t, BIG, new)
+    assert verify(t, BIG, new) == 8
+    held = t.contains(SMALL, old)
+    assert 0 < held < len(old)
+    assert verify(t, SMALL, old) == held  # compacted blocks kept their bytes
+    assert t.stats().counters["chunk_moves"] >= 2
+    t.check_integrity()
+
+
+@given(st.lists(st.tuples(st.booleans(), st.integers(0, 15), st.sampled_from(["put", "get", "touch", "del"])),
+                max_size=60))
+def test_random_mixed_classes_keep_accounting_exact(ops) -> None:
+    t = make(chunks=3)
+    chains = {(big, s): chain(BIG if big else SMALL, 1 + s % 7, seed=s) for big in (True, False) for s in range(16)}
+    for big, s, op in ops:
+        ns = BIG if big else SMALL
+        keys = chains[(big, s)]
+        if op == "put":
+            put(t, ns, keys)
+        elif op == "get":
+            verify(t, ns, keys)
+        elif op == "touch":
+            t.touch(ns, keys)
+        else:
+            t.delete_namespace(ns)
+        t.check_integrity()
+        used = sum(c.used_blocks * c.block_bytes for c in t.stats().size_classes)
+        assert used == t.stats().used_bytes <= t.stats().capacity_bytes
+
+
+def test_pinned_blocks_survive_pressure_until_released() -> None:
+    t = make(chunks=1)
+    cap = CHUNK // SMALL.block_bytes
+    keys = chain(SMALL, 4, seed=3)
+    put(t, SMALL, keys)
+    lease = t.pin(SMALL, keys, lease_s=60)
+    assert lease.count == 4
+    for s in range(10):
+        put(t, SMALL, chain(SMALL, cap, seed=100 + s))
+        t.check_integrity()
+    assert t.contains(SMALL, keys) == 4
+    t.unpin(lease)
+    put(t, SMALL, chain(SMALL, cap, seed=200))
+    assert t.contains(SMALL, keys) == 0
+    t.check_integrity()
+
+
+def test_a_full_pool_of_pins_drops_new_blocks_and_counts_them() -> None:
+    t = make(chunks=1)
+    cap = CHUNK // SMALL.block_bytes
+    keys = chain(SMALL, cap, seed=4)
+    put(t, SMALL, keys)
+    t.pin(SMALL, keys, lease_s=60)
+    res = t.put(SMALL, chain(SMALL, 2, seed=5), bytes(2 * SMALL.block_bytes))
+    assert (res.inserted, res.dropped) == (0, 2)
+    assert t.stats().counters["put_dropped"] == 2
+
+
+def test_expired_leases_are_counted_not_leaked() -> None:
+    t = make(chunks=1)
+    keys = chain(SMALL, 3, seed=6)
+    put(t, SMALL, keys)
+    t.pin(SMALL, keys, lease_s=0.01)
+    time.sleep(0.05)
+    put(t, SMALL, chain(SMALL, 1, seed=7))  # mutations expire leases lazily
+    st_ = t.stats()
+    assert st_.counters["leases_expired_total"] == 1
+    assert st_.counters["pinned_blocks"] == 0
+    t.check_integrity()
+
+
+def test_block_larger_than_a_chunk_is_a_clear_error() -> None:
+    t = DramTier(DramConfig(4 * CHUNK, chunk_bytes=CHUNK))
+    with pytest.raises(InvalidArgument, match="chunk"):
+        t.register(small_ns(head_dim=1024))
+
+
+def test_duplicate_keys_in_one_put_are_misuse() -> None:
+    t = make()
+    k = chain(SMALL, 1, seed=8)
+    with pytest.raises(InvalidArgument):
+        t.put(SMALL, k + k, bytes(2 * SMALL.block_bytes))
+    assert t.contains(SMALL, k) == 0
+
+
+def test_adjacent_blocks_are_read_in_one_copy_and_stay_correct() -> None:
+    t = make()
+    keys = chain(SMALL, 12, seed=9)
+    put(t, SMALL, keys)
+    assert verify(t, SMALL, keys) == 12
+    assert verify(t, SMALL, keys[3:9]) == 6
+
+
+def test_s3fifo_policy_works_in_the_tier() -> None:
+    t = make(chunks=2, policy="s3fifo")
+    for s in range(20):
+        put(t, SMALL, chain(SMALL, 5, seed=300 + s))
+        t.check_integrity()
+    assert t.stats().info["policy"] == "s3fifo"

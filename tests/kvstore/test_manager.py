@@ -1,0 +1,151 @@
+"""Tier-manager semantics (DESIGN §6) with real tiers; a second DRAM tier plays the lower level."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from kvstore.dram import DramConfig, DramTier
+from kvstore.keys import chain_keys
+from kvstore.manager import ManagerConfig, TierManager
+from tests.conftest import payload_for, small_ns
+
+NS = small_ns()
+BB = NS.block_bytes
+
+
+def make(top_blocks: int = 8, low_blocks: int = 64, **cfg) -> tuple[TierManager, DramTier, DramTier]:
+    top = DramTier(DramConfig(top_blocks * BB, chunk_bytes=BB * 4))
+    low = DramTier(DramConfig(low_blocks * BB, chunk_bytes=BB * 8, name="ssd"))
+    m = TierManager([top, low], ManagerConfig(**cfg))
+    m.register(NS)
+    return m, top, low
+
+
+def chain(n: int, seed: int = 0) -> list[bytes]:
+    return chain_keys(NS, np.random.default_rng(seed).integers(0, 1 << 20, n * NS.block_tokens))
+
+
+def pl(keys, idx=None) -> dict[int, bytes]:
+    return {i: payload_for(NS, keys[i]) for i in (range(len(keys)) if idx is None else idx)}
+
+
+def test_commit_writes_back_to_every_lower_tier() -> None:
+    m, top, low = make()
+    keys = chain(6)
+    res = m.commit(NS, keys, pl(keys), durability="ssd", timeout_s=10)
+    assert res.durability == "ssd"
+    assert top.contains(NS, keys) == 6 and low.contains(NS, keys) == 6
+    m.check_integrity()
+    m.close()
+
+
+def test_dram_eviction_keeps_the_lower_copy_and_reads_promote() -> None:
+    m, top, low = make(top_blocks=8)
+    a, b = chain(6, seed=1), chain(6, seed=2)
+    m.commit(NS, a, pl(a), durability="ssd")
+    m.commit(NS, b, pl(b), durability="ssd")
+    assert top.contains(NS, a) < 6 and low.contains(NS, a) == 6
+    look = m.lookup(NS, a)
+    assert look.hit_blocks == 6 and "ssd" in look.tiers
+    dst = bytearray(6 * BB)
+    assert m.get_into(NS, a, dst) == 6
+    assert bytes(dst) == b"".join(pl(a).values())
+    assert top.contains(NS, a) == 6, "SSD hits are promoted"
+    assert m.lookup(NS, a).tiers == ("dram",) * 6
+    assert m.stats().counters["promoted_blocks_total"] > 0
+    m.close()
+
+
+def test_lookup_attributes_each_block_to_the_fastest_tier_without_side_effects() -> None:
+    m, top, low = make()
+    keys = chain(5, seed=3)
+    m.commit(NS, keys, pl(keys), durability="ssd")
+    top.delete_namespace(NS)
+    m.commit(NS, keys, pl(keys, idx=[0, 1]))
+    before = top.stats().counters.copy()
+    assert m.lookup(NS, keys).tiers == ("dram", "dram", "ssd", "ssd", "ssd")
+    assert top.stats().counters == before
+    m.close()
+
+
+def test_a_prefix_larger_than_dram_keeps_its_head_in_dram() -> None:
+    m, top, _ = make(top_blocks=8)
+    keys = chain(20, seed=4)
+    m.commit(NS, keys, pl(keys), durability="ssd")
+    assert top.contains(NS, keys) == 8
+    assert m.get_into(NS, keys, bytearray(20 * BB)) == 20
+    assert top.contains(NS, keys) == 8
+    m.close()
+
+
+def test_backpressure_then_drops_are_counted_never_silent() -> None:
+    # The lower tier is closed: every write-back fails (counted), and the flusher still
+    # drains, so commits proceed. Then a tiny dirty bound with a zero deadline refuses.
+    m, _, low = make(max_dirty_bytes=2 * BB, commit_wait_s=0.0)
+    low.close()
+    keys = chain(12, seed=5)
+    res = m.commit(NS, keys, pl(keys), timeout_s=0.0)
+    st = m.stats().counters
+    assert res.inserted + res.dropped == 12
+    assert st["dropped_blocks_total"] == res.dropped
+    assert st.get("backpressure_waits_total", 0) >= (1 if res.dropped else 0)
+    m.flush(timeout_s=10)
+    assert m.stats().counters["writeback_errors_total"] == res.inserted
+    m.close()
+
+
+def test_commit_waits_for_room_within_its_deadline() -> None:
+    m, _, low = make(max_dirty_bytes=2 * BB, commit_wait_s=10.0)
+    keys = chain(16, seed=6)
+    res = m.commit(NS, keys, pl(keys), durability="ssd", timeout_s=30)
+    assert (res.inserted, res.dropped, res.durability) == (16, 0, "ssd")
+    assert m.stats().counters["backpressure_waits_total"] >= 1
+    assert low.contains(NS, keys) == 16
+    m.close()
+
+
+def test_a_failing_lower_tier_is_a_miss_not_an_error() -> None:
+    m, top, low = make()
+    keys = chain(4, seed=7)
+    m.commit(NS, keys, pl(keys), durability="ssd")
+    top.delete_namespace(NS)
+    low.close()
+    assert m.lookup(NS, keys).hit_blocks == 0
+    assert m.get_into(NS, keys, bytearray(4 * BB)) == 0
+    assert m.stats().counters["tier_errors_total"] >= 2
+    m.close()
+
+
+def test_prefetch_promotes_in_the_background() -> None:
+    m, top, _ = make()
+    keys = chain(4, seed=8)
+    m.commit(NS, keys, pl(keys), durability="ssd")
+    top.delete_namespace(NS)
+    assert m.prefetch(NS, keys).result(timeout=10) == 4
+    assert top.contains(NS, keys) == 4
+    m.close()
+
+
+def test_dram_hits_refresh_lower_copies_in_batches() -> None:
+    m, top, low = make(retention_touch_interval_s=0.05)
+    a, b = chain(4, seed=9), chain(60, seed=10)
+    m.commit(NS, a, pl(a), durability="ssd")
+    m.commit(NS, b, pl(b), durability="ssd")  # a is now the lower tier's oldest
+    m.get_into(NS, a, bytearray(4 * BB))  # a DRAM hit
+    import time
+
+    time.sleep(0.3)  # the flusher forwards the touch within its interval
+    c = chain(8, seed=11)
+    m.commit(NS, c, pl(c), durability="ssd")
+    assert low.contains(NS, a) == 4, "refreshed copy outlives older blocks"
+    m.close()
+
+
+def test_single_tier_manager_has_no_writeback() -> None:
+    top = DramTier(DramConfig(16 * BB, chunk_bytes=4 * BB))
+    m = TierManager([top])
+    m.register(NS)
+    keys = chain(3, seed=12)
+    assert m.commit(NS, keys, pl(keys), durability="ssd").durability == "dram"
+    m.flush(timeout_s=1)
+    m.close()
