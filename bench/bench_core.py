@@ -1,0 +1,132 @@
+"""Core-store benchmarks (issue "Core store", item 7).
+
+1. DRAM tier ``get_into`` / ``put`` of 16-block batches at 64 KiB, 256 KiB and 2 MiB,
+   as a ratio to ``torch.Tensor.copy_`` of the same bytes into the same warm buffer.
+2. Key hashing, ns/token for a 128 K-token prompt given as list, numpy array and torch
+   tensor, against vLLM's prefix-hash chain (sha256 of a pickled tuple per block) and
+   against the bare cost of converting the list to an array.
+
+Run: ``.venv/bin/python -m bench.bench_core`` (``--quick`` for a smoke run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import pickle
+
+import numpy as np
+import torch
+
+from bench.harness import machine, median_interleaved, timed
+from kvstore.dram import DramConfig, DramTier
+from kvstore.keys import Namespace, chain_keys
+
+BATCH = 16
+
+
+def ns_for_block_bytes(block_bytes: int) -> Namespace:
+    # bfloat16, 64 tokens, 2 (K,V) x heads x 128 dims: pick layers to hit the size.
+    per_layer = 2 * 64 * 8 * 128 * 2  # 256 KiB with 8 heads
+    if block_bytes < per_layer:
+        heads = block_bytes // (2 * 64 * 128 * 2)
+        return Namespace("bench", "r", "bfloat16", "mha", (0,), heads, 128)
+    return Namespace("bench", "r", "bfloat16", "mha", tuple(range(block_bytes // per_layer)), 8, 128)
+
+
+def bench_dram(block_bytes: int, runs: int) -> dict[str, float]:
+    ns = ns_for_block_bytes(block_bytes)
+    assert ns.block_bytes == block_bytes
+    tier = DramTier(DramConfig(capacity_bytes=64 * block_bytes, chunk_bytes=16 * block_bytes))
+    tier.register(ns)
+    rng = np.random.default_rng(0)
+    keys = chain_keys(ns, rng.integers(0, 1 << 20, BATCH * ns.block_tokens))
+    src = torch.from_numpy(rng.integers(0, 256, BATCH * block_bytes, dtype=np.uint8))
+    dst = torch.empty_like(src)
+    tier.put(ns, keys, src)
+    warm = torch.empty_like(src)
+    repeat = max(3, (256 << 20) // (BATCH * block_bytes))
+
+    def put_rate() -> float:
+        # Re-inserting present keys would only touch: delete first so every put copies.
+        def one() -> None:
+            tier.delete_namespace(ns)
+            tier.put(ns, keys, src)
+
+        return BATCH * block_bytes / timed(one, repeat)
+
+    cases = {
+        "copy_": lambda: BATCH * block_bytes / timed(lambda: warm.copy_(src), repeat),
+        "get_into": lambda: BATCH * block_bytes / timed(lambda: tier.get_into(ns, keys, dst), repeat),
+        "put": put_rate,
+    }
+    med = median_interleaved(cases, runs)
+    assert bytes(dst.numpy()) == bytes(src.numpy())
+    return {
+        "block_bytes": block_bytes,
+        "copy_GBps": med["copy_"] / 1e9,
+        "get_GBps": med["get_into"] / 1e9,
+        "put_GBps": med["put"] / 1e9,
+        "get_vs_copy": med["get_into"] / med["copy_"],
+        "put_vs_copy": med["put"] / med["copy_"],
+    }
+
+
+def vllm_chain(tokens: list[int], block: int) -> list[bytes]:
+    """vLLM's prefix hash (sha256 over a pickled (parent, block tokens, extra) tuple)."""
+    parent: bytes | None = None
+    out = []
+    for i in range(0, len(tokens) - block + 1, block):
+        parent = hashlib.sha256(pickle.dumps((parent, tuple(tokens[i : i + block]), None))).digest()
+        out.append(parent)
+    return out
+
+
+def bench_hashing(runs: int, n_tokens: int = 128 * 1024) -> dict[str, float]:
+    ns = Namespace("bench", "r", "bfloat16", "mha", (0,), 8, 128)
+    arr = np.random.default_rng(1).integers(0, 128_000, n_tokens, dtype=np.int64)
+    lst, ten = arr.tolist(), torch.from_numpy(arr)
+    cases = {
+        "array": lambda: timed(lambda: chain_keys(ns, arr), 5),
+        "tensor": lambda: timed(lambda: chain_keys(ns, ten), 5),
+        "list": lambda: timed(lambda: chain_keys(ns, lst), 5),
+        "list_to_array": lambda: timed(lambda: np.asarray(lst), 5),
+        "vllm_sha256": lambda: timed(lambda: vllm_chain(lst, ns.block_tokens), 1),
+    }
+    med = median_interleaved(cases, runs)
+    ns_per = {k: v / n_tokens * 1e9 for k, v in med.items()}
+    return {
+        **{f"{k}_ns_per_token": v for k, v in ns_per.items()},
+        "vllm_over_array": ns_per["vllm_sha256"] / ns_per["array"],
+        "list_over_conversion": ns_per["list"] / ns_per["list_to_array"],
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--quick", action="store_true")
+    args = ap.parse_args()
+    sizes = [64 << 10, 256 << 10] if args.quick else [64 << 10, 256 << 10, 2 << 20]
+    runs = 3 if args.quick else args.runs
+    print(f"# machine: {machine()}")
+    dram = [bench_dram(s, runs) for s in sizes]
+    print("| block | copy_ GB/s | get_into GB/s | put GB/s | get/copy_ | put/copy_ |")
+    print("|---|---|---|---|---|---|")
+    for r in dram:
+        print(f"| {r['block_bytes'] >> 10} KiB | {r['copy_GBps']:.2f} | {r['get_GBps']:.2f} | {r['put_GBps']:.2f}"
+              f" | {r['get_vs_copy']:.2f} | {r['put_vs_copy']:.2f} |")
+    h = bench_hashing(runs)
+    print()
+    print("| input | ns/token |")
+    print("|---|---|")
+    for k in ("array", "tensor", "list", "list_to_array", "vllm_sha256"):
+        print(f"| {k} | {h[k + '_ns_per_token']:.2f} |")
+    print(f"\nvLLM sha256 chain / ours (array): {h['vllm_over_array']:.1f}x;"
+          f" list input / list->array conversion: {h['list_over_conversion']:.2f}x")
+    print(json.dumps({"dram": dram, "hashing": h}))
+
+
+if __name__ == "__main__":
+    main()

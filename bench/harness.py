@@ -1,0 +1,36 @@
+"""Shared benchmark discipline (DESIGN §12): seeded, interleaved, median of >= 3 runs,
+every figure a ratio against a limit or a peer measured in the same run."""
+
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable
+
+
+def median_interleaved(cases: dict[str, Callable[[], float]], runs: int = 5) -> dict[str, float]:
+    """Run each case once per round, rounds interleaved, and return the median of each.
+
+    Interleaving spreads machine noise (another tenant, a frequency change) evenly over
+    the cases being compared, which matters more than the run count on a 2-core VM.
+    Each callable returns its own figure (seconds, or a rate).
+    """
+    results: dict[str, list[float]] = {name: [] for name in cases}
+    for _ in range(max(3, runs)):
+        for name, fn in cases.items():
+            results[name].append(fn())
+    return {name: statistics.median(v) for name, v in results.items()}
+
+
+def timed(fn: Callable[[], object], repeat: int = 1) -> float:
+    """Seconds per call of ``fn`` over ``repeat`` calls."""
+    t0 = time.perf_counter()
+    for _ in range(repeat):
+        fn()
+    return (time.perf_counter() - t0) / repeat
+
+
+def machine() -> str:
+    return f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"
