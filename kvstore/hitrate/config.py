@@ -36,7 +36,9 @@ class SimConfig:
 
     def __post_init__(self) -> None:
         if not self.bytes_per_token > 0 or math.isinf(self.bytes_per_token):
-            raise ConfigError(f"--bytes-per-token must be a positive number, got {self.bytes_per_token}")
+            raise ConfigError(
+                f"--bytes-per-token must be a positive number, got {self.bytes_per_token}"
+            )
         if not self.retention_s > 0:
             raise ConfigError(f"--retention must be positive, got {self.retention_s}s")
         if not self.time_scale > 0 or math.isinf(self.time_scale):
@@ -48,7 +50,13 @@ class SimConfig:
         return {"hbm": self.hbm, "dram": self.dram, "ssd": self.ssd}[tier]
 
     def with_capacity(self, tier: str, capacity: Capacity) -> SimConfig:
-        return replace(self, **{tier: capacity})
+        if tier == "hbm":
+            return replace(self, hbm=capacity)
+        if tier == "dram":
+            return replace(self, dram=capacity)
+        if tier == "ssd":
+            return replace(self, ssd=capacity)
+        raise ConfigError(f"unknown tier {tier!r}; known: {', '.join(TIER_NAMES)}")
 
     def capacity_blocks(self, tier: str, block_tokens: int) -> float:
         """Blocks the tier holds (``math.inf`` if unbounded, 0 if absent), DESIGN §10 rounding."""

@@ -69,7 +69,9 @@ class SimResult:
                     "hit_tokens": t.hit_tokens,
                     "hit_blocks": t.hit_blocks,
                     # JSON has no infinity: an unbounded tier reports null.
-                    "capacity_blocks": None if math.isinf(t.capacity_blocks) else int(t.capacity_blocks),
+                    "capacity_blocks": None
+                    if math.isinf(t.capacity_blocks)
+                    else int(t.capacity_blocks),
                     "present": t.present,
                 }
                 for t in self.tiers

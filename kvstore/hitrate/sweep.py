@@ -53,7 +53,9 @@ def parse_sweep(text: str) -> SweepSpec:
     tier, sep, rest = text.partition("=")
     tier = tier.strip().lower()
     if not sep or tier not in TIER_NAMES:
-        raise ConfigError(f"invalid --sweep {text!r}: use TIER=LO..HI:x2 with TIER in hbm, dram, ssd")
+        raise ConfigError(
+            f"invalid --sweep {text!r}: use TIER=LO..HI:x2 with TIER in hbm, dram, ssd"
+        )
     rest = rest.strip().replace(" ", "")
     m = _RANGE_RE.match(rest)
     if m is None:

@@ -62,9 +62,8 @@ class SweepAccumulator:
             fast = next((i for i, p in faster if k in p), None)
             slow = next((i for i, p in slower if k in p), None) if fast is None else None
             d = depth(k)
-            if fast is None and slow is None:
-                if d > m:
-                    m = d
+            if fast is None and slow is None and d > m:
+                m = d
             if m > cmax:
                 break
             w = max(0, min(b, big_l - j * b))

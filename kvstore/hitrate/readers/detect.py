@@ -3,20 +3,19 @@
 from __future__ import annotations
 
 import glob
+import importlib
 import os
 from collections.abc import Sequence
 
 from kvstore.hitrate.errors import ConfigError, InputNotFound
-from kvstore.hitrate.readers.access_log import AccessLogReader
 from kvstore.hitrate.readers.base import TraceReader
-from kvstore.hitrate.readers.kvcache_tester import KvCacheTesterReader
-from kvstore.hitrate.readers.mooncake import MooncakeReader
 from kvstore.hitrate.readers.sniff import sniff_format
 
-FORMATS: dict[str, type[TraceReader]] = {
-    MooncakeReader.format: MooncakeReader,
-    KvCacheTesterReader.format: KvCacheTesterReader,
-    AccessLogReader.format: AccessLogReader,
+# format -> (module, class), imported on use: a JSONL replay never pays for pyarrow.
+FORMATS: dict[str, tuple[str, str]] = {
+    "mooncake": ("kvstore.hitrate.readers.mooncake", "MooncakeReader"),
+    "kv-cache-tester": ("kvstore.hitrate.readers.kvcache_tester", "KvCacheTesterReader"),
+    "access-log": ("kvstore.hitrate.readers.access_log", "AccessLogReader"),
 }
 ALIASES = {"kvct": "kv-cache-tester", "parquet": "access-log", "jsonl": "mooncake"}
 
@@ -78,7 +77,8 @@ def open_inputs(
             raise ConfigError(f"inputs mix formats {listing}; replay one format at a time")
         fmt = distinct[0]
     try:
-        cls = FORMATS[fmt]
+        module, name = FORMATS[fmt]
     except KeyError:
         raise ConfigError(f"unknown format {fmt!r}; known: auto, {', '.join(FORMATS)}") from None
+    cls: type[TraceReader] = getattr(importlib.import_module(module), name)
     return cls(paths, block_tokens=block_tokens)

@@ -41,7 +41,9 @@ class KvCacheTesterReader(TraceReader):
             with open(path, "rb") as f:
                 return json.load(f)
         except json.JSONDecodeError as e:
-            raise TraceError(path, str(e.lineno), f"invalid JSON: {e.msg} (column {e.colno})") from None
+            raise TraceError(
+                path, str(e.lineno), f"invalid JSON: {e.msg} (column {e.colno})"
+            ) from None
         except UnicodeDecodeError as e:
             raise TraceError(path, None, f"not UTF-8 text: {e.reason}") from None
         except OSError as e:

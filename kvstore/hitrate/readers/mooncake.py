@@ -14,7 +14,6 @@ from collections.abc import Iterator
 from kvstore.hitrate.errors import TraceError
 from kvstore.hitrate.readers import fields
 from kvstore.hitrate.readers.base import TraceReader
-from kvstore.hitrate.readers.columnar import iter_rows, open_table_batches
 from kvstore.hitrate.readers.sniff import Container, container_of
 from kvstore.hitrate.request import Request
 
@@ -63,6 +62,8 @@ class MooncakeReader(TraceReader):
                     raise TraceError(path, str(lineno), str(e)) from None
 
     def _table(self, path: str) -> Iterator[Request]:
+        from kvstore.hitrate.readers.columnar import iter_rows, open_table_batches
+
         b = self._b()
         for row, (ts, big_l, ids) in iter_rows(path, open_table_batches(path, COLUMNS), COLUMNS):
             try:

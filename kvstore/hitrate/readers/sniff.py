@@ -59,7 +59,8 @@ def sniff_format(path: str) -> str:
     if not head.strip():
         raise TraceError(path, None, "empty file")
     first_line = head.split(b"\n", 1)[0]
-    if b'"input_length"' in first_line or b'"hash_ids"' in first_line and b'"timestamp"' in first_line:
+    mooncake_keys = b'"hash_ids"' in first_line and b'"timestamp"' in first_line
+    if b'"input_length"' in first_line or (mooncake_keys and b'"requests"' not in first_line):
         return "mooncake"
     if b'"requests"' in head or b'"block_size"' in head:
         return "kv-cache-tester"

@@ -1,0 +1,166 @@
+"""``kvstore hitrate LOG…``: replay traffic logs through simulated tiers (DESIGN §9, §10).
+
+Values are parsed here rather than by argparse ``type=`` so that bad flags and bad
+``--config`` values take the same path: one line on stderr, exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from kvstore.eviction import POLICIES
+from kvstore.hitrate.config import SimConfig
+from kvstore.hitrate.errors import ConfigError
+from kvstore.hitrate.readers import FORMATS, open_inputs
+from kvstore.hitrate.report import Prices, to_json, to_text
+from kvstore.hitrate.request import Request
+from kvstore.hitrate.simulator import Simulator
+from kvstore.hitrate.sweep import parse_sweep, run_sweep
+from kvstore.units import parse_capacity, parse_duration
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("logs", nargs="+", metavar="LOG", help="trace files, directories or globs")
+    parser.add_argument(
+        "--format",
+        default="auto",
+        help=f"input format: auto, {', '.join(FORMATS)} (default: auto-detect)",
+    )
+    parser.add_argument(
+        "--hbm", default="0", help="HBM tier size (bytes, KiB…PiB, Ntok, inf; 0 = absent)"
+    )
+    parser.add_argument("--dram", default="0", help="DRAM tier size (default 0 = absent)")
+    parser.add_argument("--ssd", default="inf", help="SSD tier size (default inf)")
+    parser.add_argument("--bytes-per-token", default="890", help="KV bytes per token (default 890)")
+    parser.add_argument(
+        "--block-tokens",
+        default=None,
+        help="block size for formats that do not carry one (Mooncake: 512)",
+    )
+    parser.add_argument("--policy", default="lru", help=f"eviction policy: {', '.join(POLICIES)}")
+    parser.add_argument(
+        "--retention", default="72h", help="SSD retention in trace time (default 72h)"
+    )
+    parser.add_argument("--time-scale", default="1", help="multiply trace time by this (default 1)")
+    parser.add_argument(
+        "--replay-keep",
+        default="140",
+        help="tokens recomputed on each hit (bounded replay; default 140)",
+    )
+    parser.add_argument("--price-cached", default="0.003", help="$ per M cached input tokens")
+    parser.add_argument("--price-uncached", default="0.15", help="$ per M uncached input tokens")
+    parser.add_argument(
+        "--prefill-tokens-per-gpu-s", default="9200", help="prefill throughput for GPU-hours saved"
+    )
+    parser.add_argument(
+        "--sweep",
+        action="append",
+        default=None,
+        metavar="TIER=LO..HI:xF",
+        help="capacity sweep, e.g. dram=1GiB..1TiB:x2 (repeatable, one per tier)",
+    )
+    parser.add_argument(
+        "--plot", metavar="F.png", default=None, help="draw the sweep (needs --sweep)"
+    )
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def _number(value: Any, flag: str, cast: Callable[[str], float] = float) -> float:
+    try:
+        x = cast(str(value).strip().replace("_", ""))
+    except ValueError:
+        raise ConfigError(f"{flag}: expected a number, got {value!r}") from None
+    if isinstance(x, float) and not math.isfinite(x):
+        raise ConfigError(f"{flag}: expected a finite number, got {value!r}")
+    return x
+
+
+def _config(args: argparse.Namespace) -> SimConfig:
+    if args.policy not in POLICIES:
+        raise ConfigError(f"--policy: unknown policy {args.policy!r}; known: {', '.join(POLICIES)}")
+    return SimConfig(
+        hbm=parse_capacity(args.hbm),
+        dram=parse_capacity(args.dram),
+        ssd=parse_capacity(args.ssd),
+        bytes_per_token=_number(args.bytes_per_token, "--bytes-per-token"),
+        policy=args.policy,
+        retention_s=parse_duration(args.retention),
+        time_scale=_number(args.time_scale, "--time-scale"),
+        replay_keep_tokens=int(_number(args.replay_keep, "--replay-keep", int)),
+    )
+
+
+def _prices(args: argparse.Namespace) -> Prices:
+    return Prices(
+        cached_usd_per_m_tokens=_number(args.price_cached, "--price-cached"),
+        uncached_usd_per_m_tokens=_number(args.price_uncached, "--price-uncached"),
+        prefill_tokens_per_gpu_s=_number(
+            args.prefill_tokens_per_gpu_s, "--prefill-tokens-per-gpu-s"
+        ),
+    )
+
+
+def _block_tokens(args: argparse.Namespace) -> int | None:
+    if args.block_tokens is None:
+        return None
+    b = int(_number(args.block_tokens, "--block-tokens", int))
+    if b <= 0:
+        raise ConfigError(f"--block-tokens must be positive, got {b}")
+    return b
+
+
+def _progress(args: argparse.Namespace) -> Callable[[Iterator[Request]], Iterator[Request]]:
+    """tqdm on a terminal; nothing (not even the import) otherwise."""
+    if args.json or args.no_progress or not sys.stderr.isatty():
+        return lambda it: it
+
+    def wrap(it: Iterator[Request]) -> Iterator[Request]:
+        from tqdm import tqdm
+
+        return iter(tqdm(it, unit=" req", unit_scale=True, mininterval=0.5, leave=False))
+
+    return wrap
+
+
+def run(args: argparse.Namespace) -> int:
+    config = _config(args)
+    prices = _prices(args)
+    specs = [parse_sweep(s) for s in args.sweep or ()]
+    tiers = [s.tier for s in specs]
+    if len(set(tiers)) != len(tiers):
+        raise ConfigError("--sweep: give each tier at most once")
+    if args.plot and not specs:
+        raise ConfigError("--plot needs --sweep: there is no capacity axis to draw")
+    if args.plot and len({s.points[0].bytes_ is None for s in specs}) > 1:
+        raise ConfigError("--plot: sweep all tiers in bytes or all in tokens")
+    reader = open_inputs(args.logs, fmt=args.format, block_tokens=_block_tokens(args))
+    progress = _progress(args)
+
+    def requests() -> Iterator[Request]:
+        return progress(reader.requests())
+
+    points: list = []
+    method = None
+    if specs:
+        result, points, method = run_sweep(requests, config, specs)
+    else:
+        sim = Simulator(config)
+        sim.feed(requests())
+        result = sim.result()
+    if result.requests == 0:
+        raise ConfigError("the input holds no requests")
+    if args.plot:
+        from kvstore.hitrate.plot import plot_sweep
+
+        plot_sweep(points, args.plot, title=", ".join(args.logs)[:80])
+    if args.json:
+        body = to_json(result, config, prices, sweep=points, sweep_method=method)
+        print(json.dumps(body, allow_nan=False))
+    else:
+        print(to_text(result, config, prices, sweep=points, sweep_method=method))
+    return 0
