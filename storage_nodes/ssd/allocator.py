@@ -1,0 +1,205 @@
+"""Slot allocation: free-slot reservation, slab (chunk) growth and capacity eviction.
+
+Invariants this class keeps, the ones crash safety rests on:
+
+* A slot is handed to a writer only if the free list says so in a *committed*
+  transaction: a freed slot is reused only after the transaction that freed it commits.
+* A reserved slot stays in the on-disk free list until the put that reserved it
+  publishes; a crash before that leaves it free, so reservations never leak.
+* Capacity is shared between size classes in whole slabs: when a class needs room and
+  no slab is unallocated, the least recently used block goes; if it belongs to another
+  class, its whole slab is emptied and handed over (DESIGN §6: whole chunks move).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from collections.abc import Callable, Iterable
+from itertools import islice
+
+from kvstore.errors import IntegrityError
+from storage_nodes.ssd.config import SSDConfig, slot_bytes_for
+from storage_nodes.ssd.index import Index, Txn
+from storage_nodes.ssd.recency import Recency
+from storage_nodes.ssd.slabs import SlabFiles
+
+Slot = tuple[int, int]  # (slab, slot)
+_REFILL = 1024
+_VICTIM_BATCH = 256
+
+
+class SlotAllocator:
+    def __init__(self, config: SSDConfig, index: Index, files: SlabFiles, recency: Recency,
+                 count: Callable[[Counter[str]], None]) -> None:
+        self._config = config
+        self._index = index
+        self._files = files
+        self._recency = recency
+        self._count = count
+        self._lock = threading.Lock()
+        self._cache: dict[int, list[Slot]] = {}
+        self._cached: set[Slot] = set()
+        self._reserved: set[Slot] = set()
+        self._reserved_in: Counter[int] = Counter()
+        with index.begin() as txn:
+            self.slab_class = {s: i.block_bytes for s, i in index.slab_table(txn).items()}
+        self._shrink_to_capacity()
+
+    def nslots(self, block_bytes: int) -> int:
+        return self._config.slab_bytes // slot_bytes_for(block_bytes)
+
+    # -- reservation ------------------------------------------------------------------
+    def reserve(self, block_bytes: int, n: int) -> list[Slot]:
+        """Up to ``n`` free slots of the class, evicting if needed; fewer if the capacity
+        cannot hold them. Raises ``SSDIOError`` when a slab cannot be created."""
+        out: list[Slot] = []
+        with self._lock:
+            while len(out) < n:
+                cache = self._cache.setdefault(block_bytes, [])
+                while cache and len(out) < n:
+                    s = cache.pop()
+                    self._cached.discard(s)
+                    self._reserved.add(s)  # before any refill, which must skip it
+                    self._reserved_in[s[0]] += 1
+                    out.append(s)
+                if len(out) == n or self._refill(block_bytes) or self._grow(block_bytes):
+                    continue
+                if not self._evict(block_bytes, n - len(out)):
+                    break
+        return out
+
+    def release(self, slots: Iterable[Slot], *, still_free: bool) -> None:
+        """End reservations: after a publish (``still_free=False``) or an aborted put."""
+        with self._lock:
+            for s in slots:
+                self._reserved.discard(s)
+                self._reserved_in[s[0]] -= 1
+                if still_free and self.slab_class.get(s[0]) is not None:
+                    self._cache.setdefault(self.slab_class[s[0]], []).append(s)
+                    self._cached.add(s)
+
+    def _refill(self, block_bytes: int) -> bool:
+        cache = self._cache.setdefault(block_bytes, [])
+        with self._index.begin() as txn:
+            scan = islice(self._index.iter_free(txn, block_bytes),
+                          _REFILL + len(self._reserved) + len(self._cached))
+            fresh = [s for s in scan if s not in self._reserved and s not in self._cached][:_REFILL]
+        fresh.reverse()  # pop() from the end hands out low slots first: denser slabs
+        cache[:0] = fresh
+        self._cached.update(fresh)
+        return bool(fresh)
+
+    def _grow(self, block_bytes: int) -> bool:
+        free_ids = [s for s in range(self._config.chunks) if s not in self.slab_class]
+        if not free_ids:
+            return False
+        slab = free_ids[0]
+        self._files.create(slab)  # durable before any record names it
+        with self._index.begin(write=True) as txn:
+            self._index.create_slab(txn, slab, block_bytes, self.nslots(block_bytes))
+        self.slab_class[slab] = block_bytes
+        return True
+
+    # -- eviction -----------------------------------------------------------------------
+    def _evict(self, block_bytes: int, need: int) -> bool:
+        counts: Counter[str] = Counter()
+        expiry = self._config.expiry_bucket(self._config.clock())
+        freed = 0
+        with self._index.begin(write=True) as txn:
+            self._recency.flush_into(self._index, txn)
+            skip: set[bytes] = set()
+            while freed < need:
+                batch = [fk for fk in islice(self._index.iter_lru(txn), len(skip) + _VICTIM_BATCH)
+                         if fk not in skip]
+                if not batch:
+                    break
+                for fk in batch:
+                    loc = self._index.get(txn, fk)
+                    if loc is None:
+                        continue
+                    if self.slab_class[loc.slab] == block_bytes:
+                        self._note_eviction(counts, loc.bucket, expiry)
+                        self._index.remove(txn, fk, loc)
+                        freed += 1
+                    elif self._reserved_in[loc.slab]:
+                        skip.add(fk)  # a put of that class is writing into this slab
+                    else:
+                        freed += self._hand_over(txn, loc.slab, block_bytes, counts, expiry)
+                    if freed >= need:
+                        break
+        self._count(counts)
+        self._config.crash_hook("after_free")
+        return freed > 0
+
+    def _hand_over(self, txn: Txn, slab: int, block_bytes: int, counts: Counter[str], expiry: int) -> int:
+        """Empty ``slab`` (evicting every block in it) and give it to ``block_bytes``."""
+        old = self.slab_class[slab]
+        for fk in list(self._index.iter_slab(txn, slab)):
+            loc = self._index.get(txn, fk)
+            if loc is not None:
+                self._note_eviction(counts, loc.bucket, expiry)
+                self._index.remove(txn, fk, loc)
+        self._index.retire_slab(txn, slab, old, self.nslots(old))
+        self._index.create_slab(txn, slab, block_bytes, self.nslots(block_bytes))
+        self._drop_cached(slab, old)
+        self.slab_class[slab] = block_bytes
+        counts["slab_handovers"] += 1
+        return self.nslots(block_bytes)
+
+    def _drop_cached(self, slab: int, block_bytes: int) -> None:
+        cache = self._cache.get(block_bytes, [])
+        keep = [s for s in cache if s[0] != slab]
+        for s in cache:
+            if s[0] == slab:
+                self._cached.discard(s)
+        cache[:] = keep
+
+    @staticmethod
+    def _note_eviction(counts: Counter[str], bucket: int, expiry: int) -> None:
+        if bucket < expiry:
+            counts["expired_total"] += 1
+        else:
+            counts["evictions"] += 1
+            counts["retention_violations_total"] += 1
+
+    def _shrink_to_capacity(self) -> None:
+        """Slabs beyond a reduced capacity are emptied and deleted at open."""
+        extra = sorted(s for s in self.slab_class if s >= self._config.chunks)
+        if not extra:
+            return
+        counts: Counter[str] = Counter()
+        with self._index.begin(write=True) as txn:
+            for slab in extra:
+                for fk in list(self._index.iter_slab(txn, slab)):
+                    loc = self._index.get(txn, fk)
+                    if loc is not None:
+                        counts["evictions"] += 1
+                        counts["retention_violations_total"] += 1
+                        self._index.remove(txn, fk, loc)
+                bb = self.slab_class.pop(slab)
+                self._index.retire_slab(txn, slab, bb, self.nslots(bb))
+        for slab in extra:
+            self._files.path(slab).unlink(missing_ok=True)
+        self._count(counts)
+
+    # -- integrity ---------------------------------------------------------------------
+    def check(self, txn: Txn) -> None:
+        with self._lock:
+            table = {s: i.block_bytes for s, i in self._index.slab_table(txn).items()}
+            if table != self.slab_class:
+                raise IntegrityError("allocator's slab classes disagree with the index")
+            free = {bb: set(self._index.iter_free(txn, bb)) for bb in set(table.values())}
+            for bb, cache in self._cache.items():
+                for s in cache:
+                    if s not in free.get(bb, ()) or s in self._reserved:
+                        raise IntegrityError(f"cached free slot {s} is not free or is reserved")
+            for s in self._reserved:
+                if s not in free[self.slab_class[s[0]]]:
+                    raise IntegrityError(f"reserved slot {s} left the on-disk free list")
+            if len(self._cached) != sum(len(c) for c in self._cache.values()):
+                raise IntegrityError("free-slot cache has duplicates")
+            for slab in self.slab_class:
+                size = self._files.size_of(slab)
+                if size != self._config.slab_bytes:
+                    raise IntegrityError(f"slab file {slab} is {size} bytes, expected {self._config.slab_bytes}")

@@ -1,0 +1,98 @@
+"""Configuration of one SSD directory."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from storage_nodes.ssd.errors import SSDConfigError
+
+ALIGN_BYTES = 4096
+DEFAULT_RETENTION_S = 72 * 3600.0
+
+
+def no_crash(point: str) -> None:
+    """The production crash hook: crash points are no-ops."""
+
+
+#: The named points where ``SSDConfig.crash_hook`` is called (tests crash there).
+CRASH_POINTS = ("before_data_sync", "after_data_sync", "inside_index_commit", "after_free")
+
+
+@dataclass(frozen=True)
+class SSDConfig:
+    """Everything an ``SSDTier`` needs; immutable once the tier is open.
+
+    ``direct_io``: ``None`` probes the file system (O_DIRECT where it is accepted,
+    buffered I/O + fdatasync where it is refused, e.g. tmpfs); ``True`` requires it.
+    ``io_backend``: ``"auto"`` (io_uring where the kernel allows it, else pread),
+    ``"uring"``, ``"pread"``, or the test-only ``"crashsim"`` / ``"faulty"``.
+    ``clock`` returns seconds since the epoch; retention and block timestamps use it,
+    so tests inject a fake one. ``crash_hook`` is called at each of ``CRASH_POINTS``.
+    """
+
+    dir: Path
+    capacity_bytes: int
+    retention_s: float = DEFAULT_RETENTION_S
+    queue_depth: int = 32
+    slab_bytes: int = 256 << 20
+    direct_io: bool | None = None
+    io_backend: str = "auto"
+    bucket_s: float = 60.0
+    touch_flush_s: float = 1.0
+    touch_batch_max: int = 4096
+    sweep_interval_s: float | None = 60.0
+    staging_max_bytes: int = 64 << 20
+    index_map_bytes: int = 64 << 30
+    io_error_limit: int = 16
+    clock: Callable[[], float] = field(default=time.time, compare=False)
+    crash_hook: Callable[[str], None] = field(default=no_crash, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "dir", Path(self.dir))
+        ints = ("capacity_bytes", "queue_depth", "slab_bytes", "touch_batch_max",
+                "staging_max_bytes", "index_map_bytes", "io_error_limit")
+        for name in ints:
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise SSDConfigError(f"ssd {name} must be a positive integer, got {v!r}")
+        if self.slab_bytes % ALIGN_BYTES:
+            raise SSDConfigError(f"ssd slab_bytes must be a multiple of {ALIGN_BYTES}")
+        if self.capacity_bytes < self.slab_bytes:
+            raise SSDConfigError(
+                f"ssd capacity_bytes {self.capacity_bytes} is smaller than one slab ({self.slab_bytes})"
+            )
+        if not 1 <= self.queue_depth <= 4096:
+            raise SSDConfigError(f"ssd queue_depth must be in [1, 4096], got {self.queue_depth}")
+        if self.staging_max_bytes < self.slab_bytes and self.staging_max_bytes < 8 << 20:
+            raise SSDConfigError("ssd staging_max_bytes must be at least 8 MiB or one slab")
+        for name in ("retention_s", "bucket_s", "touch_flush_s"):
+            if not getattr(self, name) > 0:
+                raise SSDConfigError(f"ssd {name} must be > 0")
+        if self.sweep_interval_s is not None and not self.sweep_interval_s > 0:
+            raise SSDConfigError("ssd sweep_interval_s must be > 0 or None (no background sweeper)")
+        if self.direct_io not in (None, True, False):
+            raise SSDConfigError("ssd direct_io must be True, False or None (probe)")
+
+    @property
+    def chunks(self) -> int:
+        """How many slabs the capacity buys; capacity is shared between classes in these."""
+        return self.capacity_bytes // self.slab_bytes
+
+    def bucket_of(self, t: float) -> int:
+        """The coarse last-access bucket (DESIGN §6: one minute by default)."""
+        return max(0, int(t // self.bucket_s))
+
+    def expiry_bucket(self, now: float) -> int:
+        """Blocks whose bucket is below this one have been idle longer than retention."""
+        return self.bucket_of(now - self.retention_s)
+
+
+def slot_bytes_for(block_bytes: int) -> int:
+    """An encoded block (64-byte header + payload) rounded up to the I/O alignment."""
+    from kvstore.block import HEADER_BYTES
+
+    total = HEADER_BYTES + block_bytes
+    return -(-total // ALIGN_BYTES) * ALIGN_BYTES

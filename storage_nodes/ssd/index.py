@@ -1,0 +1,256 @@
+"""The LMDB index of an SSD directory.
+
+Sub-databases (all keys big-endian where order matters, so cursors walk them in order):
+
+* ``keys``  fingerprint‖key (32 B) → slab, slot, bucket, seq, gen
+* ``lru``   bucket‖seq‖fingerprint‖key → ∅   oldest first: the sweeper and eviction
+* ``slots`` slab‖slot → fingerprint‖key      reverse map (whole-slab eviction, checks)
+* ``free``  block_bytes‖slab‖slot → ∅        free-slot lists, one range per size class
+* ``quar``  slab‖slot → reason                quarantined slots (corrupt data seen)
+* ``slabs`` slab → block_bytes, used          one record per allocated chunk
+* ``meta``  format version, slab size, sequence high-water mark
+
+``seq`` orders recency (a global counter, so order within a one-minute bucket is exact);
+``gen`` is the seq at insertion and never changes: it tells a block from a later block
+of the same key in the same slot. Nothing here is loaded into Python memory at open,
+so opening a 10-million-entry index costs what opening LMDB costs.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import lmdb
+
+from kvstore.errors import IntegrityError
+from storage_nodes.ssd.errors import SSDFormatError
+
+FORMAT = b"1"
+FKEY_BYTES = 32
+_LOC = struct.Struct("<IIIQQ")
+_LRU = struct.Struct(">IQ")
+_SLOT = struct.Struct(">II")
+_FREE = struct.Struct(">QII")
+_SLAB = struct.Struct("<QI")
+_U32 = struct.Struct(">I")
+_BB = struct.Struct(">Q")
+
+Txn = lmdb.Transaction
+
+
+@dataclass(frozen=True, slots=True)
+class Location:
+    slab: int
+    slot: int
+    bucket: int
+    seq: int
+    gen: int
+
+
+@dataclass(frozen=True, slots=True)
+class SlabInfo:
+    block_bytes: int
+    used: int
+
+
+class Index:
+    def __init__(self, path: Path, *, map_bytes: int, slab_bytes: int) -> None:
+        path.mkdir(parents=True, exist_ok=True)
+        try:
+            self.env = lmdb.open(
+                str(path), map_size=map_bytes, max_dbs=8, subdir=True, sync=True,
+                metasync=True, readahead=False, max_readers=512, lock=True,
+            )
+        except lmdb.Error as e:
+            raise SSDFormatError(f"cannot open SSD index {path}: {e}") from e
+        db = self.env.open_db
+        self.meta, self.keys, self.lru = db(b"meta"), db(b"keys"), db(b"lru")
+        self.slots, self.free, self.quar, self.slabs = db(b"slots"), db(b"free"), db(b"quar"), db(b"slabs")
+        with self.env.begin(write=True) as txn:
+            fmt = txn.get(b"format", db=self.meta)
+            have = txn.get(b"slab_bytes", db=self.meta)
+            if fmt is None:
+                txn.put(b"format", FORMAT, db=self.meta)
+                txn.put(b"slab_bytes", str(slab_bytes).encode(), db=self.meta)
+            elif fmt != FORMAT:
+                raise SSDFormatError(f"SSD index {path} has format {fmt!r}, this build reads {FORMAT!r}")
+            elif have != str(slab_bytes).encode():
+                raise SSDFormatError(
+                    f"SSD directory was created with slab_bytes={have.decode() if have else '?'}, "
+                    f"not {slab_bytes}"
+                )
+
+    def begin(self, *, write: bool = False) -> Txn:
+        return self.env.begin(write=write)
+
+    def close(self) -> None:
+        self.env.close()
+
+    # -- records --------------------------------------------------------------------
+    def get(self, txn: Txn, fkey: bytes) -> Location | None:
+        v = txn.get(fkey, db=self.keys)
+        return None if v is None else Location(*_LOC.unpack(v))
+
+    def insert(self, txn: Txn, fkey: bytes, loc: Location) -> None:
+        """Publish ``fkey`` at a slot that must be free (the data is already durable)."""
+        bb = self._add_used(txn, loc.slab, +1)
+        if not txn.delete(_FREE.pack(bb, loc.slab, loc.slot), db=self.free):
+            raise IntegrityError(f"publishing {fkey.hex()} into slot {loc.slab}/{loc.slot}, which is not free")
+        txn.put(fkey, _LOC.pack(loc.slab, loc.slot, loc.bucket, loc.seq, loc.gen), db=self.keys)
+        txn.put(_LRU.pack(loc.bucket, loc.seq) + fkey, b"", db=self.lru)
+        txn.put(_SLOT.pack(loc.slab, loc.slot), fkey, db=self.slots)
+
+    def remove(self, txn: Txn, fkey: bytes, loc: Location, *, reason: bytes = b"") -> None:
+        """Drop ``fkey``; its slot becomes free — or quarantined when ``reason`` is given.
+        The slot is reusable only once this transaction commits."""
+        txn.delete(fkey, db=self.keys)
+        txn.delete(_LRU.pack(loc.bucket, loc.seq) + fkey, db=self.lru)
+        txn.delete(_SLOT.pack(loc.slab, loc.slot), db=self.slots)
+        bb = self._add_used(txn, loc.slab, -1)
+        if reason:
+            txn.put(_SLOT.pack(loc.slab, loc.slot), reason, db=self.quar)
+        else:
+            txn.put(_FREE.pack(bb, loc.slab, loc.slot), b"", db=self.free)
+
+    def retouch(self, txn: Txn, fkey: bytes, loc: Location, bucket: int, seq: int) -> None:
+        txn.delete(_LRU.pack(loc.bucket, loc.seq) + fkey, db=self.lru)
+        txn.put(_LRU.pack(bucket, seq) + fkey, b"", db=self.lru)
+        txn.put(fkey, _LOC.pack(loc.slab, loc.slot, bucket, seq, loc.gen), db=self.keys)
+
+    def _add_used(self, txn: Txn, slab: int, delta: int) -> int:
+        k = _U32.pack(slab)
+        v = txn.get(k, db=self.slabs)
+        if v is None:
+            raise IntegrityError(f"slab {slab} has no record")
+        bb, used = _SLAB.unpack(v)
+        txn.put(k, _SLAB.pack(bb, used + delta), db=self.slabs)
+        return int(bb)
+
+    def seq_high_water(self, txn: Txn) -> int:
+        v = txn.get(b"seq", db=self.meta)
+        return int(v) if v else 0
+
+    def set_seq_high_water(self, txn: Txn, seq: int) -> None:
+        txn.put(b"seq", str(seq).encode(), db=self.meta)
+
+    # -- slabs ----------------------------------------------------------------------
+    def slab_table(self, txn: Txn) -> dict[int, SlabInfo]:
+        return {_U32.unpack(k)[0]: SlabInfo(*_SLAB.unpack(v)) for k, v in txn.cursor(db=self.slabs)}
+
+    def create_slab(self, txn: Txn, slab: int, block_bytes: int, nslots: int) -> None:
+        txn.put(_U32.pack(slab), _SLAB.pack(block_bytes, 0), db=self.slabs)
+        for s in range(nslots):
+            txn.put(_FREE.pack(block_bytes, slab, s), b"", db=self.free)
+
+    def retire_slab(self, txn: Txn, slab: int, block_bytes: int, nslots: int) -> None:
+        """Forget an empty slab: its free and quarantined slots go with it."""
+        info = SlabInfo(*_SLAB.unpack(txn.get(_U32.pack(slab), db=self.slabs)))
+        if info.used:
+            raise IntegrityError(f"slab {slab} retired with {info.used} live blocks")
+        for s in range(nslots):
+            txn.delete(_FREE.pack(block_bytes, slab, s), db=self.free)
+            txn.delete(_SLOT.pack(slab, s), db=self.quar)
+        txn.delete(_U32.pack(slab), db=self.slabs)
+
+    # -- scans ----------------------------------------------------------------------
+    def iter_free(self, txn: Txn, block_bytes: int) -> Iterator[tuple[int, int]]:
+        prefix = _BB.pack(block_bytes)
+        cur = txn.cursor(db=self.free)
+        if not cur.set_range(prefix):
+            return
+        for k in cur.iternext(keys=True, values=False):
+            if not k.startswith(prefix):
+                return
+            _, slab, slot = _FREE.unpack(k)
+            yield slab, slot
+
+    def iter_lru(self, txn: Txn, *, below_bucket: int | None = None) -> Iterator[bytes]:
+        """Keys (fingerprint‖key) from least to most recently used."""
+        for k in txn.cursor(db=self.lru).iternext(keys=True, values=False):
+            if below_bucket is not None and _LRU.unpack_from(k)[0] >= below_bucket:
+                return
+            yield bytes(k[_LRU.size :])
+
+    def iter_slab(self, txn: Txn, slab: int) -> Iterator[bytes]:
+        prefix = _U32.pack(slab)
+        cur = txn.cursor(db=self.slots)
+        if not cur.set_range(prefix):
+            return
+        for k, v in cur:
+            if not k.startswith(prefix):
+                return
+            yield bytes(v)
+
+    def iter_namespace(self, txn: Txn, fingerprint: bytes) -> Iterator[bytes]:
+        cur = txn.cursor(db=self.keys)
+        if not cur.set_range(fingerprint):
+            return
+        for k in cur.iternext(keys=True, values=False):
+            if not k.startswith(fingerprint):
+                return
+            yield bytes(k)
+
+    def count(self, txn: Txn) -> int:
+        return int(txn.stat(self.keys)["entries"])
+
+    # -- integrity ------------------------------------------------------------------
+    def check(self, txn: Txn, *, chunks: int, slab_bytes: int, slot_bytes: dict[int, int] | None = None) -> None:
+        """Re-derive every cross-reference; raise ``IntegrityError`` on the first mismatch."""
+        from storage_nodes.ssd.config import slot_bytes_for
+
+        slabs = self.slab_table(txn)
+        nslots = {s: slab_bytes // slot_bytes_for(i.block_bytes) for s, i in slabs.items()}
+        for s in slabs:
+            if not 0 <= s < chunks:
+                raise IntegrityError(f"slab {s} outside the {chunks} chunks the capacity allows")
+        hw = self.seq_high_water(txn)
+        used: Counter[int] = Counter()
+        taken: set[tuple[int, int]] = set()
+        for k, v in txn.cursor(db=self.keys):
+            loc = Location(*_LOC.unpack(v))
+            if len(k) != FKEY_BYTES:
+                raise IntegrityError(f"index key of {len(k)} bytes")
+            if loc.slab not in slabs or not 0 <= loc.slot < nslots[loc.slab]:
+                raise IntegrityError(f"key {bytes(k).hex()} points outside any slab: {loc}")
+            if (loc.slab, loc.slot) in taken:
+                raise IntegrityError(f"two keys share slab {loc.slab} slot {loc.slot}")
+            taken.add((loc.slab, loc.slot))
+            if txn.get(_SLOT.pack(loc.slab, loc.slot), db=self.slots) != k:
+                raise IntegrityError(f"slot map disagrees for key {bytes(k).hex()}")
+            if txn.get(_LRU.pack(loc.bucket, loc.seq) + k, db=self.lru) is None:
+                raise IntegrityError(f"recency index lacks key {bytes(k).hex()}")
+            if loc.seq > hw or loc.gen > hw:
+                raise IntegrityError(f"key {bytes(k).hex()} has seq {loc.seq} above high water {hw}")
+            used[loc.slab] += 1
+        n = len(taken)
+        for name, db in (("lru", self.lru), ("slots", self.slots)):
+            if txn.stat(db)["entries"] != n:
+                raise IntegrityError(f"{name} holds {txn.stat(db)['entries']} entries, keys holds {n}")
+        free: Counter[int] = Counter()
+        for k in txn.cursor(db=self.free).iternext(keys=True, values=False):
+            bb, slab, slot = _FREE.unpack(k)
+            info = slabs.get(slab)
+            if info is None or info.block_bytes != bb or slot >= nslots[slab]:
+                raise IntegrityError(f"free slot {slab}/{slot} of class {bb} matches no slab")
+            if (slab, slot) in taken:
+                raise IntegrityError(f"slot {slab}/{slot} is both free and in use")
+            free[slab] += 1
+        quar: Counter[int] = Counter()
+        for k in txn.cursor(db=self.quar).iternext(keys=True, values=False):
+            slab, slot = _SLOT.unpack(k)
+            if slab not in slabs or slot >= nslots[slab] or (slab, slot) in taken:
+                raise IntegrityError(f"quarantined slot {slab}/{slot} is invalid or in use")
+            if txn.get(_FREE.pack(slabs[slab].block_bytes, slab, slot), db=self.free) is not None:
+                raise IntegrityError(f"quarantined slot {slab}/{slot} is also free")
+            quar[slab] += 1
+        for s, info in slabs.items():
+            if info.used != used[s]:
+                raise IntegrityError(f"slab {s} records {info.used} used slots, index has {used[s]}")
+            if used[s] + free[s] + quar[s] != nslots[s]:
+                raise IntegrityError(
+                    f"slab {s}: {used[s]} used + {free[s]} free + {quar[s]} quarantined != {nslots[s]} slots"
+                )

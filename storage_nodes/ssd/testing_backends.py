@@ -1,0 +1,124 @@
+"""Test-only I/O backends that wrap a real one: a power-cut simulator and a fault injector.
+
+They run on the real file system through a real backend; what they simulate is only
+what a test cannot produce on demand — losing the page cache, or a disk that fails.
+"""
+
+from __future__ import annotations
+
+import errno
+import threading
+from collections.abc import Sequence
+
+from storage_nodes.ssd.io_backend import IOBackend, IORequest
+
+
+class CrashSimBackend(IOBackend):
+    """Holds every write in memory until a ``sync`` of its fd, then applies and syncs it.
+
+    Reads see held writes (as the page cache would). ``crash()`` drops every write not
+    followed by a sync — what a power cut does to a file — and, with ``keep_fraction``,
+    lets a random subset of them reach the file first, modelling a disk that persisted
+    some unsynced writes in any order.
+    """
+
+    name = "crashsim"
+
+    def __init__(self, inner: IOBackend) -> None:
+        self.inner = inner
+        self._held: dict[int, list[tuple[int, bytes]]] = {}
+        self._lock = threading.Lock()
+        self.crashed = False
+        self.dropped_writes = 0
+
+    def read_batch(self, reqs: Sequence[IORequest]) -> list[int]:
+        res = self.inner.read_batch(reqs)
+        with self._lock:
+            for r, n in zip(reqs, res, strict=True):
+                if n < 0:
+                    continue
+                for off, data in self._held.get(r.fd, ()):
+                    lo, hi = max(off, r.offset), min(off + len(data), r.offset + len(r.buf))
+                    if lo < hi:
+                        r.buf[lo - r.offset : hi - r.offset] = data[lo - off : hi - off]
+        return res
+
+    def write_batch(self, reqs: Sequence[IORequest]) -> list[int]:
+        with self._lock:
+            if self.crashed:
+                return [-errno.EIO] * len(reqs)
+            for r in reqs:
+                self._held.setdefault(r.fd, []).append((r.offset, bytes(r.buf)))
+        return [len(r.buf) for r in reqs]
+
+    def sync(self, fds: Sequence[int]) -> list[int]:
+        with self._lock:
+            if self.crashed:
+                return [-errno.EIO] * len(fds)
+            held = [(fd, self._held.pop(fd, [])) for fd in fds]
+        for fd, writes in held:
+            bufs = [IORequest(fd, off, memoryview(bytearray(d))) for off, d in writes]
+            if any(n < 0 for n in self.inner.write_batch(bufs)):
+                return [-errno.EIO] * len(fds)
+        return self.inner.sync(fds)
+
+    def crash(self, *, keep_fraction: float = 0.0, seed: int = 0) -> None:
+        """Simulate a power cut now. Later writes and syncs fail with EIO."""
+        import random
+
+        rng = random.Random(seed)
+        with self._lock:
+            self.crashed = True
+            held, self._held = self._held, {}
+        for fd, writes in held.items():
+            survivors = [w for w in writes if rng.random() < keep_fraction]
+            self.dropped_writes += len(writes) - len(survivors)
+            if survivors:
+                self.inner.write_batch([IORequest(fd, o, memoryview(bytearray(d))) for o, d in survivors])
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+class FaultyBackend(IOBackend):
+    """Fails requests on demand: ``write_errno``/``read_errno``/``sync_errno`` set to an
+    errno make every later request of that kind fail with it (``None`` = healthy);
+    ``write_budget_bytes`` lets that many bytes through first (a filling disk)."""
+
+    name = "faulty"
+
+    def __init__(self, inner: IOBackend) -> None:
+        self.inner = inner
+        self.write_errno: int | None = None
+        self.read_errno: int | None = None
+        self.sync_errno: int | None = None
+        self.write_budget_bytes: int | None = None
+
+    def read_batch(self, reqs: Sequence[IORequest]) -> list[int]:
+        if self.read_errno is not None:
+            return [-self.read_errno] * len(reqs)
+        return self.inner.read_batch(reqs)
+
+    def write_batch(self, reqs: Sequence[IORequest]) -> list[int]:
+        if self.write_errno is not None and self.write_budget_bytes is None:
+            return [-self.write_errno] * len(reqs)
+        ok: list[IORequest] = []
+        out: list[int] = []
+        for r in reqs:
+            if self.write_budget_bytes is not None:
+                if self.write_budget_bytes < len(r.buf):
+                    out.append(-(self.write_errno or errno.ENOSPC))
+                    continue
+                self.write_budget_bytes -= len(r.buf)
+            ok.append(r)
+            out.append(len(r.buf))
+        res = iter(self.inner.write_batch(ok))
+        return [next(res) if n > 0 else n for n in out]
+
+    def sync(self, fds: Sequence[int]) -> list[int]:
+        if self.sync_errno is not None:
+            return [-self.sync_errno] * len(fds)
+        return self.inner.sync(fds)
+
+    def close(self) -> None:
+        self.inner.close()

@@ -1,0 +1,69 @@
+"""Shared by the SSD tests and their subprocess writers (importable without pytest)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from kvstore.keys import Key, Namespace, chain_keys
+from storage_nodes.ssd import SSDConfig, SSDTier
+
+SLAB = 256 << 10
+
+
+def small_ns(**overrides: Any) -> Namespace:
+    fields: dict[str, Any] = dict(
+        model_id="ssd-test", model_revision="r1", kv_dtype="float16", kv_layout="mha",
+        cached_layers=(0, 1), kv_heads=2, head_dim=8, block_tokens=16,
+    )  # 2 KiB payload: one 4 KiB slot
+    fields.update(overrides)
+    return Namespace(**fields)
+
+
+def payload_for(ns: Namespace, key: bytes) -> bytes:
+    """Deterministic payload derived from the key, so any reader can re-derive it."""
+    rng = np.random.default_rng(int.from_bytes(key[:8], "little"))
+    return rng.integers(0, 256, ns.block_bytes, dtype=np.uint8).tobytes()
+
+
+def chain(ns: Namespace, n: int, salt: int = 0) -> list[Key]:
+    return chain_keys(ns, np.arange(n * ns.block_tokens, dtype=np.uint32) + salt * 1_000_003)
+
+
+def rows(ns: Namespace, keys: Sequence[Key]) -> bytes:
+    return b"".join(payload_for(ns, k) for k in keys)
+
+
+class FakeClock:
+    def __init__(self, t: float = 1_700_000_000.0) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+    def advance(self, s: float) -> None:
+        self.t += s
+
+
+def make_config(d: Path, **kw: Any) -> SSDConfig:
+    kw.setdefault("capacity_bytes", 16 * SLAB)
+    kw.setdefault("slab_bytes", SLAB)
+    kw.setdefault("sweep_interval_s", None)
+    kw.setdefault("staging_max_bytes", 8 << 20)
+    kw.setdefault("index_map_bytes", 256 << 20)
+    return SSDConfig(dir=d, **kw)
+
+
+def verify_all(tier: SSDTier, ns: Namespace) -> int:
+    """Every key the index returns must read back (checksum and key checked by the tier)
+    as exactly the bytes that were put. Returns how many keys were checked."""
+    keys = tier.iter_keys(ns)
+    dst = bytearray(ns.block_bytes)
+    for k in keys:
+        got = tier.get_into(ns, [k], dst)
+        assert got == 1, f"key {k.hex()} is in the index but does not read back"
+        assert bytes(dst) == payload_for(ns, k), f"key {k.hex()} read back wrong bytes"
+    return len(keys)

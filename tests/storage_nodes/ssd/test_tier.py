@@ -1,0 +1,180 @@
+"""SSDTier behaviour through the Tier interface, on both I/O backends."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from kvstore.errors import BufferSizeError, InvalidArgument, StoreUnavailable, UnknownNamespace
+from storage_nodes.ssd import SSDConfigError
+from tests.storage_nodes.ssd.helpers import chain, payload_for, rows, small_ns, verify_all
+
+
+def test_put_get_roundtrip_and_reopen(open_tier) -> None:
+    ns = small_ns()
+    t = open_tier()
+    t.register(ns)
+    keys = chain(ns, 40)
+    assert t.put(ns, keys, rows(ns, keys)).inserted == 40
+    assert t.contains(ns, keys) == 40
+    dst = bytearray(40 * ns.block_bytes)
+    assert t.get_into(ns, keys, dst) == 40
+    assert bytes(dst) == rows(ns, keys)
+    t.check_integrity()
+    t.close()
+    t2 = open_tier()
+    t2.register(ns)
+    assert t2.contains(ns, keys) == 40
+    assert verify_all(t2, ns) == 40
+    t2.check_integrity()
+
+
+def test_prefix_semantics(open_tier) -> None:
+    ns = small_ns()
+    t = open_tier()
+    t.register(ns)
+    keys = chain(ns, 10)
+    t.put(ns, keys[:4], rows(ns, keys[:4]))
+    t.put(ns, keys[5:], rows(ns, keys[5:]))
+    assert t.contains(ns, keys) == 4
+    dst = bytearray(10 * ns.block_bytes)
+    assert t.get_into(ns, keys, dst) == 4
+    assert bytes(dst[: 4 * ns.block_bytes]) == rows(ns, keys[:4])
+    assert t.contains(ns, keys[5:]) == 5
+    assert t.contains(ns, []) == 0
+    assert t.get_into(ns, [], bytearray()) == 0
+    c = t.stats().counters
+    assert c["hits"] == 4 and c["misses"] == 6
+
+
+def test_present_keys_only_touched(open_tier) -> None:
+    ns = small_ns()
+    t = open_tier()
+    t.register(ns)
+    keys = chain(ns, 6)
+    t.put(ns, keys[:3], rows(ns, keys[:3]))
+    r = t.put(ns, keys, rows(ns, keys))
+    assert (r.inserted, r.present, r.dropped) == (3, 3, 0)
+    with pytest.raises(InvalidArgument):
+        t.put(ns, keys, rows(ns, keys), present_ok=False)
+    more = chain(ns, 8)
+    with pytest.raises(InvalidArgument):
+        t.put(ns, more, rows(ns, more), present_ok=False)
+    assert t.contains(ns, more) == 6  # the refused put stored nothing
+    t.check_integrity()
+
+
+def test_misuse_is_value_error(open_tier) -> None:
+    ns, other = small_ns(), small_ns(model_id="other")
+    t = open_tier()
+    t.register(ns)
+    keys = chain(ns, 3)
+    with pytest.raises(UnknownNamespace):
+        t.contains(other, keys)
+    with pytest.raises(BufferSizeError):
+        t.put(ns, keys, b"x" * 10)
+    with pytest.raises(BufferSizeError):
+        t.get_into(ns, keys, bytearray(5))
+    with pytest.raises(InvalidArgument):
+        t.get_into(ns, keys, bytes(3 * ns.block_bytes))  # read-only destination
+    with pytest.raises(InvalidArgument):
+        t.put(ns, [b"short"], bytes(ns.block_bytes))
+    with pytest.raises(InvalidArgument):
+        t.put(ns, [keys[0], keys[0]], bytes(2 * ns.block_bytes))
+    assert t.stats().counters["blocks"] == 0
+
+
+def test_closed_tier_is_unavailable(open_tier) -> None:
+    ns = small_ns()
+    t = open_tier()
+    t.register(ns)
+    t.close()
+    t.close()  # idempotent
+    with pytest.raises(StoreUnavailable):
+        t.contains(ns, chain(ns, 1))
+    with pytest.raises(StoreUnavailable):
+        t.stats()
+
+
+def test_numpy_and_torch_buffers(open_tier) -> None:
+    ns = small_ns()
+    t = open_tier()
+    t.register(ns)
+    keys = chain(ns, 5)
+    src = torch.frombuffer(bytearray(rows(ns, keys)), dtype=torch.float16).reshape(5, *ns.payload_shape)
+    assert t.put(ns, keys, src).inserted == 5
+    dst = np.zeros((5, ns.block_bytes), dtype=np.uint8)
+    assert t.get_into(ns, keys, dst) == 5
+    assert dst.tobytes() == rows(ns, keys)
+    tdst = torch.zeros(5, *ns.payload_shape, dtype=torch.float16)
+    assert t.get_into(ns, keys, tdst) == 5
+    assert tdst.view(torch.uint8).numpy().tobytes() == rows(ns, keys)  # NaNs: compare bytes
+
+
+def test_size_classes_share_capacity(open_tier) -> None:
+    small, big = small_ns(), small_ns(model_id="big", head_dim=64)  # 2 KiB and 16 KiB
+    t = open_tier()
+    t.register(small)
+    t.register(big)
+    ks, kb = chain(small, 30), chain(big, 30)
+    t.put(small, ks, rows(small, ks))
+    t.put(big, kb, rows(big, kb))
+    st = t.stats()
+    by = {c.block_bytes: c for c in st.size_classes}
+    assert by[small.block_bytes].used_blocks == 30 and by[big.block_bytes].used_blocks == 30
+    # capacity_blocks = own slabs + unallocated chunks, in that class's slot size
+    assert by[small.block_bytes].capacity_blocks >= 30
+    assert st.counters["slabs"] == 1 + 3  # 30 x 4 KiB slots fit one 256 KiB slab; 20 KiB slots: 12 a slab
+    assert verify_all(t, small) == 30 and verify_all(t, big) == 30
+    t.check_integrity()
+
+
+def test_namespaces_do_not_share_keys(open_tier) -> None:
+    a, b = small_ns(), small_ns(tenant="b")
+    t = open_tier()
+    t.register(a)
+    t.register(b)
+    keys = chain(a, 4)
+    t.put(a, keys, rows(a, keys))
+    assert t.contains(b, keys) == 0  # same key bytes, other fingerprint
+    assert t.delete_namespace(a) == 4
+    assert t.contains(a, keys) == 0
+    t.put(a, keys, rows(a, keys))  # still registered
+    t.check_integrity()
+
+
+def test_block_too_big_for_a_slab(open_tier) -> None:
+    t = open_tier()
+    with pytest.raises(SSDConfigError):
+        t.register(small_ns(head_dim=4096))  # 1 MiB blocks vs 256 KiB slabs
+
+
+def test_stats_says_backend_and_direct_io(open_tier, backend: str) -> None:
+    t = open_tier()
+    info = t.stats().info
+    assert info["io_backend"] == backend
+    assert info["direct_io"] in ("on", "off")
+    assert t.stats().counters["degraded"] == 0
+
+
+def test_buffered_fallback_roundtrip(open_tier) -> None:
+    ns = small_ns()
+    t = open_tier(direct_io=False)
+    t.register(ns)
+    keys = chain(ns, 7)
+    t.put(ns, keys, rows(ns, keys))
+    assert t.stats().info["direct_io"] == "off"
+    assert "fdatasync" in t.stats().info["durability"]
+    assert verify_all(t, ns) == 7
+
+
+def test_payload_is_exact_per_key(open_tier) -> None:
+    ns = small_ns()
+    t = open_tier()
+    t.register(ns)
+    keys = chain(ns, 3)
+    t.put(ns, keys, rows(ns, keys))
+    dst = bytearray(ns.block_bytes)
+    assert t.get_into(ns, [keys[1]], dst) == 1
+    assert bytes(dst) == payload_for(ns, keys[1])
