@@ -23,7 +23,7 @@ from clients import codec
 from clients import requests as rq
 from clients.breaker import CircuitBreaker
 from clients.config import ClientConfig, config_from_url
-from clients.errors import RETRYABLE, UNAVAILABLE_CODES, error_for
+from clients.errors import RETRYABLE, UNAVAILABLE_CODES, CircuitOpen, error_for
 from clients.proto import kvstore_pb2 as pb
 from clients.proto import kvstore_pb2_grpc as pb_grpc
 from clients.shm import Staging, map_segment
@@ -68,8 +68,14 @@ class GrpcStore(KVStore):
             raise StoreUnavailable("client is closed")
         deadline = time.monotonic() + (self.config.default_timeout_s if timeout_s is None else timeout_s)
         backoff = self.config.retry_initial_backoff_s
+        last: KVStoreError | None = None
         while True:
-            self.breaker.before_call()
+            try:
+                self.breaker.before_call()
+            except CircuitOpen:
+                if last is not None:  # our own retries opened it: report the real cause
+                    raise last from None
+                raise
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 self.breaker.on_failure()
@@ -82,11 +88,12 @@ class GrpcStore(KVStore):
                     self.breaker.on_failure()
                 else:
                     self.breaker.on_success()  # the daemon answered; the request was bad
+                last = error_for(code, e.details())
                 if code in RETRYABLE and deadline - time.monotonic() > backoff:
                     time.sleep(backoff)
                     backoff = min(backoff * 2, self.config.retry_max_backoff_s)
                     continue
-                raise error_for(code, e.details()) from None
+                raise last from None
             self.breaker.on_success()
             return out
 

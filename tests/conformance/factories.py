@@ -49,3 +49,30 @@ STORE_FACTORIES: dict[str, StoreFactory] = {
 }
 
 # --- implementations registered by their own packages below this line -------------
+
+
+def _daemon_store(client: str, shm: str) -> StoreFactory:
+    """A real ``kvstore serve`` process on a free loopback port, reached by a client."""
+
+    def make(tmp: Path, capacity_bytes: int) -> tuple[KVStore, Callable[[], None]]:
+        from clients.async_client import BlockingAdapter
+        from clients.config import ClientConfig
+        from clients.sync_client import GrpcStore
+        from kvstore.daemon.process import DaemonProcess
+
+        daemon = DaemonProcess(["--dram", str(capacity_bytes)])
+        config = ClientConfig(target=daemon.target, shm=shm)
+        store: KVStore = GrpcStore(config) if client == "sync" else BlockingAdapter(config)
+
+        def cleanup() -> None:
+            store.close()
+            daemon.stop()
+
+        return store, cleanup
+
+    return make
+
+
+# The sync client over the chunked gRPC path, the asyncio one over shared memory.
+STORE_FACTORIES["daemon-grpc-sync"] = _daemon_store("sync", "off")
+STORE_FACTORIES["daemon-shm-aio"] = _daemon_store("async", "auto")
