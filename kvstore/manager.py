@@ -10,6 +10,7 @@ errors to the engine.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections import Counter
@@ -221,10 +222,16 @@ class TierManager(KVStore):
             part = new[len(accepted) : len(accepted) + granted]
             ticket = self._wb.submit(ns, [keys[i] for i in part], b"".join(views[i] for i in part))
             accepted.extend(part)
-        # One put for the whole commit, so insertion runs last→first over the chain and
-        # a commit larger than the tier keeps its head, as the hit-rate model does.
-        res = self._top.put(ns, [keys[i] for i in accepted], b"".join(views[i] for i in accepted))
-        inserted, dropped = res.inserted, res.dropped + len(new) - len(accepted)
+        # The top tier keeps a chain's head: in the hit-rate model a commit touches the
+        # chain last→first, so blocks past the tier's capacity are inserted and at once
+        # evicted by the head. Skipping them here is the same end state without evicting
+        # the head first (they still reach the lower tiers through write-back).
+        cap = self._top_capacity_blocks(ns)
+        in_top = [i for i in accepted if i < cap]
+        res = self._top.put(ns, [keys[i] for i in in_top], b"".join(views[i] for i in in_top))
+        # With a lower tier, a block the top refuses (all pinned) is still stored below.
+        lost = res.dropped if self._wb.durable_level == "dram" else 0
+        inserted, dropped = len(accepted) - lost, len(new) - len(accepted) + lost
         self._top.touch(ns, keys)
         achieved: Durability = "dram"
         if durability == "ssd" and self._wb.durable_level == "ssd" and self._wb.wait(ticket, _deadline(timeout_s)):
@@ -234,6 +241,12 @@ class TierManager(KVStore):
             self.counters["commit_blocks_total"] += inserted
             self.counters["dropped_blocks_total"] += dropped
         return CommitResult(inserted=inserted, present=present, dropped=dropped, durability=achieved)
+
+    def _top_capacity_blocks(self, ns: Namespace) -> float:
+        for c in self._top.stats().size_classes:
+            if c.block_bytes == ns.block_bytes:
+                return c.capacity_blocks
+        return math.inf
 
     def prefetch(self, ns: Namespace, keys: Sequence[Key], *, timeout_s: float | None = None) -> Future[int]:
         self._check(ns)

@@ -149,3 +149,20 @@ def test_single_tier_manager_has_no_writeback() -> None:
     assert m.commit(NS, keys, pl(keys), durability="ssd").durability == "dram"
     m.flush(timeout_s=1)
     m.close()
+
+
+def test_commits_longer_than_dram_keep_a_shared_head() -> None:
+    # Two sessions share a 4-block system prompt and each re-commits a chain longer than
+    # DRAM; the shared head must survive in DRAM (the model's last→first commit).
+    m, top, _ = make(top_blocks=8)
+    rng = np.random.default_rng(13)
+    system = rng.integers(0, 1 << 20, 4 * NS.block_tokens).tolist()
+    sessions = [system + rng.integers(0, 1 << 20, 10 * NS.block_tokens).tolist() for _ in range(2)]
+    for _ in range(3):
+        for tokens in sessions:
+            keys = chain_keys(NS, tokens)
+            hit = m.get_into(NS, keys, bytearray(len(keys) * BB))
+            m.commit(NS, keys, pl(keys, idx=range(hit, len(keys))))
+            assert top.contains(NS, keys[:4]) == 4
+    m.check_integrity()
+    m.close()
