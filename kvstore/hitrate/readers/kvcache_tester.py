@@ -39,7 +39,7 @@ class KvCacheTesterReader(TraceReader):
     def _load(self, path: str) -> Any:
         try:
             with open(path, "rb") as f:
-                return json.load(f)
+                return json.loads(f.read().decode("utf-8"))
         except json.JSONDecodeError as e:
             raise TraceError(
                 path, str(e.lineno), f"invalid JSON: {e.msg} (column {e.colno})"

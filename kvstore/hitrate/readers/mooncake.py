@@ -53,13 +53,14 @@ class MooncakeReader(TraceReader):
                 if not line.strip():
                     continue
                 try:
-                    yield _request(loads(line), b)
-                except (ValueError, UnicodeDecodeError) as e:
-                    if isinstance(e, json.JSONDecodeError):
-                        raise TraceError(path, str(lineno), f"invalid JSON: {e.msg}") from None
-                    raise TraceError(path, str(lineno), str(e)) from None
+                    req = _request(loads(line.decode("utf-8")), b)
+                except UnicodeDecodeError as e:
+                    raise TraceError(path, str(lineno), f"not UTF-8 text: {e.reason}") from None
+                except json.JSONDecodeError as e:
+                    raise TraceError(path, str(lineno), f"invalid JSON: {e.msg}") from None
                 except fields.BadField as e:
                     raise TraceError(path, str(lineno), str(e)) from None
+                yield req
 
     def _table(self, path: str) -> Iterator[Request]:
         from kvstore.hitrate.readers.columnar import iter_rows, open_table_batches
@@ -69,7 +70,7 @@ class MooncakeReader(TraceReader):
             try:
                 if ts is None or big_l is None or ids is None:
                     raise fields.BadField("null in timestamp, input_length or hash_ids")
-                yield Request(
+                req = Request(
                     fields.time_value(ts, "timestamp") / 1000.0,
                     fields.count(big_l, "input_length"),
                     fields.id_list(ids, "hash_ids"),
@@ -77,3 +78,4 @@ class MooncakeReader(TraceReader):
                 )
             except fields.BadField as e:
                 raise TraceError(path, f"row {row}", str(e)) from None
+            yield req
