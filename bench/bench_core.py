@@ -32,7 +32,9 @@ def ns_for_block_bytes(block_bytes: int) -> Namespace:
     if block_bytes < per_layer:
         heads = block_bytes // (2 * 64 * 128 * 2)
         return Namespace("bench", "r", "bfloat16", "mha", (0,), heads, 128)
-    return Namespace("bench", "r", "bfloat16", "mha", tuple(range(block_bytes // per_layer)), 8, 128)
+    return Namespace(
+        "bench", "r", "bfloat16", "mha", tuple(range(block_bytes // per_layer)), 8, 128
+    )
 
 
 def bench_dram(block_bytes: int, runs: int) -> dict[str, float]:
@@ -58,7 +60,9 @@ def bench_dram(block_bytes: int, runs: int) -> dict[str, float]:
 
     cases = {
         "copy_": lambda: BATCH * block_bytes / timed(lambda: warm.copy_(src), repeat),
-        "get_into": lambda: BATCH * block_bytes / timed(lambda: tier.get_into(ns, keys, dst), repeat),
+        "get_into": lambda: (
+            BATCH * block_bytes / timed(lambda: tier.get_into(ns, keys, dst), repeat)
+        ),
         "put": put_rate,
     }
     med = median_interleaved(cases, runs)
@@ -115,16 +119,20 @@ def main() -> None:
     print("| block | copy_ GB/s | get_into GB/s | put GB/s | get/copy_ | put/copy_ |")
     print("|---|---|---|---|---|---|")
     for r in dram:
-        print(f"| {r['block_bytes'] >> 10} KiB | {r['copy_GBps']:.2f} | {r['get_GBps']:.2f} | {r['put_GBps']:.2f}"
-              f" | {r['get_vs_copy']:.2f} | {r['put_vs_copy']:.2f} |")
+        print(
+            f"| {r['block_bytes'] >> 10} KiB | {r['copy_GBps']:.2f} | {r['get_GBps']:.2f}"
+            f" | {r['put_GBps']:.2f} | {r['get_vs_copy']:.2f} | {r['put_vs_copy']:.2f} |"
+        )
     h = bench_hashing(runs)
     print()
     print("| input | ns/token |")
     print("|---|---|")
     for k in ("array", "tensor", "list", "list_to_array", "vllm_sha256"):
         print(f"| {k} | {h[k + '_ns_per_token']:.2f} |")
-    print(f"\nvLLM sha256 chain / ours (array): {h['vllm_over_array']:.1f}x;"
-          f" list input / list->array conversion: {h['list_over_conversion']:.2f}x")
+    print(
+        f"\nvLLM sha256 chain / ours (array): {h['vllm_over_array']:.1f}x;"
+        f" list input / list->array conversion: {h['list_over_conversion']:.2f}x"
+    )
     print(json.dumps({"dram": dram, "hashing": h}))
 
 

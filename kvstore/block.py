@@ -64,7 +64,10 @@ def now_us() -> int:
 
 
 def make_header(
-    fingerprint: bytes, key: bytes, payload: bytes | bytearray | memoryview, created_at_us: int | None = None
+    fingerprint: bytes,
+    key: bytes,
+    payload: bytes | bytearray | memoryview,
+    created_at_us: int | None = None,
 ) -> BlockHeader:
     if len(fingerprint) != 16 or len(key) != 16:
         raise ValueError("fingerprint and key must be 16 bytes each")
@@ -78,7 +81,10 @@ def make_header(
 
 
 def encode_block(
-    fingerprint: bytes, key: bytes, payload: bytes | bytearray | memoryview, created_at_us: int | None = None
+    fingerprint: bytes,
+    key: bytes,
+    payload: bytes | bytearray | memoryview,
+    created_at_us: int | None = None,
 ) -> bytes:
     """Header + payload as one ``bytes`` (the wire and on-disk encoding)."""
     return make_header(fingerprint, key, payload, created_at_us).pack() + bytes(payload)

@@ -58,9 +58,11 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 def payload(key: bytes, nbytes: int) -> bytes:
     """Stand-in KV for a block: derived from its key, so reads can be checked."""
-    return np.random.default_rng(int.from_bytes(key[:8], "little")).integers(
-        0, 256, nbytes, dtype=np.uint8
-    ).tobytes()
+    return (
+        np.random.default_rng(int.from_bytes(key[:8], "little"))
+        .integers(0, 256, nbytes, dtype=np.uint8)
+        .tobytes()
+    )
 
 
 def _store(args: argparse.Namespace, tmp: str | None):
@@ -94,16 +96,22 @@ def run_conversation(store, turns: int, sessions: int, seed: int) -> list[TurnRe
             dst = bytearray(look.hit_blocks * ns.block_bytes)
             got = store.get_into(ns, keys[: look.hit_blocks], dst)
             for i in range(got):  # the store must hand back exactly what was committed
-                if dst[i * ns.block_bytes : (i + 1) * ns.block_bytes] != payload(keys[i], ns.block_bytes):
+                if dst[i * ns.block_bytes : (i + 1) * ns.block_bytes] != payload(
+                    keys[i], ns.block_bytes
+                ):
                     raise RuntimeError(f"wrong bytes for block {i} of session {s}")
-            store.commit(ns, keys, {i: payload(keys[i], ns.block_bytes) for i in range(got, len(keys))})
+            store.commit(
+                ns, keys, {i: payload(keys[i], ns.block_bytes) for i in range(got, len(keys))}
+            )
             hits: dict[str, int] = {"dram": 0, "ssd": 0}
             for tier in look.tiers[:got]:
                 hits[tier] = hits.get(tier, 0) + ns.block_tokens
             hit = got * ns.block_tokens
             total_in += len(history)
             total_hit += hit
-            reports.append(TurnReport(s, turn, len(history), hits, len(history) - hit, total_hit / total_in))
+            reports.append(
+                TurnReport(s, turn, len(history), hits, len(history) - hit, total_hit / total_in)
+            )
             history.extend(rng.integers(0, 32_000, int(rng.integers(100, 600))).tolist())  # reply
     return reports
 
@@ -119,16 +127,23 @@ def run(args: argparse.Namespace) -> int:
         if tmp:
             shutil.rmtree(tmp, ignore_errors=True)
     if args.json:
-        print(json.dumps({"turns": [r.__dict__ for r in reports], "stats": stats.to_dict()}, indent=2))
+        print(
+            json.dumps({"turns": [r.__dict__ for r in reports], "stats": stats.to_dict()}, indent=2)
+        )
         return 0
     tiers = [t.name for t in stats.tiers]
-    print(f"namespace {DEMO_NS.model_id}: {format_bytes(DEMO_NS.block_bytes)} per {DEMO_NS.block_tokens}-token block;"
-          f" tiers: {', '.join(f'{t.name} {format_bytes(t.capacity_bytes)}' for t in stats.tiers)}")
+    sizes = ", ".join(f"{t.name} {format_bytes(t.capacity_bytes)}" for t in stats.tiers)
+    print(
+        f"namespace {DEMO_NS.model_id}: {format_bytes(DEMO_NS.block_bytes)}"
+        f" per {DEMO_NS.block_tokens}-token block; tiers: {sizes}"
+    )
     header = f"{'sess':>4} {'turn':>4} {'prompt':>8} " + " ".join(f"{'hit_' + t:>9}" for t in tiers)
     print(header + f" {'computed':>9} {'cum. hit rate':>14}")
     for r in reports:
         cols = " ".join(f"{r.hit_tokens.get(t, 0):>9}" for t in tiers)
-        print(f"{r.session:>4} {r.turn:>4} {r.prompt_tokens:>8} {cols} {r.computed_tokens:>9}"
-              f" {r.cumulative_hit_rate:>13.2%}")
+        print(
+            f"{r.session:>4} {r.turn:>4} {r.prompt_tokens:>8} {cols} {r.computed_tokens:>9}"
+            f" {r.cumulative_hit_rate:>13.2%}"
+        )
     print(f"final token hit rate: {reports[-1].cumulative_hit_rate:.2%}" if reports else "no turns")
     return 0

@@ -187,7 +187,11 @@ class DramTier(Tier):
             while i < n:
                 # Coalesce runs of adjacent slots in one chunk into a single copy.
                 j = i + 1
-                while j < n and slots[j] == slots[j - 1] + 1 and sc.chunk_of(slots[j]) == sc.chunk_of(slots[i]):
+                while (
+                    j < n
+                    and slots[j] == slots[j - 1] + 1
+                    and sc.chunk_of(slots[j]) == sc.chunk_of(slots[i])
+                ):
                     j += 1
                 off = self._pool.offset(sc, slots[i])  # type: ignore[arg-type]
                 out[i * bb : j * bb] = view[off : off + (j - i) * bb]
@@ -197,7 +201,9 @@ class DramTier(Tier):
             self.counters["get_misses"] += len(keys) - n
             return n
 
-    def put(self, ns: Namespace, keys: Sequence[Key], src: Any, *, present_ok: bool = True) -> PutResult:
+    def put(
+        self, ns: Namespace, keys: Sequence[Key], src: Any, *, present_ok: bool = True
+    ) -> PutResult:
         bb = ns.block_bytes
         data = rows_view(src, len(keys), bb)
         if len(set(keys)) != len(keys):
@@ -229,7 +235,9 @@ class DramTier(Tier):
                 cs.stamp[key] = self._tick
                 evicted = cs.policy.access(key)
                 if evicted:  # capacity is managed above, so the policy must not evict
-                    raise IntegrityError(f"{self.name}: policy evicted {len(evicted)} keys on insert")
+                    raise IntegrityError(
+                        f"{self.name}: policy evicted {len(evicted)} keys on insert"
+                    )
             inserted = len(keys) - present - dropped
             self.counters["put_blocks"] += inserted
             self.counters["put_dropped"] += dropped

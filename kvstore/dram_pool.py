@@ -55,7 +55,7 @@ class DramPool:
 
     def prefault(self) -> None:
         """Touch every page now so the first requests do not pay for page faults."""
-        self._np[:: 4096] = 0
+        self._np[::4096] = 0
 
     def size_class(self, block_bytes: int) -> SizeClass:
         sc = self.classes.get(block_bytes)
@@ -107,7 +107,9 @@ class DramPool:
         owned = list(self.free_chunks)
         for bb, sc in self.classes.items():
             owned.extend(sc.chunks)
-            valid = {c * sc.slots_per_chunk + i for c in sc.chunks for i in range(sc.slots_per_chunk)}
+            valid = {
+                c * sc.slots_per_chunk + i for c in sc.chunks for i in range(sc.slots_per_chunk)
+            }
             free = set(sc.free)
             live = live_slots.get(bb, set())
             if len(free) != len(sc.free):

@@ -21,7 +21,9 @@ def open_embedded(
     dram_chunk_bytes: int | None = None,
 ) -> TierManager:
     """DRAM tier of ``dram_bytes``; with ``ssd_dir``, the SSD engine below it."""
-    tiers: list[Tier] = [DramTier(DramConfig(dram_bytes, chunk_bytes=dram_chunk_bytes, policy=policy))]
+    tiers: list[Tier] = [
+        DramTier(DramConfig(dram_bytes, chunk_bytes=dram_chunk_bytes, policy=policy))
+    ]
     if ssd_dir is not None:
         from storage_nodes.ssd import SSDConfig, SSDTier
 
@@ -29,5 +31,9 @@ def open_embedded(
             raise ValueError("an SSD tier needs a capacity")
         if retention_s != math.inf and retention_s <= 0:
             raise ValueError("retention must be positive")
-        tiers.append(SSDTier(SSDConfig(dir=ssd_dir, capacity_bytes=ssd_capacity_bytes, retention_s=retention_s)))
+        tiers.append(
+            SSDTier(
+                SSDConfig(dir=ssd_dir, capacity_bytes=ssd_capacity_bytes, retention_s=retention_s)
+            )
+        )
     return TierManager(tiers, ManagerConfig(max_dirty_bytes=max_dirty_bytes))

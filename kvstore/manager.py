@@ -77,7 +77,9 @@ class TierManager(KVStore):
             if len(self.tiers) > 1
             else NullWriteBack()
         )
-        self._pool = ThreadPoolExecutor(config.prefetch_workers, thread_name_prefix="kvstore-prefetch")
+        self._pool = ThreadPoolExecutor(
+            config.prefetch_workers, thread_name_prefix="kvstore-prefetch"
+        )
         self._namespaces: dict[bytes, Namespace] = {}
         self._lock = threading.Lock()
         self._closed = False
@@ -133,7 +135,9 @@ class TierManager(KVStore):
         with self._lock:
             self._namespaces[ns.fingerprint] = ns
 
-    def lookup(self, ns: Namespace, keys: Sequence[Key], *, timeout_s: float | None = None) -> LookupResult:
+    def lookup(
+        self, ns: Namespace, keys: Sequence[Key], *, timeout_s: float | None = None
+    ) -> LookupResult:
         self._check(ns)
         tiers: list[str] = []
         for run in self._runs(ns, keys):
@@ -144,7 +148,9 @@ class TierManager(KVStore):
             self.counters["lookup_hit_blocks_total"] += len(tiers)
         return LookupResult(hit_blocks=len(tiers), tiers=tuple(tiers))
 
-    def get_into(self, ns: Namespace, keys: Sequence[Key], dst: Any, *, timeout_s: float | None = None) -> int:
+    def get_into(
+        self, ns: Namespace, keys: Sequence[Key], dst: Any, *, timeout_s: float | None = None
+    ) -> int:
         self._check(ns)
         bb = ns.block_bytes
         out = rows_view(dst, len(keys), bb, writable=True)
@@ -205,7 +211,9 @@ class TierManager(KVStore):
         views: dict[int, memoryview] = {}
         for idx, buf in payloads.items():  # validate everything before storing anything
             if not isinstance(idx, int) or not 0 <= idx < len(keys):
-                raise InvalidArgument(f"payload index {idx!r} outside the chain of {len(keys)} keys")
+                raise InvalidArgument(
+                    f"payload index {idx!r} outside the chain of {len(keys)} keys"
+                )
             views[idx] = block_view(buf, bb)
         deadline = _deadline(timeout_s, self.config.commit_wait_s)
         new = [i for i in sorted(views) if not self._top.contains(ns, keys[i : i + 1])]
@@ -234,13 +242,19 @@ class TierManager(KVStore):
         inserted, dropped = len(accepted) - lost, len(new) - len(accepted) + lost
         self._top.touch(ns, keys)
         achieved: Durability = "dram"
-        if durability == "ssd" and self._wb.durable_level == "ssd" and self._wb.wait(ticket, _deadline(timeout_s)):
+        if (
+            durability == "ssd"
+            and self._wb.durable_level == "ssd"
+            and self._wb.wait(ticket, _deadline(timeout_s))
+        ):
             achieved = "ssd"
         with self._lock:
             self.counters["commits_total"] += 1
             self.counters["commit_blocks_total"] += inserted
             self.counters["dropped_blocks_total"] += dropped
-        return CommitResult(inserted=inserted, present=present, dropped=dropped, durability=achieved)
+        return CommitResult(
+            inserted=inserted, present=present, dropped=dropped, durability=achieved
+        )
 
     def _top_capacity_blocks(self, ns: Namespace) -> float:
         for c in self._top.stats().size_classes:
@@ -248,7 +262,9 @@ class TierManager(KVStore):
                 return c.capacity_blocks
         return math.inf
 
-    def prefetch(self, ns: Namespace, keys: Sequence[Key], *, timeout_s: float | None = None) -> Future[int]:
+    def prefetch(
+        self, ns: Namespace, keys: Sequence[Key], *, timeout_s: float | None = None
+    ) -> Future[int]:
         self._check(ns)
         keys = list(keys)
 

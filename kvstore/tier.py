@@ -62,8 +62,11 @@ class TierStats:
             "capacity_bytes": self.capacity_bytes,
             "used_bytes": self.used_bytes,
             "size_classes": [
-                {"block_bytes": c.block_bytes, "capacity_blocks": c.capacity_blocks,
-                 "used_blocks": c.used_blocks}
+                {
+                    "block_bytes": c.block_bytes,
+                    "capacity_blocks": c.capacity_blocks,
+                    "used_blocks": c.used_blocks,
+                }
                 for c in self.size_classes
             ],
             "counters": dict(self.counters),
@@ -120,7 +123,9 @@ class Tier(ABC):
         Rows past the returned count are left unspecified."""
 
     @abstractmethod
-    def put(self, ns: Namespace, keys: Sequence[Key], src: Any, *, present_ok: bool = True) -> PutResult:
+    def put(
+        self, ns: Namespace, keys: Sequence[Key], src: Any, *, present_ok: bool = True
+    ) -> PutResult:
         """Insert row ``i`` of ``src`` (``len(keys) × block_bytes``) under ``keys[i]``; keys
         already present are only touched (``present_ok=False`` makes that a ValueError).
         Applied last→first."""
@@ -163,12 +168,16 @@ class KVStore(ABC):
         """Make ``ns`` usable in every tier. Idempotent."""
 
     @abstractmethod
-    def lookup(self, ns: Namespace, keys: Sequence[Key], *, timeout_s: float | None = None) -> LookupResult:
+    def lookup(
+        self, ns: Namespace, keys: Sequence[Key], *, timeout_s: float | None = None
+    ) -> LookupResult:
         """Longest prefix present in the union of the tiers, with the fastest tier of each
         hit block. No side effects (recency included)."""
 
     @abstractmethod
-    def get_into(self, ns: Namespace, keys: Sequence[Key], dst: Any, *, timeout_s: float | None = None) -> int:
+    def get_into(
+        self, ns: Namespace, keys: Sequence[Key], dst: Any, *, timeout_s: float | None = None
+    ) -> int:
         """Copy the longest present prefix into ``dst`` rows; promotes lower-tier hits to the
         top tier; touches last→first. Returns blocks copied."""
 
@@ -187,7 +196,9 @@ class KVStore(ABC):
         SSD (``"ssd"``)."""
 
     @abstractmethod
-    def prefetch(self, ns: Namespace, keys: Sequence[Key], *, timeout_s: float | None = None) -> Future[int]:
+    def prefetch(
+        self, ns: Namespace, keys: Sequence[Key], *, timeout_s: float | None = None
+    ) -> Future[int]:
         """Start promoting the longest present prefix to the top tier in the background;
         the future resolves to the prefix length now in the top tier."""
 

@@ -133,6 +133,7 @@ class ThreadWriteBack(WriteBack):
 
     def reserve(self, n_blocks: int, block_bytes: int, deadline_s: float | None) -> int:
         with self._cond:
+
             def fits() -> int:
                 room = self._max_dirty - self._dirty - self._reserved
                 idle = self._dirty == 0 and self._reserved == 0
@@ -201,7 +202,9 @@ class ThreadWriteBack(WriteBack):
         last_touch = time.monotonic()
         while True:
             with self._cond:
-                self._cond.wait_for(lambda: self._queue or self._stop, timeout=self._touch_interval_s)
+                self._cond.wait_for(
+                    lambda: self._queue or self._stop, timeout=self._touch_interval_s
+                )
                 if self._stop and not self._queue:
                     return
                 batches = self._take()

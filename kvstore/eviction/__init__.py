@@ -18,7 +18,9 @@ def make_policy(name: str, capacity: float) -> EvictionPolicy:
     try:
         cls = POLICIES[name]
     except KeyError:
-        raise InvalidArgument(f"unknown eviction policy {name!r}; known: {sorted(POLICIES)}") from None
+        raise InvalidArgument(
+            f"unknown eviction policy {name!r}; known: {sorted(POLICIES)}"
+        ) from None
     return cls(capacity)
 
 

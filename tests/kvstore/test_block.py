@@ -39,7 +39,11 @@ def test_encode_into_matches_encode() -> None:
         encode_block_into(memoryview(bytearray(10)), FP, KEY, PAYLOAD)
 
 
-@given(st.binary(min_size=0, max_size=4096), st.binary(min_size=16, max_size=16), st.binary(min_size=16, max_size=16))
+@given(
+    st.binary(min_size=0, max_size=4096),
+    st.binary(min_size=16, max_size=16),
+    st.binary(min_size=16, max_size=16),
+)
 def test_roundtrip(payload: bytes, fp: bytes, key: bytes) -> None:
     blob = encode_block(fp, key, payload)
     assert bytes(verify_block(blob, fingerprint=fp, key=key, payload_len=len(payload))) == payload

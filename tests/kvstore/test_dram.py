@@ -56,11 +56,21 @@ def test_a_class_takes_chunks_from_another_when_its_blocks_are_older() -> None:
     t.check_integrity()
 
 
-@given(st.lists(st.tuples(st.booleans(), st.integers(0, 15), st.sampled_from(["put", "get", "touch", "del"])),
-                max_size=60))
+@given(
+    st.lists(
+        st.tuples(
+            st.booleans(), st.integers(0, 15), st.sampled_from(["put", "get", "touch", "del"])
+        ),
+        max_size=60,
+    )
+)
 def test_random_mixed_classes_keep_accounting_exact(ops) -> None:
     t = make(chunks=3)
-    chains = {(big, s): chain(BIG if big else SMALL, 1 + s % 7, seed=s) for big in (True, False) for s in range(16)}
+    chains = {
+        (big, s): chain(BIG if big else SMALL, 1 + s % 7, seed=s)
+        for big in (True, False)
+        for s in range(16)
+    }
     for big, s, op in ops:
         ns = BIG if big else SMALL
         keys = chains[(big, s)]

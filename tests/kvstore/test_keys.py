@@ -21,8 +21,17 @@ from kvstore.keys import Namespace, chain_keys, chain_root
 
 NS1 = Namespace("llama-3.1-8b", "main", "bfloat16", "mha", tuple(range(32)), 8, 128)
 NS2 = Namespace(
-    "deepseek-v3", "abc123", "float8_e4m3fn", "mla", (0, 1, 2), 1, 576,
-    block_tokens=32, tp_rank=1, tp_size=2, tenant="acme",
+    "deepseek-v3",
+    "abc123",
+    "float8_e4m3fn",
+    "mla",
+    (0, 1, 2),
+    1,
+    576,
+    block_tokens=32,
+    tp_rank=1,
+    tp_size=2,
+    tenant="acme",
 )
 NS3 = Namespace("m", "r", "float16", "mha", (0,), 1, 8, hash_alg="blake2b_128")
 
@@ -51,7 +60,20 @@ def test_golden_vectors() -> None:
 
 def test_independent_rederivation_from_the_spec_text() -> None:
     """Recompute DESIGN §3 from scratch with only msgpack, struct and xxhash."""
-    fields = ["llama-3.1-8b", "main", "bfloat16", "mha", list(range(32)), 8, 128, 64, 0, 1, "xxh3_128", ""]
+    fields = [
+        "llama-3.1-8b",
+        "main",
+        "bfloat16",
+        "mha",
+        list(range(32)),
+        8,
+        128,
+        64,
+        0,
+        1,
+        "xxh3_128",
+        "",
+    ]
     fp = xxhash.xxh3_128(msgpack.packb(fields, use_bin_type=True)).digest()
     assert fp == NS1.fingerprint
     prev = xxhash.xxh3_128(fp).digest()
@@ -68,7 +90,9 @@ def test_independent_rederivation_from_the_spec_text() -> None:
 def test_blake2b_uses_the_deployment_secret() -> None:
     secret = b"deployment-secret"
     root = hashlib.blake2b(NS3.fingerprint, digest_size=16, key=secret).digest()
-    k1 = hashlib.blake2b(root + struct.pack("<64I", *range(64)), digest_size=16, key=secret).digest()
+    k1 = hashlib.blake2b(
+        root + struct.pack("<64I", *range(64)), digest_size=16, key=secret
+    ).digest()
     assert chain_keys(NS3, list(range(64)), secret=secret) == [k1]
     assert chain_keys(NS3, list(range(64)), secret=b"other")[0] != k1
     with pytest.raises(InvalidArgument):
@@ -117,7 +141,10 @@ def test_prefix_property(a: list[int], b: list[int]) -> None:
     assert kab[:full] == ka[:full]
 
 
-@given(st.lists(st.integers(0, 2**32 - 1), min_size=64 * 4, max_size=64 * 4), st.integers(0, 64 * 4 - 1))
+@given(
+    st.lists(st.integers(0, 2**32 - 1), min_size=64 * 4, max_size=64 * 4),
+    st.integers(0, 64 * 4 - 1),
+)
 def test_changing_block_i_changes_keys_i_to_n_only(tokens: list[int], pos: int) -> None:
     changed = list(tokens)
     changed[pos] = (changed[pos] + 1) % 2**32
@@ -128,13 +155,20 @@ def test_changing_block_i_changes_keys_i_to_n_only(tokens: list[int], pos: int) 
 
 
 @given(
-    st.sampled_from(["model_id", "model_revision", "kv_dtype", "tp_rank", "tenant", "block_tokens", "kv_heads"]),
+    st.sampled_from(
+        ["model_id", "model_revision", "kv_dtype", "tp_rank", "tenant", "block_tokens", "kv_heads"]
+    ),
     st.lists(st.integers(0, 2**32 - 1), min_size=128, max_size=128),
 )
 def test_namespaces_never_share_keys(field: str, tokens: list[int]) -> None:
     alt = {
-        "model_id": "other", "model_revision": "r2", "kv_dtype": "float16", "tp_rank": 1,
-        "tenant": "t", "block_tokens": 32, "kv_heads": 4,
+        "model_id": "other",
+        "model_revision": "r2",
+        "kv_dtype": "float16",
+        "tp_rank": 1,
+        "tenant": "t",
+        "block_tokens": 32,
+        "kv_heads": 4,
     }[field]
     d = NS1.to_dict() | {field: alt}
     if field == "tp_rank":
@@ -153,7 +187,11 @@ def test_keys_do_not_depend_on_pythonhashseed() -> None:
     outs = set()
     for seed in ("0", "1", "12345"):
         env = dict(os.environ, PYTHONHASHSEED=seed)
-        outs.add(subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout)
+        outs.add(
+            subprocess.run(
+                [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+            ).stdout
+        )
     assert len(outs) == 1
 
 

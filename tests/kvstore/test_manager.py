@@ -13,7 +13,9 @@ NS = small_ns()
 BB = NS.block_bytes
 
 
-def make(top_blocks: int = 8, low_blocks: int = 64, **cfg) -> tuple[TierManager, DramTier, DramTier]:
+def make(
+    top_blocks: int = 8, low_blocks: int = 64, **cfg
+) -> tuple[TierManager, DramTier, DramTier]:
     top = DramTier(DramConfig(top_blocks * BB, chunk_bytes=BB * 4))
     low = DramTier(DramConfig(low_blocks * BB, chunk_bytes=BB * 8, name="ssd"))
     m = TierManager([top, low], ManagerConfig(**cfg))
@@ -57,7 +59,7 @@ def test_dram_eviction_keeps_the_lower_copy_and_reads_promote() -> None:
 
 
 def test_lookup_attributes_each_block_to_the_fastest_tier_without_side_effects() -> None:
-    m, top, low = make()
+    m, top, _low = make()
     keys = chain(5, seed=3)
     m.commit(NS, keys, pl(keys), durability="ssd")
     top.delete_namespace(NS)
@@ -127,7 +129,7 @@ def test_prefetch_promotes_in_the_background() -> None:
 
 
 def test_dram_hits_refresh_lower_copies_in_batches() -> None:
-    m, top, low = make(retention_touch_interval_s=0.05)
+    m, _top, low = make(retention_touch_interval_s=0.05)
     a, b = chain(4, seed=9), chain(60, seed=10)
     m.commit(NS, a, pl(a), durability="ssd")
     m.commit(NS, b, pl(b), durability="ssd")  # a is now the lower tier's oldest

@@ -10,8 +10,16 @@ from kvstore.units import Capacity, format_bytes, parse_capacity, parse_duration
 
 @pytest.mark.parametrize(
     ("text", "expect"),
-    [("4096", 4096), ("8GiB", 8 << 30), ("1.5KiB", 1536), ("512MB", 512_000_000), ("2 TiB", 2 << 40),
-     ("1PiB", 1 << 50), (0, 0), ("7kb", 7000)],
+    [
+        ("4096", 4096),
+        ("8GiB", 8 << 30),
+        ("1.5KiB", 1536),
+        ("512MB", 512_000_000),
+        ("2 TiB", 2 << 40),
+        ("1PiB", 1 << 50),
+        (0, 0),
+        ("7kb", 7000),
+    ],
 )
 def test_sizes(text, expect) -> None:
     assert parse_size(text) == expect
@@ -40,8 +48,18 @@ def test_size_refuses_tokens_and_inf() -> None:
         parse_size("5tok")
 
 
-@pytest.mark.parametrize(("text", "expect"), [("90s", 90), ("15m", 900), ("72h", 259200), ("3d", 259200),
-                                              ("10", 10), ("inf", math.inf), (2.5, 2.5)])
+@pytest.mark.parametrize(
+    ("text", "expect"),
+    [
+        ("90s", 90),
+        ("15m", 900),
+        ("72h", 259200),
+        ("3d", 259200),
+        ("10", 10),
+        ("inf", math.inf),
+        (2.5, 2.5),
+    ],
+)
 def test_durations(text, expect) -> None:
     assert parse_duration(text) == expect
 
