@@ -7,6 +7,7 @@ what a test cannot produce on demand — losing the page cache, or a disk that f
 from __future__ import annotations
 
 import errno
+import mmap
 import threading
 from collections.abc import Sequence
 
@@ -57,8 +58,7 @@ class CrashSimBackend(IOBackend):
                 return [-errno.EIO] * len(fds)
             held = [(fd, self._held.pop(fd, [])) for fd in fds]
         for fd, writes in held:
-            bufs = [IORequest(fd, off, memoryview(bytearray(d))) for off, d in writes]
-            if any(n < 0 for n in self.inner.write_batch(bufs)):
+            if any(n < 0 for n in self.inner.write_batch(_aligned(fd, writes))):
                 return [-errno.EIO] * len(fds)
         return self.inner.sync(fds)
 
@@ -74,10 +74,20 @@ class CrashSimBackend(IOBackend):
             survivors = [w for w in writes if rng.random() < keep_fraction]
             self.dropped_writes += len(writes) - len(survivors)
             if survivors:
-                self.inner.write_batch([IORequest(fd, o, memoryview(bytearray(d))) for o, d in survivors])
+                self.inner.write_batch(_aligned(fd, survivors))
 
     def close(self) -> None:
         self.inner.close()
+
+
+def _aligned(fd: int, writes: list[tuple[int, bytes]]) -> list[IORequest]:
+    """Copies in page-aligned memory: the inner backend may use O_DIRECT."""
+    out = []
+    for off, data in writes:
+        m = mmap.mmap(-1, max(len(data), 1))
+        m[: len(data)] = data
+        out.append(IORequest(fd, off, memoryview(m)[: len(data)]))
+    return out
 
 
 class FaultyBackend(IOBackend):

@@ -1,0 +1,121 @@
+"""ENOSPC and I/O errors degrade the tier (read-only or off): counted, logged, never an
+exception into the caller, never a half-published batch."""
+
+from __future__ import annotations
+
+import errno
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.storage_nodes.ssd.helpers import chain, rows, small_ns, verify_all
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def test_enospc_on_write_turns_read_only(open_tier, caplog) -> None:
+    ns = small_ns()
+    t = open_tier(io_backend="faulty")
+    t.register(ns)
+    a = chain(ns, 10, salt=1)
+    t.put(ns, a, rows(ns, a))
+    t.io_backend.write_errno = errno.ENOSPC
+    b = chain(ns, 5, salt=2)
+    r = t.put(ns, b, rows(ns, b))
+    assert (r.inserted, r.dropped) == (0, 5)
+    st = t.stats()
+    assert st.counters["degraded"] == 1 and st.info["mode"] == "read-only"
+    assert st.counters["io_errors_total"] >= 1
+    assert "degraded to read-only" in caplog.text
+    assert t.contains(ns, b) == 0
+    assert verify_all(t, ns) == 10  # reads still served
+    t.io_backend.write_errno = None
+    assert t.put(ns, b, rows(ns, b)).dropped == 5  # stays read-only until reopened
+    t.check_integrity()
+    t.close()
+    t = open_tier()
+    t.register(ns)
+    assert t.stats().info["mode"] == "ok" and verify_all(t, ns) == 10
+
+
+def test_disk_filling_mid_batch_publishes_nothing_of_it(open_tier) -> None:
+    ns = small_ns()
+    t = open_tier(io_backend="faulty")
+    t.register(ns)
+    t.io_backend.write_budget_bytes = 6 * 4096
+    k = chain(ns, 10)
+    r = t.put(ns, k, rows(ns, k))
+    assert r.inserted == 0 and r.dropped == 10
+    assert t.contains(ns, k) == 0
+    t.check_integrity()
+
+
+def test_sync_failure_drops_the_batch(open_tier) -> None:
+    ns = small_ns()
+    t = open_tier(io_backend="faulty")
+    t.register(ns)
+    t.io_backend.sync_errno = errno.EIO
+    k = chain(ns, 3)
+    assert t.put(ns, k, rows(ns, k)).dropped == 3
+    assert t.contains(ns, k) == 0 and t.mode == "read-only"
+    t.check_integrity()
+
+
+def test_read_errors_are_misses_then_off(open_tier) -> None:
+    ns = small_ns()
+    t = open_tier(io_backend="faulty", io_error_limit=3)
+    t.register(ns)
+    k = chain(ns, 8)
+    t.put(ns, k, rows(ns, k))
+    t.io_backend.read_errno = errno.EIO
+    dst = bytearray(8 * ns.block_bytes)
+    assert t.get_into(ns, k, dst) == 0
+    assert t.stats().counters["io_errors_total"] == 1 and t.mode == "ok"
+    assert t.get_into(ns, k[1:], dst[: 7 * ns.block_bytes]) == 0
+    assert t.get_into(ns, k[2:], dst[: 6 * ns.block_bytes]) == 0
+    assert t.mode == "off" and t.stats().counters["degraded"] == 1
+    t.io_backend.read_errno = None
+    assert t.contains(ns, k) == 0 and t.get_into(ns, k, dst) == 0  # off: all misses
+    assert t.put(ns, k, rows(ns, k)).dropped == 8
+    t.touch(ns, k)
+    t.check_integrity()
+
+
+_FSIZE_CHILD = """
+import json, resource, signal, sys
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+from storage_nodes.ssd import SSDTier
+from tests.storage_nodes.ssd.helpers import chain, make_config, rows, small_ns
+ns = small_ns()
+t = SSDTier(make_config(sys.argv[1], io_backend=sys.argv[2]))
+t.register(ns)
+resource.setrlimit(resource.RLIMIT_FSIZE, (128 << 10, 128 << 10))
+k = chain(ns, 4)
+r = t.put(ns, k, rows(ns, k))
+s = t.stats()
+print(json.dumps([r.inserted, r.dropped, s.info["mode"], s.counters["io_errors_total"]]))
+t.close()
+"""
+
+
+def test_real_file_size_limit_error_degrades(tmp_path: Path, backend: str) -> None:
+    """A real kernel error (EFBIG from RLIMIT_FSIZE) while a slab is preallocated."""
+    p = subprocess.run([sys.executable, "-c", _FSIZE_CHILD, str(tmp_path / "ssd"), backend],
+                       cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    inserted, dropped, mode, errors = json.loads(p.stdout.strip().splitlines()[-1])
+    assert (inserted, dropped, mode) == (0, 4, "read-only") and errors >= 1
+
+
+@pytest.mark.parametrize("backend_name", ["nonsense"])
+def test_unknown_backend_is_a_config_error(tmp_path: Path, backend_name: str) -> None:
+    from storage_nodes.ssd import SSDConfigError, SSDTier
+    from tests.storage_nodes.ssd.helpers import make_config
+
+    with pytest.raises(SSDConfigError, match="unknown ssd io backend"):
+        SSDTier(make_config(tmp_path / "ssd", io_backend=backend_name))
+    # the failed open released the directory
+    SSDTier(make_config(tmp_path / "ssd")).close()

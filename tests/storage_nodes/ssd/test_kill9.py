@@ -1,0 +1,63 @@
+"""Crash safety (c): >= 20 seeded SIGKILLs of a writer subprocess at random moments.
+
+The same directory survives every kill. After each, the directory is reopened (the
+kernel dropped the dead writer's flock), every indexed key must read back exactly,
+``check_integrity`` must pass, and with a capacity that never evicts, every put the
+writer saw acknowledged must still be there.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from storage_nodes.ssd import SSDTier
+from storage_nodes.ssd.io_backend import uring_available
+from tests.storage_nodes.ssd.helpers import SLAB, make_config, small_ns, verify_all
+
+REPO = Path(__file__).resolve().parents[3]
+KILLS = 12  # per test; two tests (evicting / non-evicting) make 24 kills
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("evicting", [False, True], ids=["roomy", "evicting"])
+def test_sigkill_writer(tmp_path: Path, evicting: bool) -> None:
+    ns = small_ns()
+    d = tmp_path / "ssd"
+    acked_path = tmp_path / "acked"
+    cap = (2 if evicting else 16) * SLAB  # 16 salts x 32 blocks fit in 16 slabs
+    rng = random.Random(20240 + evicting)
+    backends = ["uring", "pread"] if uring_available() else ["pread"]
+    for i in range(KILLS):
+        backend = backends[i % len(backends)]
+        args = [sys.executable, "-m", "tests.storage_nodes.ssd.writer_proc", str(d),
+                str(rng.randrange(1 << 30)), backend, str(cap), str(acked_path)]
+        p = subprocess.Popen(args, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            line = p.stdout.readline() if p.stdout else ""
+            assert line.strip() == "ready", p.stderr.read() if p.stderr else line
+            time.sleep(rng.uniform(0.02, 0.5))
+            assert p.poll() is None, f"writer exited early ({p.returncode}): {p.stderr.read()}"
+            os.kill(p.pid, signal.SIGKILL)
+        finally:
+            p.wait(timeout=30)
+        assert p.returncode == -signal.SIGKILL
+        t = SSDTier(make_config(d, capacity_bytes=cap))
+        try:
+            t.register(ns)
+            t.check_integrity()
+            verify_all(t, ns)
+            assert t.stats().counters["corrupt_blocks_total"] == 0
+            if not evicting:
+                acked = {bytes.fromhex(x) for x in acked_path.read_text().split()}
+                missing = acked - set(t.iter_keys(ns))
+                assert not missing, f"kill {i}: {len(missing)} acknowledged blocks lost"
+        finally:
+            t.close()
