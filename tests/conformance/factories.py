@@ -76,3 +76,36 @@ def _daemon_store(client: str, shm: str) -> StoreFactory:
 # The sync client over the chunked gRPC path, the asyncio one over shared memory.
 STORE_FACTORIES["daemon-grpc-sync"] = _daemon_store("sync", "off")
 STORE_FACTORIES["daemon-shm-aio"] = _daemon_store("async", "auto")
+
+
+def _ssd_tier(backend: str) -> TierFactory:
+    def make(tmp: Path, capacity_bytes: int) -> tuple[Tier, Callable[[], None]]:
+        from storage_nodes.ssd import SSDConfig, SSDTier
+
+        tier = SSDTier(SSDConfig(dir=tmp / f"ssd-{backend}", capacity_bytes=capacity_bytes,
+                                 slab_bytes=capacity_bytes // 4, io_backend=backend,
+                                 sweep_interval_s=None, index_map_bytes=1 << 30))
+        return tier, tier.close
+
+    return make
+
+
+def _ssd_backends() -> list[str]:
+    from storage_nodes.ssd.io_backend import uring_available
+
+    return (["uring"] if uring_available() else []) + ["pread"]
+
+
+# The SSD engine on each I/O backend it can use here (io_uring where the kernel allows).
+for _backend in _ssd_backends():
+    TIER_FACTORIES[f"ssd-{_backend}"] = _ssd_tier(_backend)
+
+
+def _manager_dram_ssd(tmp: Path, capacity_bytes: int) -> tuple[KVStore, Callable[[], None]]:
+    tier, _ = _ssd_tier(_ssd_backends()[0])(tmp, capacity_bytes)
+    top = DramTier(DramConfig(capacity_bytes // 2, chunk_bytes=capacity_bytes // 8))
+    store = TierManager([top, tier], ManagerConfig(max_dirty_bytes=capacity_bytes // 4))
+    return store, store.close
+
+
+STORE_FACTORIES["manager-dram+ssd"] = _manager_dram_ssd
