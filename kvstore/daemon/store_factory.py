@@ -13,15 +13,17 @@ def open_store(config: DaemonConfig) -> KVStore:
     from kvstore.embedded import open_embedded
 
     if config.nodes:
-        if importlib.util.find_spec("storage_nodes.cluster") is None:
-            raise InvalidArgument("--nodes: the storage-node cluster is not available yet")
+        opener = None
+        if importlib.util.find_spec("storage_nodes.cluster") is not None:
+            from storage_nodes import cluster
+
+            opener = getattr(cluster, "open_cluster_tier", None)
+        if opener is None:
+            raise InvalidArgument(
+                "--nodes: the storage-node cluster is not available yet (storage_nodes.cluster)"
+            )
         from kvstore.dram import DramConfig, DramTier
         from kvstore.manager import ManagerConfig, TierManager
-        from storage_nodes import cluster
-
-        opener = getattr(cluster, "open_cluster_tier", None)
-        if opener is None:
-            raise InvalidArgument("--nodes: storage_nodes.cluster has no open_cluster_tier(nodes) yet")
         return TierManager(
             [DramTier(DramConfig(config.dram_bytes)), opener(list(config.nodes))],
             ManagerConfig(max_dirty_bytes=config.max_dirty_bytes),

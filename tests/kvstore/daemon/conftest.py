@@ -1,0 +1,59 @@
+"""Real daemons on free loopback ports, always stopped by a finalizer."""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from kvstore.daemon.process import DaemonProcess
+from kvstore.keys import Key, Namespace, chain_keys
+from tests.conftest import payload_for
+
+SpawnDaemon = Callable[..., DaemonProcess]
+
+
+@pytest.fixture
+def spawn_daemon() -> Iterator[SpawnDaemon]:
+    """``spawn_daemon(*flags)`` starts ``kvstore serve`` (DRAM 16 MiB unless given)."""
+    started: list[DaemonProcess] = []
+
+    def spawn(*flags: str) -> DaemonProcess:
+        args = list(flags)
+        if "--dram" not in args:
+            args += ["--dram", "16MiB"]
+        d = DaemonProcess(args)
+        started.append(d)
+        return d
+
+    yield spawn
+    for d in started:
+        d.stop()
+
+
+@pytest.fixture(scope="module")
+def shared_daemon() -> Iterator[DaemonProcess]:
+    """One DRAM-only daemon for a module's read-mostly tests."""
+    d = DaemonProcess(["--dram", "32MiB"])
+    try:
+        yield d
+    finally:
+        d.stop()
+
+
+def make_chain(ns: Namespace, n: int, seed: int) -> list[Key]:
+    return chain_keys(ns, np.random.default_rng(seed).integers(0, 50_000, n * ns.block_tokens))
+
+
+def payloads(ns: Namespace, keys: list[Key], idx: list[int] | None = None) -> dict[int, bytes]:
+    return {i: payload_for(ns, keys[i]) for i in (range(len(keys)) if idx is None else idx)}
+
+
+def write_tokens(path: Path, tenants: list[str]) -> dict[str, str]:
+    """Write a ``token tenant`` file; returns tenant -> token."""
+    tokens = {tenant: secrets.token_hex(16) for tenant in tenants}
+    path.write_text("# test tokens\n\n" + "".join(f"{tok} {t}\n" for t, tok in tokens.items()))
+    return tokens

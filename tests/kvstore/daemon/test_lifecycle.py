@@ -1,0 +1,118 @@
+"""Daemon lifecycle: SIGTERM flushes and exits 0, SSD data survives restarts, bad
+flags fail with one line, TLS works end to end."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from clients.config import ClientConfig
+from clients.sync_client import GrpcStore
+from kvstore.daemon.process import REPO, DaemonProcess
+from kvstore.errors import StoreUnavailable
+from tests.conftest import small_ns
+from tests.kvstore.daemon.conftest import SpawnDaemon, make_chain, payloads
+
+NS = small_ns()
+
+
+def ssd_flags(d: Path) -> list[str]:
+    return ["--ssd-dir", str(d), "--ssd-capacity", "256MiB", "--dram", "8MiB"]
+
+
+def test_sigterm_flushes_and_restart_keeps_ssd_data(spawn_daemon: SpawnDaemon, tmp_path: Path) -> None:
+    chains = [make_chain(NS, 8, seed=s) for s in range(6)]
+    first = spawn_daemon(*ssd_flags(tmp_path / "ssd"))
+    with GrpcStore(ClientConfig(target=first.target)) as c:
+        c.register(NS)
+        for keys in chains:
+            assert c.commit(NS, keys, payloads(NS, keys)).inserted == 8
+    # SIGTERM right after the commits returned (durability "dram"): shutdown must
+    # carry whatever the write-back still holds to SSD before exiting 0.
+    assert first.stop() == 0
+    assert "stopped" in first.stdout_lines
+
+    second = spawn_daemon(*ssd_flags(tmp_path / "ssd"))
+    with GrpcStore(ClientConfig(target=second.target)) as c:
+        c.register(NS)
+        for keys in chains:
+            look = c.lookup(NS, keys)
+            assert look.hit_blocks == 8 and set(look.tiers) == {"ssd"}
+            dst = bytearray(8 * NS.block_bytes)
+            assert c.get_into(NS, keys, dst) == 8
+            assert bytes(dst) == b"".join(payloads(NS, keys).values())
+        # Promoted by the read: now served from DRAM.
+        assert set(c.lookup(NS, chains[0]).tiers) == {"dram"}
+        # DeleteNamespace removes the blocks from every tier, SSD included.
+        assert c.delete_namespace(NS) >= 6 * 8
+    assert second.stop() == 0
+    third = spawn_daemon(*ssd_flags(tmp_path / "ssd"))
+    with GrpcStore(ClientConfig(target=third.target)) as c:
+        c.register(NS)
+        assert all(c.lookup(NS, keys).hit_blocks == 0 for keys in chains)
+
+
+def test_second_daemon_on_the_same_ssd_dir_fails(spawn_daemon: SpawnDaemon, tmp_path: Path) -> None:
+    spawn_daemon(*ssd_flags(tmp_path / "ssd"))
+    with pytest.raises(StoreUnavailable, match="exited with 2: .*pid"):
+        DaemonProcess(ssd_flags(tmp_path / "ssd"))
+
+
+def serve(*flags: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "kvstore", "serve", *flags], cwd=REPO, capture_output=True,
+                          text=True, timeout=60)
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--nodes", "127.0.0.1:7431"], "not available yet"),
+        (["--dram", "lots"], "invalid size"),
+        (["--listen", "nowhere"], "HOST:PORT"),
+        (["--ssd-dir", "/tmp/x"], "--ssd-capacity"),
+        (["--retention", "soon"], "invalid duration"),
+        (["--tls-cert", "/nonexistent"], "--tls-key"),
+        (["--access-log-rotate", "5m"], "60"),
+        (["--auth-token-file", "/nonexistent/tokens"], "cannot read"),
+    ],
+)
+def test_bad_flags_fail_with_one_line(flags: list[str], message: str) -> None:
+    r = serve("--listen", "127.0.0.1:0", *flags) if "--listen" not in flags else serve(*flags)
+    assert r.returncode == 2
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], r.stderr
+
+
+def test_toml_config(tmp_path: Path) -> None:
+    cfg = tmp_path / "serve.toml"
+    cfg.write_text('dram = "lots"\n')
+    r = serve("--config", str(cfg), "--listen", "127.0.0.1:0")
+    assert r.returncode == 2 and "invalid size" in r.stderr
+    cfg.write_text('dram = "4MiB"\nlisten = "127.0.0.1:0"\nunknown_key = 1\n')
+    r = serve("--config", str(cfg))
+    assert r.returncode == 2 and "unknown keys unknown_key" in r.stderr
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl not installed")
+def test_tls_end_to_end(spawn_daemon: SpawnDaemon, tmp_path: Path) -> None:
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert),
+         "-days", "1", "-subj", "/CN=localhost", "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost"],
+        check=True, capture_output=True,
+    )
+    d = spawn_daemon("--tls-cert", str(cert), "--tls-key", str(key))
+    keys = make_chain(NS, 2, seed=3)
+    cfg = ClientConfig(target=d.target, tls=True, tls_ca_file=str(cert), shm="off")
+    with GrpcStore(cfg) as c:
+        c.register(NS)
+        c.commit(NS, keys, payloads(NS, keys))
+        assert c.lookup(NS, keys).hit_blocks == 2
+    # A plaintext client cannot talk to a TLS daemon.
+    plain = ClientConfig(target=d.target, shm="off", default_timeout_s=2)
+    with GrpcStore(plain) as c, pytest.raises(StoreUnavailable):
+        c.register(NS)
