@@ -33,8 +33,9 @@ class SimTier:
     policy: EvictionPolicy
     retention: Retention
 
-    def commit(self, keys: list[Hashable], now_s: float) -> None:
-        evicted = self.policy.access_many(keys[::-1])
+    def commit(self, keys: list[Hashable], last_first: list[Hashable], now_s: float) -> None:
+        """Insert/touch the chain ``keys``; ``last_first`` is the same chain reversed."""
+        evicted = self.policy.access_many(last_first)
         self.retention.record(keys, evicted, now_s)
 
 
@@ -127,9 +128,10 @@ class Simulator:
         return len(where), where
 
     def commit(self, keys: list[Hashable], now_s: float) -> None:
+        last_first = keys[::-1]
         for t in self._tiers:
             if t is not None:
-                t.commit(keys, now_s)
+                t.commit(keys, last_first, now_s)
 
     def feed(self, requests: Iterable[Request]) -> None:
         """Replay ``requests`` in order, accumulating totals."""
