@@ -136,12 +136,21 @@ class StackSweep:
                 acc.commit(req, now)
 
     def points(self) -> list[SweepPoint]:
+        """Every swept capacity's result; none before the first request."""
+        if not self._accums:
+            return []
         base = self.base.result()
         out = []
         for spec, acc in zip(self.specs, self._accums, strict=True):
             for cap, result in zip(spec.points, acc.results(base), strict=True):
                 out.append(SweepPoint(spec.tier, cap, result))
         return out
+
+
+    def check_integrity(self) -> None:
+        self.base.check_integrity()
+        for acc in self._accums:
+            acc.stack.check_integrity()
 
 
 def run_sweep(

@@ -17,7 +17,7 @@ FORMATS: dict[str, tuple[str, str]] = {
     "kv-cache-tester": ("kvstore.hitrate.readers.kvcache_tester", "KvCacheTesterReader"),
     "access-log": ("kvstore.hitrate.readers.access_log", "AccessLogReader"),
 }
-ALIASES = {"kvct": "kv-cache-tester", "parquet": "access-log", "jsonl": "mooncake"}
+ALIASES = {"kvct": "kv-cache-tester"}
 
 # Files a directory contributes; others (an access log's open ``.tmp``, notes) are skipped.
 DIRECTORY_SUFFIXES = (".json", ".jsonl", ".parquet", ".arrow", ".feather", ".ipc", ".arrows")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pyarrow as pa
@@ -333,3 +334,33 @@ def test_bad_flags(
 def test_unwritable_plot(capsys: pytest.CaptureFixture[str], trace: Path, tmp_path: Path) -> None:
     err = fail(capsys, str(trace), "--sweep", "dram=1GiB", "--plot", str(tmp_path / "no" / "x.png"))
     assert "cannot write plot" in err
+
+
+def test_sweep_over_an_empty_input(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    (tmp_path / "blank.jsonl").write_text("\n")
+    err = fail(
+        capsys, str(tmp_path / "blank.jsonl"), "--format", "mooncake", "--sweep", "dram=1GiB"
+    )
+    assert "no requests" in err
+
+
+def test_progress_bar_on_a_terminal(
+    capsys: pytest.CaptureFixture[str], trace: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    assert main(["hitrate", str(trace)]) == 0
+    captured = capsys.readouterr()
+    assert "req" in captured.err  # tqdm's counter
+    assert "token hit rate" in captured.out
+    assert main(["hitrate", str(trace), "--no-progress"]) == 0
+    assert capsys.readouterr().err == ""
+
+
+def test_toml_numbers_are_accepted(
+    capsys: pytest.CaptureFixture[str], trace: Path, tmp_path: Path
+) -> None:
+    cfg = tmp_path / "n.toml"
+    cfg.write_text("dram = 1073741824\nreplay-keep = 7\nbytes-per-token = 445.5\n")
+    out = run_json(capsys, str(trace), "--config", str(cfg))
+    assert out["replay_keep_tokens"] == 7
+    assert out["tiers"]["dram"]["capacity_blocks"] == 1073741824 // int(512 * 445.5)

@@ -127,6 +127,7 @@ def test_single_pass_sweep_equals_one_replay_per_point(
     spec = SweepSpec(tier, tuple(cap(p) for p in sorted(points)))
     sweep = StackSweep(config, [spec])
     sweep.feed(reqs)
+    sweep.check_integrity()
     assert sweep.base.result() == run(reqs, **_fields(config))
     for point in sweep.points():
         want = run(reqs, **_fields(config.with_capacity(tier, point.capacity)))
