@@ -57,24 +57,38 @@ def load_config(path: str) -> dict[str, Any]:
     return {k.replace("-", "_"): v for k, v in data.items()}
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(
+    command: str | None = None,
+) -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
+    """The top parser and one subparser per available command.
+
+    Only ``command``'s module is imported and configured: the others are listed with
+    their one-line help, so ``kvstore hitrate`` never pays for torch or gRPC imports.
+    """
     parser = argparse.ArgumentParser(
         prog="kvstore",
         description="Tiered KV-cache store: HBM, host DRAM and an SSD cluster with 72 h retention.",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    subparsers: dict[str, argparse.ArgumentParser] = {}
     for name, (mod, help_) in _available().items():
         p = sub.add_parser(name, help=help_, description=help_)
         p.add_argument("--json", action="store_true", help="machine-readable output")
         p.add_argument("--config", metavar="FILE.toml", help="read flag defaults from a TOML file")
-        importlib.import_module(mod).configure(p)
+        if name == command:
+            importlib.import_module(mod).configure(p)
         p.set_defaults(_module=mod)
-    return parser
+        subparsers[name] = p
+    return parser, subparsers
+
+
+def _command_in(argv: Sequence[str]) -> str | None:
+    return next((a for a in argv if not a.startswith("-")), None)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
+    parser, subparsers = build_parser(_command_in(argv))
     args = parser.parse_args(argv)
     if not getattr(args, "command", None):
         parser.print_help()
@@ -82,7 +96,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.config:
             # Config values are defaults; flags given on the command line still win.
-            sub = parser._subparsers._group_actions[0].choices[args.command]  # type: ignore[union-attr]
+            sub = subparsers[args.command]
             cfg = load_config(args.config)
             known = {a.dest for a in sub._actions}
             unknown = sorted(set(cfg) - known)
