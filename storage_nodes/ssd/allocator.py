@@ -30,8 +30,14 @@ _VICTIM_BATCH = 256
 
 
 class SlotAllocator:
-    def __init__(self, config: SSDConfig, index: Index, files: SlabFiles, recency: Recency,
-                 count: Callable[[Counter[str]], None]) -> None:
+    def __init__(
+        self,
+        config: SSDConfig,
+        index: Index,
+        files: SlabFiles,
+        recency: Recency,
+        count: Callable[[Counter[str]], None],
+    ) -> None:
         self._config = config
         self._index = index
         self._files = files
@@ -82,8 +88,10 @@ class SlotAllocator:
     def _refill(self, block_bytes: int) -> bool:
         cache = self._cache.setdefault(block_bytes, [])
         with self._index.begin() as txn:
-            scan = islice(self._index.iter_free(txn, block_bytes),
-                          _REFILL + len(self._reserved) + len(self._cached))
+            scan = islice(
+                self._index.iter_free(txn, block_bytes),
+                _REFILL + len(self._reserved) + len(self._cached),
+            )
             fresh = [s for s in scan if s not in self._reserved and s not in self._cached][:_REFILL]
         fresh.reverse()  # pop() from the end hands out low slots first: denser slabs
         cache[:0] = fresh
@@ -110,8 +118,11 @@ class SlotAllocator:
             self._recency.flush_into(self._index, txn)
             skip: set[bytes] = set()
             while freed < need:
-                batch = [fk for fk in islice(self._index.iter_lru(txn), len(skip) + _VICTIM_BATCH)
-                         if fk not in skip]
+                batch = [
+                    fk
+                    for fk in islice(self._index.iter_lru(txn), len(skip) + _VICTIM_BATCH)
+                    if fk not in skip
+                ]
                 if not batch:
                     break
                 for fk in batch:
@@ -132,7 +143,9 @@ class SlotAllocator:
         self._config.crash_hook("after_free")
         return freed > 0
 
-    def _hand_over(self, txn: Txn, slab: int, block_bytes: int, counts: Counter[str], expiry: int) -> int:
+    def _hand_over(
+        self, txn: Txn, slab: int, block_bytes: int, counts: Counter[str], expiry: int
+    ) -> int:
         """Empty ``slab`` (evicting every block in it) and give it to ``block_bytes``."""
         old = self.slab_class[slab]
         for fk in list(self._index.iter_slab(txn, slab)):
@@ -202,4 +215,6 @@ class SlotAllocator:
             for slab in self.slab_class:
                 size = self._files.size_of(slab)
                 if size != self._config.slab_bytes:
-                    raise IntegrityError(f"slab file {slab} is {size} bytes, expected {self._config.slab_bytes}")
+                    raise IntegrityError(
+                        f"slab file {slab} is {size} bytes, expected {self._config.slab_bytes}"
+                    )

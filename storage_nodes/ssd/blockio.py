@@ -47,8 +47,14 @@ class BlockIO:
     def per_batch(self, block_bytes: int) -> int:
         return max(1, self._config.staging_max_bytes // slot_bytes_for(block_bytes))
 
-    def read_prefix(self, fingerprint: bytes, block_bytes: int, keys: Sequence[bytes],
-                    locs: Sequence[Location], out: memoryview) -> ReadOutcome:
+    def read_prefix(
+        self,
+        fingerprint: bytes,
+        block_bytes: int,
+        keys: Sequence[bytes],
+        locs: Sequence[Location],
+        out: memoryview,
+    ) -> ReadOutcome:
         """Copy verified payloads of ``locs`` into rows of ``out`` until the first failure."""
         sb = slot_bytes_for(block_bytes)
         step = self.per_batch(block_bytes)
@@ -63,7 +69,9 @@ class BlockIO:
                     try:
                         fd = self._files.fd(loc.slab)
                     except SSDIOError as e:
-                        return ReadOutcome(copied, ReadFailure(start + j, loc, errno=e.errno or errno.EIO))
+                        return ReadOutcome(
+                            copied, ReadFailure(start + j, loc, errno=e.errno or errno.EIO)
+                        )
                     reqs.append(IORequest(fd, loc.slot * sb, mv[j * sb : (j + 1) * sb]))
                 res = self._io.read_batch(reqs)
                 for j, loc in enumerate(part):
@@ -71,8 +79,12 @@ class BlockIO:
                     if res[j] < 0:
                         return ReadOutcome(copied, ReadFailure(i, loc, errno=-res[j]))
                     try:
-                        payload = verify_block(mv[j * sb : (j + 1) * sb], fingerprint=fingerprint,
-                                               key=keys[i], payload_len=block_bytes)
+                        payload = verify_block(
+                            mv[j * sb : (j + 1) * sb],
+                            fingerprint=fingerprint,
+                            key=keys[i],
+                            payload_len=block_bytes,
+                        )
                     except BlockError as e:
                         return ReadOutcome(copied, ReadFailure(i, loc, error=e))
                     out[i * block_bytes : (i + 1) * block_bytes] = payload
@@ -81,8 +93,14 @@ class BlockIO:
                 self._staging.release(buf)
         return ReadOutcome(copied)
 
-    def write_durable(self, fingerprint: bytes, block_bytes: int, keys: Sequence[bytes],
-                      rows: Sequence[memoryview], slots: Sequence[tuple[int, int]]) -> None:
+    def write_durable(
+        self,
+        fingerprint: bytes,
+        block_bytes: int,
+        keys: Sequence[bytes],
+        rows: Sequence[memoryview],
+        slots: Sequence[tuple[int, int]],
+    ) -> None:
         """Write ``rows[i]`` encoded for ``keys[i]`` into ``slots[i]`` and sync the data.
         Raises ``SSDIOError`` on any failure (nothing is published then)."""
         sb = slot_bytes_for(block_bytes)

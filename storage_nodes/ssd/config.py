@@ -52,8 +52,15 @@ class SSDConfig:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "dir", Path(self.dir))
-        ints = ("capacity_bytes", "queue_depth", "slab_bytes", "touch_batch_max",
-                "staging_max_bytes", "index_map_bytes", "io_error_limit")
+        ints = (
+            "capacity_bytes",
+            "queue_depth",
+            "slab_bytes",
+            "touch_batch_max",
+            "staging_max_bytes",
+            "index_map_bytes",
+            "io_error_limit",
+        )
         for name in ints:
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
@@ -62,7 +69,8 @@ class SSDConfig:
             raise SSDConfigError(f"ssd slab_bytes must be a multiple of {ALIGN_BYTES}")
         if self.capacity_bytes < self.slab_bytes:
             raise SSDConfigError(
-                f"ssd capacity_bytes {self.capacity_bytes} is smaller than one slab ({self.slab_bytes})"
+                f"ssd capacity_bytes {self.capacity_bytes} is smaller than one slab "
+                f"({self.slab_bytes})"
             )
         if not 1 <= self.queue_depth <= 4096:
             raise SSDConfigError(f"ssd queue_depth must be in [1, 4096], got {self.queue_depth}")

@@ -34,6 +34,6 @@ class SSDIOError(SSDError):
         self.errno = errno_
 
 
-class SimulatedCrash(BaseException):  # noqa: N818 - it is a signal, not an error
+class SimulatedCrash(BaseException):
     """Raised by test crash hooks. A ``BaseException`` so no degraded-mode handler in
     the engine can swallow it: the crash must unwind the call like a power cut."""

@@ -62,14 +62,26 @@ class Index:
         path.mkdir(parents=True, exist_ok=True)
         try:
             self.env = lmdb.open(
-                str(path), map_size=map_bytes, max_dbs=8, subdir=True, sync=True,
-                metasync=True, readahead=False, max_readers=512, lock=True,
+                str(path),
+                map_size=map_bytes,
+                max_dbs=8,
+                subdir=True,
+                sync=True,
+                metasync=True,
+                readahead=False,
+                max_readers=512,
+                lock=True,
             )
         except lmdb.Error as e:
             raise SSDFormatError(f"cannot open SSD index {path}: {e}") from e
         db = self.env.open_db
         self.meta, self.keys, self.lru = db(b"meta"), db(b"keys"), db(b"lru")
-        self.slots, self.free, self.quar, self.slabs = db(b"slots"), db(b"free"), db(b"quar"), db(b"slabs")
+        self.slots, self.free, self.quar, self.slabs = (
+            db(b"slots"),
+            db(b"free"),
+            db(b"quar"),
+            db(b"slabs"),
+        )
         with self.env.begin(write=True) as txn:
             fmt = txn.get(b"format", db=self.meta)
             have = txn.get(b"slab_bytes", db=self.meta)
@@ -77,7 +89,9 @@ class Index:
                 txn.put(b"format", FORMAT, db=self.meta)
                 txn.put(b"slab_bytes", str(slab_bytes).encode(), db=self.meta)
             elif fmt != FORMAT:
-                raise SSDFormatError(f"SSD index {path} has format {fmt!r}, this build reads {FORMAT!r}")
+                raise SSDFormatError(
+                    f"SSD index {path} has format {fmt!r}, this build reads {FORMAT!r}"
+                )
             elif have != str(slab_bytes).encode():
                 raise SSDFormatError(
                     f"SSD directory was created with slab_bytes={have.decode() if have else '?'}, "
@@ -99,7 +113,9 @@ class Index:
         """Publish ``fkey`` at a slot that must be free (the data is already durable)."""
         bb = self._add_used(txn, loc.slab, +1)
         if not txn.delete(_FREE.pack(bb, loc.slab, loc.slot), db=self.free):
-            raise IntegrityError(f"publishing {fkey.hex()} into slot {loc.slab}/{loc.slot}, which is not free")
+            raise IntegrityError(
+                f"publishing {fkey.hex()} into slot {loc.slab}/{loc.slot}, which is not free"
+            )
         txn.put(fkey, _LOC.pack(loc.slab, loc.slot, loc.bucket, loc.seq, loc.gen), db=self.keys)
         txn.put(_LRU.pack(loc.bucket, loc.seq) + fkey, b"", db=self.lru)
         txn.put(_SLOT.pack(loc.slab, loc.slot), fkey, db=self.slots)
@@ -148,7 +164,10 @@ class Index:
 
     def retire_slab(self, txn: Txn, slab: int, block_bytes: int, nslots: int) -> None:
         """Forget an empty slab: its free and quarantined slots go with it."""
-        info = SlabInfo(*_SLAB.unpack(txn.get(_U32.pack(slab), db=self.slabs)))
+        raw = txn.get(_U32.pack(slab), db=self.slabs)
+        if raw is None:
+            raise IntegrityError(f"slab {slab} has no record")
+        info = SlabInfo(*_SLAB.unpack(raw))
         if info.used:
             raise IntegrityError(f"slab {slab} retired with {info.used} live blocks")
         for s in range(nslots):
@@ -163,7 +182,7 @@ class Index:
         if not cur.set_range(prefix):
             return
         for k in cur.iternext(keys=True, values=False):
-            if not k.startswith(prefix):
+            if not k.startswith(prefix):  # type: ignore[union-attr]
                 return
             _, slab, slot = _FREE.unpack(k)
             yield slab, slot
@@ -181,7 +200,7 @@ class Index:
         if not cur.set_range(prefix):
             return
         for k, v in cur:
-            if not k.startswith(prefix):
+            if not k.startswith(prefix):  # type: ignore[union-attr]
                 return
             yield bytes(v)
 
@@ -190,7 +209,7 @@ class Index:
         if not cur.set_range(fingerprint):
             return
         for k in cur.iternext(keys=True, values=False):
-            if not k.startswith(fingerprint):
+            if not k.startswith(fingerprint):  # type: ignore[union-attr]
                 return
             yield bytes(k)
 
@@ -198,7 +217,7 @@ class Index:
         return int(txn.stat(self.keys)["entries"])
 
     # -- integrity ------------------------------------------------------------------
-    def check(self, txn: Txn, *, chunks: int, slab_bytes: int, slot_bytes: dict[int, int] | None = None) -> None:
+    def check(self, txn: Txn, *, chunks: int, slab_bytes: int) -> None:
         """Re-derive every cross-reference; raise ``IntegrityError`` on the first mismatch."""
         from storage_nodes.ssd.config import slot_bytes_for
 
@@ -224,12 +243,16 @@ class Index:
             if txn.get(_LRU.pack(loc.bucket, loc.seq) + k, db=self.lru) is None:
                 raise IntegrityError(f"recency index lacks key {bytes(k).hex()}")
             if loc.seq > hw or loc.gen > hw:
-                raise IntegrityError(f"key {bytes(k).hex()} has seq {loc.seq} above high water {hw}")
+                raise IntegrityError(
+                    f"key {bytes(k).hex()} has seq {loc.seq} above high water {hw}"
+                )
             used[loc.slab] += 1
         n = len(taken)
         for name, db in (("lru", self.lru), ("slots", self.slots)):
             if txn.stat(db)["entries"] != n:
-                raise IntegrityError(f"{name} holds {txn.stat(db)['entries']} entries, keys holds {n}")
+                raise IntegrityError(
+                    f"{name} holds {txn.stat(db)['entries']} entries, keys holds {n}"
+                )
         free: Counter[int] = Counter()
         for k in txn.cursor(db=self.free).iternext(keys=True, values=False):
             bb, slab, slot = _FREE.unpack(k)
@@ -249,8 +272,11 @@ class Index:
             quar[slab] += 1
         for s, info in slabs.items():
             if info.used != used[s]:
-                raise IntegrityError(f"slab {s} records {info.used} used slots, index has {used[s]}")
+                raise IntegrityError(
+                    f"slab {s} records {info.used} used slots, index has {used[s]}"
+                )
             if used[s] + free[s] + quar[s] != nslots[s]:
                 raise IntegrityError(
-                    f"slab {s}: {used[s]} used + {free[s]} free + {quar[s]} quarantined != {nslots[s]} slots"
+                    f"slab {s}: {used[s]} used + {free[s]} free + {quar[s]} quarantined "
+                    f"!= {nslots[s]} slots"
                 )

@@ -53,8 +53,9 @@ class IOBackend(ABC):
     @abstractmethod
     def sync(self, fds: Sequence[int]) -> list[int]: ...
 
+    @abstractmethod
     def close(self) -> None:
-        """Nothing to release by default."""
+        """Release kernel resources; idempotent."""
 
 
 class PreadBackend(IOBackend):
@@ -65,6 +66,9 @@ class PreadBackend(IOBackend):
 
     def __init__(self, queue_depth: int = 32) -> None:
         self.queue_depth = queue_depth
+
+    def close(self) -> None:
+        """Nothing to release: no kernel object outlives a call."""
 
     def read_batch(self, reqs: Sequence[IORequest]) -> list[int]:
         return [_full(os.preadv, r) for r in reqs]
@@ -139,7 +143,9 @@ def make_backend(name: str, queue_depth: int) -> IOBackend:
     try:
         factory = BACKENDS[name]
     except KeyError:
-        raise SSDConfigError(f"unknown ssd io backend {name!r}; known: {sorted(BACKENDS)}") from None
+        raise SSDConfigError(
+            f"unknown ssd io backend {name!r}; known: {sorted(BACKENDS)}"
+        ) from None
     return factory(queue_depth)
 
 

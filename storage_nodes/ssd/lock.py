@@ -23,7 +23,9 @@ class DirLock:
             holder = _read_pid(fd)
             os.close(fd)
             who = f"pid {holder}" if holder else "another process"
-            raise SSDLockedError(f"SSD directory {directory} is in use by {who} (flock on {self.path})") from None
+            raise SSDLockedError(
+                f"SSD directory {directory} is in use by {who} (flock on {self.path})"
+            ) from None
         except BaseException:
             os.close(fd)
             raise

@@ -59,8 +59,10 @@ class Recency:
         with self._lock:
             if not self._pending:
                 return False
-            return (len(self._pending) >= self._config.touch_batch_max
-                    or time.monotonic() - self._last_flush >= self._config.touch_flush_s)
+            return (
+                len(self._pending) >= self._config.touch_batch_max
+                or time.monotonic() - self._last_flush >= self._config.touch_flush_s
+            )
 
     def take(self) -> dict[bytes, Stamp]:
         with self._lock:

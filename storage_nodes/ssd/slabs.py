@@ -79,7 +79,9 @@ class SlabFiles:
                 raise
             _fsync_dir(self.dir)
         except OSError as e:
-            raise SSDIOError(f"cannot create slab {self.path(slab)}: {e.strerror}", e.errno or errno.EIO) from e
+            raise SSDIOError(
+                f"cannot create slab {self.path(slab)}: {e.strerror}", e.errno or errno.EIO
+            ) from e
         with self._lock:
             old = self._fds.pop(slab, None)
             self._fds[slab] = fd
@@ -94,7 +96,9 @@ class SlabFiles:
         try:
             fd = os.open(self.path(slab), self._flags())
         except OSError as e:
-            raise SSDIOError(f"cannot open slab {self.path(slab)}: {e.strerror}", e.errno or errno.EIO) from e
+            raise SSDIOError(
+                f"cannot open slab {self.path(slab)}: {e.strerror}", e.errno or errno.EIO
+            ) from e
         with self._lock:
             if slab in self._fds:  # another thread won the race
                 os.close(fd)

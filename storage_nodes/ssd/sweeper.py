@@ -44,8 +44,13 @@ class Maintenance:
 
     Scheduling uses the monotonic clock; *what* is expired uses the config's clock."""
 
-    def __init__(self, config: SSDConfig, flush: Callable[[], None], sweep: Callable[[], int],
-                 touches_due: Callable[[], bool]) -> None:
+    def __init__(
+        self,
+        config: SSDConfig,
+        flush: Callable[[], None],
+        sweep: Callable[[], int],
+        touches_due: Callable[[], bool],
+    ) -> None:
         self._config = config
         self._flush, self._sweep, self._due = flush, sweep, touches_due
         self._stop = threading.Event()

@@ -83,7 +83,7 @@ class UringBackend(IOBackend):
                     if op == _FSYNC:
                         lu.io_uring_prep_fsync(sqe, fd, lu.IORING_FSYNC_DATASYNC)
                     else:
-                        iov = lu.Iovec([buf[done[i]:]])
+                        iov = lu.Iovec([buf[done[i] :]])
                         keep[i] = iov
                         if op == _READ:
                             lu.io_uring_prep_readv(sqe, fd, iov, off + done[i])

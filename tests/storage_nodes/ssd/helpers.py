@@ -16,8 +16,14 @@ SLAB = 256 << 10
 
 def small_ns(**overrides: Any) -> Namespace:
     fields: dict[str, Any] = dict(
-        model_id="ssd-test", model_revision="r1", kv_dtype="float16", kv_layout="mha",
-        cached_layers=(0, 1), kv_heads=2, head_dim=8, block_tokens=16,
+        model_id="ssd-test",
+        model_revision="r1",
+        kv_dtype="float16",
+        kv_layout="mha",
+        cached_layers=(0, 1),
+        kv_heads=2,
+        head_dim=8,
+        block_tokens=16,
     )  # 2 KiB payload: one 4 KiB slot
     fields.update(overrides)
     return Namespace(**fields)

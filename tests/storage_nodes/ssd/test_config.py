@@ -9,12 +9,20 @@ from storage_nodes.ssd import SSDConfig, SSDConfigError
 from storage_nodes.ssd.config import slot_bytes_for
 
 
-@pytest.mark.parametrize("kw", [
-    dict(capacity_bytes=0), dict(capacity_bytes=1 << 20, slab_bytes=4 << 20),
-    dict(slab_bytes=5000), dict(queue_depth=0), dict(queue_depth=10_000),
-    dict(retention_s=0), dict(sweep_interval_s=0), dict(direct_io="yes"),
-    dict(capacity_bytes=True),
-])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(capacity_bytes=0),
+        dict(capacity_bytes=1 << 20, slab_bytes=4 << 20),
+        dict(slab_bytes=5000),
+        dict(queue_depth=0),
+        dict(queue_depth=10_000),
+        dict(retention_s=0),
+        dict(sweep_interval_s=0),
+        dict(direct_io="yes"),
+        dict(capacity_bytes=True),
+    ],
+)
 def test_bad_config_is_a_one_line_value_error(tmp_path: Path, kw: dict) -> None:
     args = dict(dir=tmp_path, capacity_bytes=1 << 30)
     args.update(kw)

@@ -38,8 +38,17 @@ def _flip(path: Path, offset: int, bit: int) -> None:
 
 
 # header fields (DESIGN §4) and payload positions to corrupt
-FLIPS = {"magic": 1, "version": 4, "fingerprint": 12, "key": 30, "length": 41, "checksum": 50,
-         "payload_first": 64, "payload_mid": 64 + 1000, "payload_last": 64 + 2047}
+FLIPS = {
+    "magic": 1,
+    "version": 4,
+    "fingerprint": 12,
+    "key": 30,
+    "length": 41,
+    "checksum": 50,
+    "payload_first": 64,
+    "payload_mid": 64 + 1000,
+    "payload_last": 64 + 2047,
+}
 
 
 @pytest.mark.parametrize("where", sorted(FLIPS))

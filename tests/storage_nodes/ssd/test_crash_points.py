@@ -93,8 +93,13 @@ os._exit(0)
 def test_crash_point_process_exit(tmp_path: Path, point: str) -> None:
     backend = "uring" if uring_available() else "pread"
     d = tmp_path / "ssd"
-    p = subprocess.run([sys.executable, "-c", _CHILD, str(d), backend, point], cwd=REPO,
-                       capture_output=True, text=True, timeout=120)
+    p = subprocess.run(
+        [sys.executable, "-c", _CHILD, str(d), backend, point],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert p.returncode == 77, p.stderr
     before = json.loads(p.stdout.strip())
     ns = small_ns()

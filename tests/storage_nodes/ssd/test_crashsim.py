@@ -15,7 +15,15 @@ from pathlib import Path
 import pytest
 
 from storage_nodes.ssd import CRASH_POINTS, SimulatedCrash, SSDTier
-from tests.storage_nodes.ssd.helpers import FakeClock, SLAB, chain, make_config, rows, small_ns, verify_all
+from tests.storage_nodes.ssd.helpers import (
+    SLAB,
+    FakeClock,
+    chain,
+    make_config,
+    rows,
+    small_ns,
+    verify_all,
+)
 
 
 class RandomCut:
@@ -59,7 +67,9 @@ def test_random_power_cuts(tmp_path: Path, seed: int, keep: float) -> None:
     for _round in range(3):
         cut = RandomCut(rng, p=0.15)
         cut.keep = keep
-        t = SSDTier(make_config(d, io_backend="crashsim", capacity_bytes=cap, crash_hook=cut, clock=clock))
+        t = SSDTier(
+            make_config(d, io_backend="crashsim", capacity_bytes=cap, crash_hook=cut, clock=clock)
+        )
         t.register(ns)
         cut.tier = t
         try:

@@ -103,8 +103,13 @@ t.close()
 
 def test_real_file_size_limit_error_degrades(tmp_path: Path, backend: str) -> None:
     """A real kernel error (EFBIG from RLIMIT_FSIZE) while a slab is preallocated."""
-    p = subprocess.run([sys.executable, "-c", _FSIZE_CHILD, str(tmp_path / "ssd"), backend],
-                       cwd=REPO, capture_output=True, text=True, timeout=60)
+    p = subprocess.run(
+        [sys.executable, "-c", _FSIZE_CHILD, str(tmp_path / "ssd"), backend],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert p.returncode == 0, p.stderr
     inserted, dropped, mode, errors = json.loads(p.stdout.strip().splitlines()[-1])
     assert (inserted, dropped, mode) == (0, 4, "read-only") and errors >= 1

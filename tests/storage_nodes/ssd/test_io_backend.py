@@ -44,10 +44,14 @@ def test_batch_roundtrip_deeper_than_queue(tmp_path: Path, any_backend) -> None:
         order = list(range(n))
         rng.shuffle(order)
         w, r = memoryview(wbuf), memoryview(rbuf)
-        res = any_backend.write_batch([IORequest(fd, i * sz, w[i * sz : (i + 1) * sz]) for i in order])
+        res = any_backend.write_batch(
+            [IORequest(fd, i * sz, w[i * sz : (i + 1) * sz]) for i in order]
+        )
         assert res == [sz] * n
         assert any_backend.sync([fd]) == [0]
-        res = any_backend.read_batch([IORequest(fd, i * sz, r[i * sz : (i + 1) * sz]) for i in order])
+        res = any_backend.read_batch(
+            [IORequest(fd, i * sz, r[i * sz : (i + 1) * sz]) for i in order]
+        )
         assert res == [sz] * n
         assert rbuf[:] == wbuf[:]
     finally:

@@ -37,9 +37,19 @@ def test_sigkill_writer(tmp_path: Path, evicting: bool) -> None:
     backends = ["uring", "pread"] if uring_available() else ["pread"]
     for i in range(KILLS):
         backend = backends[i % len(backends)]
-        args = [sys.executable, "-m", "tests.storage_nodes.ssd.writer_proc", str(d),
-                str(rng.randrange(1 << 30)), backend, str(cap), str(acked_path)]
-        p = subprocess.Popen(args, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        args = [
+            sys.executable,
+            "-m",
+            "tests.storage_nodes.ssd.writer_proc",
+            str(d),
+            str(rng.randrange(1 << 30)),
+            backend,
+            str(cap),
+            str(acked_path),
+        ]
+        p = subprocess.Popen(
+            args, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
         try:
             line = p.stdout.readline() if p.stdout else ""
             assert line.strip() == "ready", p.stderr.read() if p.stderr else line

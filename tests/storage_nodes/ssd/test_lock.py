@@ -38,8 +38,13 @@ def test_second_opener_in_process(tmp_path: Path) -> None:
 
 def test_other_process_holder_is_named_and_sigkill_releases(tmp_path: Path) -> None:
     d = tmp_path / "ssd"
-    p = subprocess.Popen([sys.executable, "-c", _HOLDER, str(d)], cwd=REPO,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    p = subprocess.Popen(
+        [sys.executable, "-c", _HOLDER, str(d)],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert p.stdout is not None and p.stdout.readline().strip() == "ready"
         with pytest.raises(SSDLockedError, match=f"in use by pid {p.pid}"):

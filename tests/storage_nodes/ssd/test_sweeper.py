@@ -83,3 +83,15 @@ def test_capacity_eviction_of_expired_blocks_is_not_a_violation(open_tier, clock
     t.put(ns, b, rows(ns, b))
     cnt = t.stats().counters
     assert cnt["retention_violations_total"] == 0 and cnt["expired_total"] == 10
+
+
+def test_touch_does_not_revive_an_expired_block(open_tier, clock) -> None:
+    ns = small_ns()
+    t = open_tier(retention_s=HOUR)
+    t.register(ns)
+    k = chain(ns, 3)
+    t.put(ns, k, rows(ns, k))
+    clock.advance(2 * HOUR)
+    t.touch(ns, k)
+    assert t.contains(ns, k) == 0
+    assert t.sweep() == 3

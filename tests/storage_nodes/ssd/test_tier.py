@@ -102,7 +102,9 @@ def test_numpy_and_torch_buffers(open_tier) -> None:
     t = open_tier()
     t.register(ns)
     keys = chain(ns, 5)
-    src = torch.frombuffer(bytearray(rows(ns, keys)), dtype=torch.float16).reshape(5, *ns.payload_shape)
+    src = torch.frombuffer(bytearray(rows(ns, keys)), dtype=torch.float16).reshape(
+        5, *ns.payload_shape
+    )
     assert t.put(ns, keys, src).inserted == 5
     dst = np.zeros((5, ns.block_bytes), dtype=np.uint8)
     assert t.get_into(ns, keys, dst) == 5
@@ -125,7 +127,9 @@ def test_size_classes_share_capacity(open_tier) -> None:
     assert by[small.block_bytes].used_blocks == 30 and by[big.block_bytes].used_blocks == 30
     # capacity_blocks = own slabs + unallocated chunks, in that class's slot size
     assert by[small.block_bytes].capacity_blocks >= 30
-    assert st.counters["slabs"] == 1 + 3  # 30 x 4 KiB slots fit one 256 KiB slab; 20 KiB slots: 12 a slab
+    assert (
+        st.counters["slabs"] == 1 + 3
+    )  # 30 x 4 KiB slots fit one 256 KiB slab; 20 KiB slots: 12 a slab
     assert verify_all(t, small) == 30 and verify_all(t, big) == 30
     t.check_integrity()
 

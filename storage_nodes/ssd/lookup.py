@@ -1,0 +1,80 @@
+"""Index reads and removals shared by the tier's calls: presence with lazy expiry,
+quarantine of a block that failed its checks, and namespace-wide deletion."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from itertools import islice
+
+from storage_nodes.ssd.config import SSDConfig
+from storage_nodes.ssd.index import Index, Location
+from storage_nodes.ssd.recency import Recency
+
+_DELETE_BATCH = 10_000
+
+
+class IndexView:
+    def __init__(self, config: SSDConfig, index: Index, recency: Recency) -> None:
+        self._config = config
+        self._index = index
+        self._recency = recency
+
+    def expiry(self) -> int:
+        return self._config.expiry_bucket(self._config.clock())
+
+    def live(self, fkey: bytes, loc: Location, expiry: int) -> bool:
+        """Present and not idle past retention: expired blocks are misses even before
+        the sweeper removes them (DESIGN §10 expires them before the lookup)."""
+        if loc.bucket >= expiry:
+            return True
+        pend = self._recency.pending_stamp(fkey)
+        return pend is not None and pend[0] >= expiry
+
+    def present_prefix(self, fkeys: Sequence[bytes]) -> list[Location]:
+        expiry = self.expiry()
+        out: list[Location] = []
+        with self._index.begin() as txn:
+            for fk in fkeys:
+                loc = self._index.get(txn, fk)
+                if loc is None or not self.live(fk, loc, expiry):
+                    break
+                out.append(loc)
+        return out
+
+    def present_set(self, fkeys: Sequence[bytes]) -> set[int]:
+        expiry = self.expiry()
+        out = set()
+        with self._index.begin() as txn:
+            for i, fk in enumerate(fkeys):
+                loc = self._index.get(txn, fk)
+                if loc is not None and self.live(fk, loc, expiry):
+                    out.add(i)
+        return out
+
+    def quarantine(self, fkey: bytes, loc: Location, reason: bytes) -> bool:
+        """Remove ``fkey`` and quarantine its slot if the index still points it at this
+        very block (same slot, same generation). ``False``: the block was evicted and
+        its slot reused while we read it — a race, not corruption."""
+        with self._index.begin(write=True) as txn:
+            cur = self._index.get(txn, fkey)
+            if cur is None or (cur.slab, cur.slot, cur.gen) != (loc.slab, loc.slot, loc.gen):
+                return False
+            self._index.remove(txn, fkey, cur, reason=reason)
+            return True
+
+    def delete_namespace(self, fingerprint: bytes) -> int:
+        total = 0
+        while True:
+            with self._index.begin(write=True) as txn:
+                batch = list(islice(self._index.iter_namespace(txn, fingerprint), _DELETE_BATCH))
+                for fk in batch:
+                    loc = self._index.get(txn, fk)
+                    if loc is not None:
+                        self._index.remove(txn, fk, loc)
+            total += len(batch)
+            if len(batch) < _DELETE_BATCH:
+                return total
+
+    def keys_of(self, fingerprint: bytes) -> list[bytes]:
+        with self._index.begin() as txn:
+            return [fk[16:] for fk in self._index.iter_namespace(txn, fingerprint)]

@@ -1,0 +1,55 @@
+"""``TierStats`` for an SSD directory: capacity in blocks per size class, counters, and
+what the I/O path really is (backend, O_DIRECT or buffered)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+from kvstore.tier import SizeClassStats, TierStats
+from storage_nodes.ssd.config import SSDConfig, slot_bytes_for
+from storage_nodes.ssd.index import Index
+from storage_nodes.ssd.slabs import SlabFiles
+
+
+def build_stats(
+    config: SSDConfig,
+    index: Index,
+    files: SlabFiles,
+    backend: str,
+    mode: str,
+    registered: Iterable[int],
+    counters: Mapping[str, int],
+) -> TierStats:
+    with index.begin() as txn:
+        table = index.slab_table(txn)
+        quarantined = int(txn.stat(index.quar)["entries"])
+        entries = index.count(txn)
+    free_chunks = config.chunks - len(table)
+    classes = []
+    used_bytes = 0
+    for bb in sorted(set(registered) | {i.block_bytes for i in table.values()}):
+        mine = [i for i in table.values() if i.block_bytes == bb]
+        per_slab = config.slab_bytes // slot_bytes_for(bb)
+        used = sum(i.used for i in mine)
+        used_bytes += used * slot_bytes_for(bb)  # what the blocks occupy on disk
+        classes.append(SizeClassStats(bb, (len(mine) + free_chunks) * per_slab, used))
+    out = dict(counters)
+    out.update(
+        degraded=int(mode != "ok"), quarantined_slots=quarantined, blocks=entries, slabs=len(table)
+    )
+    if files.direct:
+        durability = "O_DIRECT + fdatasync"
+    else:
+        durability = "buffered I/O + fdatasync"
+        if files.direct_refused:
+            durability += " (O_DIRECT refused by the file system)"
+    info = {
+        "dir": str(config.dir),
+        "io_backend": backend,
+        "direct_io": "on" if files.direct else "off",
+        "durability": durability,
+        "mode": mode,
+        "queue_depth": str(config.queue_depth),
+        "retention_s": str(config.retention_s),
+    }
+    return TierStats("ssd", config.capacity_bytes, used_bytes, tuple(classes), out, info)

@@ -1,0 +1,87 @@
+"""Group commit: reserve slots, write and sync the data, publish in one transaction.
+
+The order is the crash-safety argument: a block is named by the index only after its
+bytes are durable, and the slots it lands in were free in a committed transaction.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from storage_nodes.ssd.allocator import Slot, SlotAllocator
+from storage_nodes.ssd.blockio import BlockIO
+from storage_nodes.ssd.config import SSDConfig
+from storage_nodes.ssd.index import Index, Location
+from storage_nodes.ssd.lookup import IndexView
+from storage_nodes.ssd.recency import Recency, Stamp
+
+
+class GroupCommit:
+    def __init__(
+        self,
+        config: SSDConfig,
+        index: Index,
+        view: IndexView,
+        recency: Recency,
+        alloc: SlotAllocator,
+        blocks: BlockIO,
+    ) -> None:
+        self._config = config
+        self._index = index
+        self._view = view
+        self._recency = recency
+        self._alloc = alloc
+        self._blocks = blocks
+
+    def write(
+        self,
+        fingerprint: bytes,
+        block_bytes: int,
+        idx: list[int],
+        fkeys: list[bytes],
+        data: memoryview,
+        stamps: Sequence[Stamp],
+    ) -> tuple[int, int]:
+        """Store rows ``idx`` of ``data``; returns (inserted, raced: published meanwhile by
+        another put). Rows that find no room are left out (the head of the chain is kept).
+        Raises the store's I/O or LMDB error; nothing of the group is published then."""
+        slots = self._alloc.reserve(block_bytes, len(idx))
+        idx = idx[: len(slots)]
+        if not idx:
+            return 0, 0
+        bb = block_bytes
+        rows = [data[i * bb : (i + 1) * bb] for i in idx]
+        try:
+            keys = [fkeys[i][16:] for i in idx]
+            self._blocks.write_durable(fingerprint, bb, keys, rows, slots)
+            published, raced = self._publish(idx, fkeys, slots, stamps)
+        except BaseException:
+            self._alloc.release(slots, still_free=True)
+            raise
+        self._alloc.release([slots[j] for j in published], still_free=False)
+        unused = [slots[j] for j in range(len(idx)) if j not in published]
+        self._alloc.release(unused, still_free=True)
+        return len(published), raced
+
+    def _publish(
+        self, idx: list[int], fkeys: list[bytes], slots: list[Slot], stamps: Sequence[Stamp]
+    ) -> tuple[set[int], int]:
+        expiry = self._view.expiry()
+        published: set[int] = set()
+        raced = 0
+        with self._index.begin(write=True) as txn:
+            for j, i in enumerate(idx):
+                fk = fkeys[i]
+                cur = self._index.get(txn, fk)
+                if cur is not None:
+                    if self._view.live(fk, cur, expiry):
+                        raced += 1  # another put published it first; our slot stays free
+                        continue
+                    self._index.remove(txn, fk, cur)  # replace the expired copy
+                bucket, seq = stamps[i]
+                slab, slot = slots[j]
+                self._index.insert(txn, fk, Location(slab, slot, bucket, seq, seq))
+                published.add(j)
+            self._index.set_seq_high_water(txn, self._recency.high_water)
+            self._config.crash_hook("inside_index_commit")
+        return published, raced
