@@ -27,6 +27,21 @@ _LATENCY_BUCKETS_S = (
 _NAME_RE = re.compile(r"[^a-zA-Z0-9_]")
 
 
+# The headline counters of the issue, always exported per tier (0 when a tier does not
+# count that event), under one name whatever each tier calls them internally.
+_CANONICAL_TIER: dict[str, tuple[str, ...]] = {
+    "kvstore_evictions": ("evictions", "evictions_total"),
+    "kvstore_dropped_blocks": ("put_dropped", "dropped", "dropped_total"),
+    "kvstore_retention_violations": ("retention_violations_total", "retention_violations"),
+    "kvstore_corrupt_blocks": ("corrupt_blocks_total", "corrupt_blocks"),
+}
+_CANONICAL_STORE: dict[str, tuple[str, ...]] = {
+    "kvstore_backpressure_waits": ("backpressure_waits_total",),
+    "kvstore_commit_dropped_blocks": ("dropped_blocks_total",),
+    "kvstore_writeback_dropped_blocks": ("writeback_dropped_total",),
+}
+
+
 def _metric_name(counter: str) -> str:
     base = _NAME_RE.sub("_", counter).strip("_").lower()
     return f"kvstore_{base.removesuffix('_total')}"
@@ -59,7 +74,15 @@ class StoreCollector(Collector):
                 fam = counters[name] = CounterMetricFamily(name, f"store counter {name}", labels=labels)
             return fam
 
+        canon = {
+            name: CounterMetricFamily(name, f"{name} per tier", labels=["tier"]) for name in _CANONICAL_TIER
+        }
+        canon_store = {name: CounterMetricFamily(name, name, labels=[]) for name in _CANONICAL_STORE}
+        for name, aliases in _CANONICAL_STORE.items():
+            canon_store[name].add_metric([], sum(int(st.counters.get(a, 0)) for a in aliases))
         for t in st.tiers:
+            for name, aliases in _CANONICAL_TIER.items():
+                canon[name].add_metric([t.name], sum(int(t.counters.get(a, 0)) for a in aliases))
             cap.add_metric([t.name], t.capacity_bytes)
             used.add_metric([t.name], t.used_bytes)
             for c in t.size_classes:
@@ -69,7 +92,7 @@ class StoreCollector(Collector):
                 counter(_metric_name(k) + "_tier", ["tier"]).add_metric([t.name], v)
         for k, v in st.counters.items():
             counter(_metric_name(k) + "_store", []).add_metric([], v)
-        yield from (cap, used, cls_cap, cls_used, *counters.values())
+        yield from (cap, used, cls_cap, cls_used, *canon.values(), *canon_store.values(), *counters.values())
 
 
 class DaemonMetrics:

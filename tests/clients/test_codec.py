@@ -1,0 +1,83 @@
+"""Chunked block framing and namespace messages (DESIGN §4, §7)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from clients import codec
+from kvstore.block import HEADER_BYTES
+from kvstore.errors import BlockError, InvalidArgument
+from kvstore.keys import Namespace, chain_keys
+from tests.conftest import small_ns
+
+
+def roundtrip(ns: Namespace, n: int) -> tuple[int, bytes, bytes]:
+    keys = chain_keys(ns, list(range(n * ns.block_tokens)))
+    src = (np.arange(n * ns.block_bytes) % 251).astype(np.uint8).tobytes()
+    dst = bytearray(len(src))
+    asm = codec.BlockAssembler(ns, keys, memoryview(dst), {i: i for i in range(n)})
+    chunks = 0
+    for i in range(n):
+        for c in codec.iter_chunks(i, ns.fingerprint, keys[i], memoryview(src)[i * ns.block_bytes:][: ns.block_bytes]):
+            assert len(c.data) <= codec.CHUNK_BYTES
+            chunks += 1
+            asm.add(c)
+    assert asm.complete == list(range(n))
+    return chunks, src, bytes(dst)
+
+
+@pytest.mark.parametrize("head_dim, chunks_per_block", [(8, 1), (4096, 1), (8192, 2), (8193, 2), (16384, 3)])
+def test_blocks_cross_chunk_boundaries(head_dim: int, chunks_per_block: int) -> None:
+    # 16 tokens x 2 layers x K/V x 1 head x head_dim x 2 bytes = 128 x head_dim bytes.
+    ns = small_ns(kv_heads=1, head_dim=head_dim)
+    chunks, src, dst = roundtrip(ns, 2)
+    assert src == dst and chunks == 2 * chunks_per_block
+    assert (ns.block_bytes + HEADER_BYTES > codec.CHUNK_BYTES) == (chunks_per_block > 1)
+
+
+def test_corruption_and_misframing_are_detected() -> None:
+    ns = small_ns()
+    keys = chain_keys(ns, list(range(2 * ns.block_tokens)))
+    payload = memoryview(bytes(ns.block_bytes))
+    (c,) = codec.iter_chunks(0, ns.fingerprint, keys[0], payload)
+    asm = codec.BlockAssembler(ns, keys, memoryview(bytearray(2 * ns.block_bytes)), {0: 0, 1: 1})
+    bad = type(c)(block_index=0, offset=0, data=c.data[:-1] + b"\x01", last=True)
+    with pytest.raises(BlockError):
+        asm.add(bad)
+    for bad in (
+        type(c)(block_index=5, offset=0, data=c.data, last=True),  # not announced
+        type(c)(block_index=1, offset=10, data=c.data, last=True),  # gap
+        type(c)(block_index=1, offset=0, data=c.data + b"x", last=True),  # too long
+    ):
+        with pytest.raises(InvalidArgument):
+            asm.add(bad)
+    wrong_key = next(codec.iter_chunks(1, ns.fingerprint, keys[0], payload))
+    fresh = codec.BlockAssembler(ns, keys, memoryview(bytearray(2 * ns.block_bytes)), {0: 0, 1: 1})
+    with pytest.raises(BlockError):
+        fresh.add(wrong_key)
+
+
+@given(
+    model_id=st.text(min_size=1, max_size=12), layers=st.lists(st.integers(0, 200), min_size=1, max_size=5, unique=True),
+    heads=st.integers(1, 64), head_dim=st.integers(1, 512), block_tokens=st.integers(1, 1024),
+    tenant=st.text(max_size=8), dtype=st.sampled_from(["bfloat16", "float16", "float32", "float8_e4m3fn"]),
+)
+def test_namespace_round_trips(model_id: str, layers: list[int], heads: int, head_dim: int, block_tokens: int,
+                               tenant: str, dtype: str) -> None:
+    ns = Namespace(model_id, "rev", dtype, "mha", tuple(layers), heads, head_dim, block_tokens, tenant=tenant)
+    back = codec.ns_from_proto(codec.ns_to_proto(ns))
+    assert back == ns and back.fingerprint == ns.fingerprint
+
+
+def test_fingerprint_mismatch_and_bad_keys() -> None:
+    spec = codec.ns_to_proto(small_ns())
+    spec.fingerprint = b"\0" * 16
+    with pytest.raises(InvalidArgument):
+        codec.ns_from_proto(spec)
+    with pytest.raises(InvalidArgument):
+        codec.check_keys([b"\0" * 15])
+    with pytest.raises(InvalidArgument):
+        codec.durability_to_proto("tape")

@@ -1,0 +1,30 @@
+"""``kvstore stats`` against a real daemon."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from kvstore.daemon.process import REPO, DaemonProcess
+
+
+def stats(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "kvstore", "stats", *args], cwd=REPO, capture_output=True,
+                          text=True, timeout=60)
+
+
+def test_text_and_json(shared_daemon: DaemonProcess) -> None:
+    r = stats("--store", shared_daemon.url, "--json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["tiers"][0]["name"] == "dram" and doc["tiers"][0]["capacity_bytes"] == 32 << 20
+    r = stats("--store", shared_daemon.url)
+    assert r.returncode == 0 and r.stdout.startswith("dram: ") and "store:" in r.stdout
+
+
+def test_errors_are_one_line() -> None:
+    for args in (["--store", "http://x:1"], ["--store", "grpc://127.0.0.1:1", "--timeout", "0.5"],
+                 ["--auth-token-file", "/nonexistent"]):
+        r = stats(*args)
+        assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
