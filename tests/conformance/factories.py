@@ -109,3 +109,23 @@ def _manager_dram_ssd(tmp: Path, capacity_bytes: int) -> tuple[KVStore, Callable
 
 
 STORE_FACTORIES["manager-dram+ssd"] = _manager_dram_ssd
+
+
+# The storage-node cluster: 3 real `kvstore node` processes on loopback, R=2, started
+# in parallel. Fresh nodes per test: an SSD engine keeps emptied slabs assigned to their
+# size class, so nodes shared between tests would not start from the capacity a test
+# expects.
+def _cluster_tier(tmp: Path, capacity_bytes: int) -> tuple[Tier, Callable[[], None]]:
+    from storage_nodes.cluster.local import LocalCluster
+
+    cluster = LocalCluster(tmp / "cluster", 3, capacity_bytes)
+    tier = cluster.tier(replicas=2, write_quorum=2)
+
+    def cleanup() -> None:
+        tier.close()
+        cluster.stop()
+
+    return tier, cleanup
+
+
+TIER_FACTORIES["cluster-3x-r2"] = _cluster_tier

@@ -1,0 +1,175 @@
+"""One storage node as the cluster client sees it: a channel, deadlines, and the
+block encoding on the wire (DESIGN §4, §7).
+
+Transport failures (UNAVAILABLE, DEADLINE_EXCEEDED, a refused token...) raise
+``NodeUnavailable``, which the cluster turns into a fail-over; misuse the node
+reports is re-raised as the kvstore error it names. Blocks received from a node are
+reassembled and verified (fingerprint, key, length, checksum) before they count: a
+bad block ends the node's prefix there, so it is a miss, never data.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from clients import codec
+from clients.config import ClientConfig
+from clients.errors import UNAVAILABLE_CODES, error_for
+from clients.proto import kvstore_pb2 as pb
+from clients.proto import kvstore_pb2_grpc as pb_grpc
+from clients.sync_client import make_channel
+from kvstore.errors import BlockError, InvalidArgument, StoreUnavailable
+from kvstore.keys import Key, Namespace
+from kvstore.tier import SizeClassStats, TierStats
+from storage_nodes.cluster.config import ClusterConfig
+from storage_nodes.cluster.errors import NodeUnavailable
+
+SERVICE_NAME = "kvstore.v1.StorageNode"
+
+
+@dataclass(frozen=True, slots=True)
+class FetchResult:
+    copied: int  # verified blocks at the head of the request, written to their rows
+    corrupt: int  # 1 if the block after them failed verification
+
+
+class NodeClient:
+    def __init__(self, address: str, config: ClusterConfig) -> None:
+        self.address = address
+        cc = ClientConfig(
+            target=address,
+            tls=config.tls,
+            tls_ca_file=config.tls_ca_file,
+            auth_token=config.auth_token,
+        )
+        self._md = cc.metadata()
+        self._timeout_s = config.rpc_timeout_s
+        self._probe_timeout_s = config.probe_timeout_s
+        self._channel = make_channel(cc)
+        self._stub = pb_grpc.StorageNodeStub(self._channel)
+        self._health = health_pb2_grpc.HealthStub(self._channel)
+
+    def _fail(self, e: grpc.RpcError) -> Exception:
+        code = e.code() if hasattr(e, "code") else grpc.StatusCode.UNKNOWN
+        if code in UNAVAILABLE_CODES or code in (
+            grpc.StatusCode.UNAUTHENTICATED,
+            grpc.StatusCode.UNKNOWN,
+            grpc.StatusCode.INTERNAL,
+        ):
+            return NodeUnavailable(f"node {self.address}: {code.name.lower()}: {e.details()}")
+        err = error_for(code, e.details())
+        if isinstance(err, StoreUnavailable):
+            return NodeUnavailable(f"node {self.address}: {err}")
+        return err
+
+    @staticmethod
+    def _req(ns: Namespace, keys: Sequence[Key]) -> pb.NodeKeysRequest:
+        return pb.NodeKeysRequest(ns=codec.ns_to_proto(ns), keys=list(keys))
+
+    def put(self, ns: Namespace, keys: Sequence[Key], rows: Sequence[memoryview]) -> bytes:
+        """Store ``rows[i]`` under ``keys[i]``; returns one outcome byte per key
+        (0 not stored, 1 inserted, 2 already present)."""
+        fp = ns.fingerprint
+
+        def messages() -> Iterator[pb.NodePutRequest]:
+            yield pb.NodePutRequest(
+                open=pb.NodePutOpen(ns=codec.ns_to_proto(ns), keys=list(keys), present_ok=True)
+            )
+            for i, (k, row) in enumerate(zip(keys, rows, strict=True)):
+                for chunk in codec.iter_chunks(i, fp, k, row):
+                    yield pb.NodePutRequest(chunk=chunk)
+
+        try:
+            resp = self._stub.Put(messages(), timeout=self._timeout_s, metadata=self._md)
+        except grpc.RpcError as e:
+            raise self._fail(e) from None
+        out = bytes(resp.outcomes)
+        return out if len(out) == len(keys) else bytes(len(keys))  # an old node: trust nothing
+
+    def get(
+        self, ns: Namespace, keys: Sequence[Key], rows: memoryview, slots: dict[int, int]
+    ) -> FetchResult:
+        """Fetch the node's longest present prefix of ``keys``; block ``j`` lands in row
+        ``slots[j]`` of ``rows``. Stops at the first block failing verification."""
+        asm = codec.BlockAssembler(ns, keys, rows, slots)
+        corrupt = 0
+        try:
+            for msg in self._stub.Get(
+                self._req(ns, keys), timeout=self._timeout_s, metadata=self._md
+            ):
+                if msg.WhichOneof("part") != "chunk":
+                    break
+                try:
+                    asm.add(msg.chunk)
+                except (BlockError, InvalidArgument):  # a bad block or a malformed stream
+                    corrupt = 1
+                    break
+        except grpc.RpcError as e:
+            raise self._fail(e) from None
+        # Only an unbroken run from the head counts: it is the node's prefix.
+        done = set(asm.complete)
+        n = 0
+        while n in done:
+            n += 1
+        return FetchResult(n, corrupt)
+
+    def contains(self, ns: Namespace, keys: Sequence[Key]) -> int:
+        try:
+            resp = self._stub.Contains(
+                self._req(ns, keys), timeout=self._timeout_s, metadata=self._md
+            )
+        except grpc.RpcError as e:
+            raise self._fail(e) from None
+        return min(int(resp.hit_blocks), len(keys))
+
+    def touch(self, ns: Namespace, keys: Sequence[Key]) -> None:
+        try:
+            self._stub.Touch(self._req(ns, keys), timeout=self._timeout_s, metadata=self._md)
+        except grpc.RpcError as e:
+            raise self._fail(e) from None
+
+    def delete(self, ns: Namespace) -> int:
+        try:
+            resp = self._stub.Delete(
+                pb.NodeDeleteRequest(ns=codec.ns_to_proto(ns)),
+                timeout=self._timeout_s,
+                metadata=self._md,
+            )
+        except grpc.RpcError as e:
+            raise self._fail(e) from None
+        return int(resp.deleted_blocks)
+
+    def stats(self) -> TierStats:
+        try:
+            t = self._stub.Stats(pb.StatsRequest(), timeout=self._timeout_s, metadata=self._md)
+        except grpc.RpcError as e:
+            raise self._fail(e) from None
+        return TierStats(
+            name=t.name,
+            capacity_bytes=t.capacity_bytes,
+            used_bytes=t.used_bytes,
+            size_classes=tuple(
+                SizeClassStats(c.block_bytes, c.capacity_blocks, c.used_blocks)
+                for c in t.size_classes
+            ),
+            counters=dict(t.counters),
+            info=dict(t.info),
+        )
+
+    def probe(self) -> bool:
+        try:
+            resp = self._health.Check(
+                health_pb2.HealthCheckRequest(service=SERVICE_NAME),
+                timeout=self._probe_timeout_s,
+                metadata=self._md,
+            )
+        except grpc.RpcError:
+            return False
+        return bool(resp.status == health_pb2.HealthCheckResponse.SERVING)
+
+    def close(self) -> None:
+        self._channel.close()

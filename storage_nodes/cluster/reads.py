@@ -1,0 +1,74 @@
+"""Finding a chain's longest present prefix across replicas (``contains``/``get_into``).
+
+Each key has its candidates: its top-R healthy nodes in rendezvous order. A round sends
+every unresolved key to its current candidate, one ``Contains`` per node with that
+node's keys in chain order; a node answers with the prefix of them it holds, which
+settles those keys as present and the next one as absent *there*. An absent or
+failed key moves to its next candidate. The first unresolved key is always the head
+of its node's list, so every round settles it one way or the other: the loop ends in
+at most ``len(keys) × R`` rounds and, when every replica is healthy, in one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from kvstore.keys import Key, Namespace
+from storage_nodes.cluster.errors import NodeUnavailable
+from storage_nodes.cluster.fanout import Fanout
+
+Contains = Callable[[int, Namespace, list[Key]], int]
+
+
+class ChainRead:
+    """Presence state of one chain read; ``pos`` is the prefix settled so far."""
+
+    def __init__(self, keys: Sequence[Key], cands: list[list[int]]) -> None:
+        n = len(keys)
+        self.keys = keys
+        self.cands = cands
+        self.ci = [0] * n  # index into cands[i] of the candidate asked next / holding it
+        self.present = [False] * n
+        self.missed: list[list[int]] = [[] for _ in range(n)]  # nodes that answered "absent"
+        self.pos = 0
+
+    def holder(self, i: int) -> int:
+        return self.cands[i][self.ci[i]]
+
+    def resolve(self, ns: Namespace, fanout: Fanout, contains: Contains) -> int:
+        n = len(self.keys)
+        while self.pos < n and self.ci[self.pos] < len(self.cands[self.pos]):
+            groups: dict[int, list[int]] = {}
+            for i in range(self.pos, n):
+                if self.present[i]:
+                    continue
+                if self.ci[i] >= len(self.cands[i]):
+                    break  # no replica left for i: the prefix cannot pass it
+                groups.setdefault(self.holder(i), []).append(i)
+            calls = {
+                node: (lambda node=node, idx=idx: contains(node, ns, [self.keys[i] for i in idx]))
+                for node, idx in groups.items()
+            }
+            for node, res in fanout.run(calls).items():
+                idx = groups[node]
+                if isinstance(res, NodeUnavailable):
+                    for i in idx:
+                        self.ci[i] += 1
+                    continue
+                for i in idx[:res]:
+                    self.present[i] = True
+                if res < len(idx):
+                    i = idx[res]
+                    self.missed[i].append(node)
+                    self.ci[i] += 1
+            while self.pos < n and self.present[self.pos]:
+                self.pos += 1
+        return self.pos
+
+    def lost(self, i: int) -> None:
+        """Block ``i`` could not be fetched from its holder (gone meanwhile, corrupt, or
+        the node failed): forget everything from ``i`` on and try its next candidate."""
+        for j in range(i, len(self.keys)):
+            self.present[j] = False
+        self.ci[i] += 1
+        self.pos = min(self.pos, i)

@@ -1,0 +1,389 @@
+"""``ClusterTier``: the SSD tier as a cluster of storage nodes (DESIGN §5–§7).
+
+Placement is rendezvous hashing over the *configured* membership; the top ``R``
+healthy nodes in a key's ranking hold it. Writes go to those replicas and need ``W``
+acknowledgements: a replica that is down or drops the block (full disk) is replaced
+by the next healthy node in the ranking, and a write that still gets fewer than ``W``
+(but at least one) is kept and counted (``degraded_writes``). Reads ask the first
+candidate and fall through; a block that had to be found on a later replica is
+written back to the earlier ones that lacked it (read repair). Every read verifies
+fingerprint, key and checksum (``NodeClient``): a bad block is a miss. Touches —
+explicit, and the ones a read owes the replicas it did not read from — reach every
+replica in batches, so retention never silently turns R=2 into R=1.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from functools import partial
+from typing import Any
+
+from kvstore.buffers import rows_view
+from kvstore.errors import IntegrityError, InvalidArgument, StoreUnavailable, UnknownNamespace
+from kvstore.keys import KEY_BYTES, Key, Namespace
+from kvstore.tier import PutResult, SizeClassStats, Tier, TierStats
+from storage_nodes.cluster.config import ClusterConfig
+from storage_nodes.cluster.errors import NodeUnavailable
+from storage_nodes.cluster.fanout import Fanout
+from storage_nodes.cluster.health import HealthTracker, Prober
+from storage_nodes.cluster.node_client import NodeClient
+from storage_nodes.cluster.placement import Rendezvous, balanced_capacity_blocks
+from storage_nodes.cluster.reads import ChainRead
+from storage_nodes.cluster.touches import TouchBatcher
+from storage_nodes.cluster.writes import replicate
+
+_COUNTERS = (
+    "puts",
+    "gets",
+    "hits",
+    "misses",
+    "inserted",
+    "present",
+    "dropped",
+    "degraded_writes",
+    "extra_replica_writes",
+    "read_repairs",
+    "read_fallthroughs",
+    "corrupt_blocks",
+    "deletes_missed_nodes",
+)
+
+
+class ClusterTier(Tier):
+    def __init__(self, config: ClusterConfig) -> None:
+        self.config = config
+        self.name = config.name
+        self.placement = Rendezvous(config.nodes)
+        self.health = HealthTracker(
+            config.nodes, config.eject_after_failures, config.readmit_after_successes
+        )
+        self._nodes = [NodeClient(a, config) for a in config.nodes]
+        self._fanout = Fanout(self.health, workers=max(8, 4 * len(self._nodes)))
+        self._touches = TouchBatcher(
+            len(self._nodes), self._send_touch, config.touch_flush_s, config.touch_batch_max_keys
+        )
+        self._namespaces: dict[bytes, Namespace] = {}
+        self._counts: Counter[str] = Counter({k: 0 for k in _COUNTERS})
+        self._counts_lock = threading.Lock()
+        self._gate = threading.Condition()
+        self._inflight = 0
+        self._closed = False
+        self._prober = Prober(
+            self.health, lambda i: self._nodes[i].probe(), config.probe_interval_s
+        )
+
+    # -- plumbing ---------------------------------------------------------------------
+    @contextmanager
+    def _op(self) -> Iterator[None]:
+        with self._gate:
+            if self._closed:
+                raise StoreUnavailable("cluster tier is closed")
+            self._inflight += 1
+        try:
+            yield
+        finally:
+            with self._gate:
+                self._inflight -= 1
+                if not self._inflight:
+                    self._gate.notify_all()
+
+    def _add(self, **counts: int) -> None:
+        with self._counts_lock:
+            self._counts.update(counts)
+
+    def _block_bytes(self, ns: Namespace) -> int:
+        if self._namespaces.get(ns.fingerprint) != ns:
+            raise UnknownNamespace(
+                f"namespace {ns.model_id!r} is not registered with the cluster tier"
+            )
+        return ns.block_bytes
+
+    @staticmethod
+    def _check_keys(keys: Sequence[Key]) -> list[Key]:
+        out = [bytes(k) if isinstance(k, (bytes, bytearray, memoryview)) else k for k in keys]
+        for k in out:
+            if not isinstance(k, bytes) or len(k) != KEY_BYTES:
+                raise InvalidArgument(f"keys must be {KEY_BYTES}-byte strings")
+        return out
+
+    def _candidates(
+        self, key: Key, healthy: tuple[bool, ...], limit: int | None = None
+    ) -> list[int]:
+        r = self.config.replicas if limit is None else limit
+        return [i for i in self.placement.ranking(key) if healthy[i]][:r]
+
+    def _send_touch(self, node: int, ns: Namespace, keys: list[Key]) -> bool:
+        if not self.health.healthy(node):
+            return False
+        res = self._fanout.one(node, lambda: self._nodes[node].touch(ns, keys))
+        return not isinstance(res, NodeUnavailable)
+
+    def _contains_on(self, node: int, ns: Namespace, keys: list[Key]) -> int:
+        return self._nodes[node].contains(ns, keys)
+
+    def namespaces(self) -> tuple[Namespace, ...]:
+        """The namespaces registered through this client."""
+        return tuple(self._namespaces.values())
+
+    # -- Tier API ---------------------------------------------------------------------
+    def register(self, ns: Namespace) -> None:
+        with self._op():
+            self._namespaces[ns.fingerprint] = ns
+            # A node registers a namespace on first use; an empty Contains is that use,
+            # so its size class shows in stats now. A node down now registers it later.
+            healthy = self.health.snapshot()
+            self._fanout.run(
+                {
+                    i: partial(self._nodes[i].contains, ns, [])
+                    for i in range(len(self._nodes))
+                    if healthy[i]
+                }
+            )
+
+    def contains(self, ns: Namespace, keys: Sequence[Key]) -> int:
+        with self._op():
+            self._block_bytes(ns)
+            keys = self._check_keys(keys)
+            healthy = self.health.snapshot()
+            read = ChainRead(keys, [self._candidates(k, healthy) for k in keys])
+            return read.resolve(ns, self._fanout, self._contains_on)
+
+    def get_into(self, ns: Namespace, keys: Sequence[Key], dst: Any) -> int:
+        with self._op():
+            bb = self._block_bytes(ns)
+            out = rows_view(dst, len(keys), bb, writable=True)
+            keys = self._check_keys(keys)
+            healthy = self.health.snapshot()
+            read = ChainRead(keys, [self._candidates(k, healthy) for k in keys])
+            self._touches.flush_all()  # recency must not be reordered against this read
+            start = 0
+            while True:
+                h = read.resolve(ns, self._fanout, self._contains_on)
+                groups: dict[int, list[int]] = {}
+                for i in range(start, h):
+                    groups.setdefault(read.holder(i), []).append(i)
+                calls = {
+                    node: (
+                        lambda node=node, idx=idx: self._nodes[node].get(
+                            ns, [keys[i] for i in idx], out, {j: i for j, i in enumerate(idx)}
+                        )
+                    )
+                    for node, idx in groups.items()
+                }
+                bad = h
+                for node, res in self._fanout.run(calls).items():
+                    idx = groups[node]
+                    if isinstance(res, NodeUnavailable):
+                        bad = min(bad, idx[0])
+                        continue
+                    if res.corrupt:
+                        self._add(corrupt_blocks=1)
+                    if res.copied < len(idx):
+                        bad = min(bad, idx[res.copied])
+                if bad == h:
+                    break
+                read.lost(bad)
+                start = bad
+            self._after_read(ns, keys, out, read, h)
+            self._add(gets=1, hits=h, misses=len(keys) - h)
+            return h
+
+    def _after_read(
+        self, ns: Namespace, keys: list[Key], out: memoryview, read: ChainRead, h: int
+    ) -> None:
+        """Touch the replicas the read did not go to; repair the ones that lacked a block."""
+        bb = ns.block_bytes
+        touch: dict[int, list[Key]] = {}
+        repair: dict[int, list[int]] = {}
+        fell = 0
+        for i in range(h):
+            holder = read.holder(i)
+            fell += read.ci[i] > 0
+            for node in read.cands[i]:
+                if node != holder and node not in read.missed[i]:
+                    touch.setdefault(node, []).append(keys[i])
+            if self.config.read_repair:
+                for node in read.missed[i]:
+                    repair.setdefault(node, []).append(i)
+        for node, tkeys in touch.items():
+            self._touches.add(node, ns, tkeys)
+        for node, idx in repair.items():
+            rkeys = [keys[i] for i in idx]
+            rows = [
+                memoryview(bytes(out[i * bb : (i + 1) * bb])) for i in idx
+            ]  # dst is the caller's
+
+            def put(
+                node: int = node, rkeys: list[Key] = rkeys, rows: list[memoryview] = rows
+            ) -> None:
+                got = self._nodes[node].put(ns, rkeys, rows)
+                self._add(read_repairs=sum(o == 1 for o in got))
+
+            self._fanout.submit(node, put)
+        if fell:
+            self._add(read_fallthroughs=fell)
+
+    def put(
+        self, ns: Namespace, keys: Sequence[Key], src: Any, *, present_ok: bool = True
+    ) -> PutResult:
+        with self._op():
+            bb = self._block_bytes(ns)
+            data = rows_view(src, len(keys), bb)
+            keys = self._check_keys(keys)
+            if len(set(keys)) != len(keys):
+                raise InvalidArgument("put: duplicate keys in one call")
+            healthy = self.health.snapshot()
+            if not present_ok and keys:
+                for k in keys:
+                    read = ChainRead([k], [self._candidates(k, healthy)])
+                    if read.resolve(ns, self._fanout, self._contains_on):
+                        raise InvalidArgument("put: key already present and present_ok=False")
+            self._touches.flush_all()
+            rows = [data[i * bb : (i + 1) * bb] for i in range(len(keys))]
+            ranked = [self._candidates(k, healthy, limit=len(self._nodes)) for k in keys]
+            res, counts = replicate(
+                ns,
+                keys,
+                rows,
+                ranked,
+                self.config.replicas,
+                self.config.write_quorum,
+                self._fanout,
+                self._nodes,
+            )
+            self._add(
+                puts=1, inserted=res.inserted, present=res.present, dropped=res.dropped, **counts
+            )
+            return res
+
+    def touch(self, ns: Namespace, keys: Sequence[Key]) -> None:
+        with self._op():
+            self._block_bytes(ns)
+            keys = self._check_keys(keys)
+            healthy = self.health.snapshot()
+            per_node: dict[int, list[Key]] = {}
+            for k in keys:
+                for node in self._candidates(k, healthy):
+                    per_node.setdefault(node, []).append(k)
+            for node, nkeys in per_node.items():
+                self._touches.add(node, ns, nkeys)
+
+    def delete_namespace(self, ns: Namespace) -> int:
+        with self._op():
+            self._block_bytes(ns)
+            healthy = self.health.snapshot()
+            calls: dict[int, Callable[[], int]] = {
+                i: partial(self._nodes[i].delete, ns)
+                for i in range(len(self._nodes))
+                if healthy[i]
+            }
+            results = self._fanout.run(calls)
+            total = sum(r for r in results.values() if not isinstance(r, NodeUnavailable))
+            missed = len(self._nodes) - sum(
+                not isinstance(r, NodeUnavailable) for r in results.values()
+            )
+            self._add(deletes_missed_nodes=missed)
+            # Each block lives on R nodes: report blocks, not copies.
+            return math.ceil(total / self.config.replicas)
+
+    def stats(self) -> TierStats:
+        with self._op():
+            return self._aggregate_stats()
+
+    def _node_stats(self) -> dict[int, TierStats | NodeUnavailable]:
+        healthy = self.health.snapshot()
+        return self._fanout.run(
+            {i: self._nodes[i].stats for i in range(len(self._nodes)) if healthy[i]}
+        )
+
+    def _aggregate_stats(self) -> TierStats:
+        r = self.config.replicas
+        per_node = self._node_stats()
+        cap_bytes = used_bytes = 0
+        classes: dict[int, list[list[int]]] = {}  # block_bytes -> [capacities], [used]
+        counters: Counter[str] = Counter()
+        down = []
+        for i, st in sorted(per_node.items()):
+            if isinstance(st, NodeUnavailable):
+                down.append(self.config.nodes[i])
+                continue
+            cap_bytes += st.capacity_bytes
+            used_bytes += st.used_bytes
+            for c in st.size_classes:
+                acc = classes.setdefault(c.block_bytes, [[], []])
+                acc[0].append(c.capacity_blocks)
+                acc[1].append(c.used_blocks)
+            counters.update({f"node_{k}": v for k, v in st.counters.items()})
+        for ns in self._namespaces.values():
+            classes.setdefault(ns.block_bytes, [[], []])
+        with self._counts_lock:
+            mine = dict(self._counts)
+        counters.update({f"cluster_{k}": v for k, v in mine.items()})
+        counters.update({f"cluster_{k}": v for k, v in self.health.counters.items()})
+        counters.update({f"cluster_{k}": v for k, v in self._touches.counters.items()})
+        # The names every tier reports, so dashboards and the daemon read one set.
+        for name in ("retention_violations_total", "corrupt_blocks_total", "evictions"):
+            counters[name] = counters.get(f"node_{name}", 0)
+        counters["corrupt_blocks_total"] += mine["corrupt_blocks"]
+        healthy = self.health.snapshot()
+        info = {
+            "nodes": ",".join(self.config.nodes),
+            "healthy_nodes": str(sum(healthy)),
+            "ejected": ",".join(
+                n for n, ok in zip(self.config.nodes, healthy, strict=True) if not ok
+            ),
+            "unreachable": ",".join(down),
+            "replicas": str(r),
+            "write_quorum": str(self.config.write_quorum),
+        }
+        size_classes = tuple(
+            SizeClassStats(bb, balanced_capacity_blocks(caps, r), -(-sum(used) // r))
+            for bb, (caps, used) in sorted(classes.items())
+        )
+        info["raw_capacity_blocks"] = ",".join(
+            f"{bb}:{sum(caps) // r}" for bb, (caps, _) in sorted(classes.items())
+        )
+        return TierStats(
+            self.name, cap_bytes // r, -(-used_bytes // r), size_classes, dict(counters), info
+        )
+
+    def check_integrity(self) -> None:
+        with self._op():
+            self.placement.check_integrity()
+            self.health.check_integrity()
+            self._touches.check_integrity()
+            with self._counts_lock:
+                negative = [k for k, v in self._counts.items() if v < 0]
+            if negative:
+                raise IntegrityError(f"negative cluster counters: {negative}")
+            for fp, ns in self._namespaces.items():
+                if ns.fingerprint != fp:
+                    raise IntegrityError(
+                        f"namespace {ns.model_id!r} registered under another fingerprint"
+                    )
+            for i, st in self._node_stats().items():
+                if isinstance(st, NodeUnavailable):
+                    continue
+                for c in st.size_classes:
+                    if c.used_blocks > c.capacity_blocks:
+                        raise IntegrityError(
+                            f"node {self.config.nodes[i]}: class {c.block_bytes} holds "
+                            f"{c.used_blocks} blocks over its capacity {c.capacity_blocks}"
+                        )
+
+    def close(self) -> None:
+        with self._gate:
+            if self._closed:
+                return
+            self._closed = True
+            while self._inflight:
+                self._gate.wait()
+        self._prober.stop()
+        self._touches.close()
+        self._fanout.close()
+        for n in self._nodes:
+            n.close()

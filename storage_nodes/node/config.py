@@ -1,0 +1,84 @@
+"""Configuration of one storage node (``kvstore node``, DESIGN §9)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kvstore.daemon.config import ServerLimits
+from kvstore.errors import InvalidArgument
+from storage_nodes.ssd import SSDConfig
+from storage_nodes.ssd.config import ALIGN_BYTES
+
+#: The SSD engine's default slab; small nodes (tests, laptops) get smaller slabs so
+#: that capacity still buys several of them and size classes can share it.
+MAX_SLAB_BYTES = 256 << 20
+MIN_SLABS = 8
+
+
+@dataclass(frozen=True, slots=True)
+class NodeConfig:
+    dir: Path
+    capacity_bytes: int
+    listen: str = "127.0.0.1:7431"
+    retention_s: float = 72 * 3600.0
+    slab_bytes: int | None = None  # None: min(256 MiB, capacity / 8), 4 KiB aligned
+    io_backend: str = "auto"
+    metrics_listen: str | None = None
+    auth_token_file: str | None = None
+    tls_cert_file: str | None = None
+    tls_key_file: str | None = None
+    workers: int = 16
+    shutdown_grace_s: float = 5.0
+    limits: ServerLimits = field(default_factory=ServerLimits)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "dir", Path(self.dir))
+        _check_hostport("--listen", self.listen)
+        if self.metrics_listen is not None:
+            _check_hostport("--metrics-listen", self.metrics_listen)
+        if self.capacity_bytes <= 0:
+            raise InvalidArgument("--capacity must be positive")
+        if not (self.retention_s > 0 or self.retention_s == math.inf):
+            raise InvalidArgument("--retention must be positive")
+        if (self.tls_cert_file is None) != (self.tls_key_file is None):
+            raise InvalidArgument("--tls-cert and --tls-key go together")
+        if self.workers < 1:
+            raise InvalidArgument("--workers must be >= 1")
+        if self.resolved_slab_bytes() > self.capacity_bytes:
+            raise InvalidArgument(
+                f"--capacity {self.capacity_bytes} is smaller than one slab "
+                f"({self.resolved_slab_bytes()} bytes)"
+            )
+
+    def resolved_slab_bytes(self) -> int:
+        if self.slab_bytes is not None:
+            return self.slab_bytes
+        per = min(MAX_SLAB_BYTES, self.capacity_bytes // MIN_SLABS)
+        return max(ALIGN_BYTES, per // ALIGN_BYTES * ALIGN_BYTES)
+
+    def ssd_config(self) -> SSDConfig:
+        # An infinite retention is "never expire": the engine wants a finite number.
+        retention = self.retention_s if self.retention_s != math.inf else 100 * 365 * 86400.0
+        return SSDConfig(
+            dir=self.dir,
+            capacity_bytes=self.capacity_bytes,
+            retention_s=retention,
+            slab_bytes=self.resolved_slab_bytes(),
+            io_backend=self.io_backend,
+        )
+
+    @property
+    def host(self) -> str:
+        return self.listen.rpartition(":")[0].strip("[]")
+
+    @property
+    def loopback(self) -> bool:
+        return self.host in ("127.0.0.1", "localhost", "::1") or self.host.startswith("127.")
+
+
+def _check_hostport(flag: str, value: str) -> None:
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or int(port) > 65535:
+        raise InvalidArgument(f"{flag} must be HOST:PORT, got {value!r}")

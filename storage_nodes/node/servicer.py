@@ -1,0 +1,221 @@
+"""The ``StorageNode`` gRPC service over one ``Tier`` (the SSD engine; DESIGN §7).
+
+A node trusts nothing it receives: every block of a ``Put`` is reassembled and its
+header (fingerprint, key, length) and checksum verified before it is stored, a
+malformed stream stores nothing, and a stream cut short stores the complete blocks
+before the break and nothing else. Namespaces are registered on first use, so a node
+needs no configuration beyond its directory.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
+
+import grpc
+
+from clients import codec
+from clients.errors import status_for
+from clients.proto import kvstore_pb2 as pb
+from clients.proto import kvstore_pb2_grpc as pb_grpc
+from kvstore.daemon.auth import Authenticator, AuthError
+from kvstore.daemon.config import ServerLimits
+from kvstore.daemon.metrics import DaemonMetrics
+from kvstore.errors import BlockError, InvalidArgument
+from kvstore.keys import Key, Namespace
+from kvstore.tier import Tier, TierStats
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+NOT_STORED, INSERTED, PRESENT = 0, 1, 2
+
+
+def tier_stats_to_proto(t: TierStats) -> pb.TierStats:
+    return pb.TierStats(
+        name=t.name,
+        capacity_bytes=t.capacity_bytes,
+        used_bytes=t.used_bytes,
+        size_classes=[
+            pb.SizeClassStats(
+                block_bytes=c.block_bytes,
+                capacity_blocks=c.capacity_blocks,
+                used_blocks=c.used_blocks,
+            )
+            for c in t.size_classes
+        ],
+        counters={k: int(v) for k, v in t.counters.items()},
+        info={k: str(v) for k, v in t.info.items()},
+    )
+
+
+class StorageNodeServicer(pb_grpc.StorageNodeServicer):
+    def __init__(
+        self,
+        tier: Tier,
+        auth: Authenticator,
+        metrics: DaemonMetrics,
+        limits: ServerLimits | None = None,
+    ) -> None:
+        self.tier = tier
+        self.auth = auth
+        self.metrics = metrics
+        self.limits = limits or ServerLimits()
+        self._registered: set[bytes] = set()
+        self._reg_lock = threading.Lock()
+
+    # -- plumbing ---------------------------------------------------------------------
+    def _tenant(self, ctx: grpc.ServicerContext, method: str) -> str | None:
+        try:
+            return self.auth.tenant_of(ctx.invocation_metadata())
+        except AuthError as e:
+            self.metrics.rpc_errors.labels(method, "UNAUTHENTICATED").inc()
+            ctx.abort(grpc.StatusCode.UNAUTHENTICATED, str(e))
+            raise  # unreachable: abort raises
+
+    def _fail(self, ctx: grpc.ServicerContext, method: str, exc: Exception) -> None:
+        code, details = status_for(exc)
+        if code == grpc.StatusCode.INTERNAL:
+            log.exception("%s failed", method)
+        self.metrics.rpc_errors.labels(method, code.name).inc()
+        ctx.abort(code, details)
+
+    def _unary(self, ctx: grpc.ServicerContext, method: str, fn: Callable[[str | None], T]) -> T:
+        with self.metrics.timed(method):
+            tenant = self._tenant(ctx, method)
+            try:
+                return fn(tenant)
+            except Exception as e:
+                self._fail(ctx, method, e)
+                raise  # unreachable
+
+    def _ns(self, tenant: str | None, spec: pb.NamespaceSpec) -> Namespace:
+        ns = codec.ns_from_proto(spec)
+        self.auth.check_namespace(tenant, ns)
+        if ns.fingerprint not in self._registered:
+            with self._reg_lock:
+                self.tier.register(ns)
+                self._registered.add(ns.fingerprint)
+        return ns
+
+    def _keys(self, ns: Namespace, keys: Any) -> list[Key]:
+        lim = self.limits
+        if len(keys) > lim.max_keys_per_request:
+            raise InvalidArgument(
+                f"{len(keys)} keys exceed the limit of {lim.max_keys_per_request}"
+            )
+        if len(keys) * ns.block_bytes > lim.max_request_bytes:
+            raise InvalidArgument(
+                f"{len(keys)} blocks exceed the request limit of {lim.max_request_bytes} bytes"
+            )
+        return codec.check_keys(keys)
+
+    # -- RPCs -------------------------------------------------------------------------
+    def Put(self, it: Iterator[pb.NodePutRequest], ctx: grpc.ServicerContext) -> Any:
+        with self.metrics.timed("Put"):
+            tenant = self._tenant(ctx, "Put")
+            try:
+                return self._put(tenant, it)
+            except Exception as e:
+                if isinstance(e, BlockError):
+                    self.metrics.rejected_blocks.labels(type(e).__name__).inc()
+                self._fail(ctx, "Put", e)
+                raise  # unreachable
+
+    def _put(self, tenant: str | None, it: Iterator[pb.NodePutRequest]) -> pb.NodePutResponse:
+        first = next(it, None)
+        if first is None or first.WhichOneof("part") != "open":
+            raise InvalidArgument("a Put stream must start with its NodePutOpen message")
+        op = first.open
+        ns = self._ns(tenant, op.ns)
+        keys = self._keys(ns, op.keys)
+        if len(set(keys)) != len(keys):
+            raise InvalidArgument("put: duplicate keys in one request")
+        bb = ns.block_bytes
+        rows = memoryview(bytearray(len(keys) * bb))
+        asm = codec.BlockAssembler(ns, keys, rows, {i: i for i in range(len(keys))})
+        try:
+            for msg in it:
+                if msg.WhichOneof("part") != "chunk":
+                    raise InvalidArgument("after NodePutOpen a stream carries only chunks")
+                asm.add(msg.chunk)
+        except grpc.RpcError:
+            log.info(
+                "put stream ended early: %d of %d blocks complete", len(asm.complete), len(keys)
+            )
+        done = sorted(asm.complete)  # chain order: the tier applies it last→first
+        outcomes = bytearray(len(keys))
+        if done:
+            dkeys = [keys[i] for i in done]
+            data = b"".join(rows[i * bb : (i + 1) * bb] for i in done)
+            before = [self.tier.contains(ns, [k]) == 1 for k in dkeys]
+            res = self.tier.put(ns, dkeys, data, present_ok=op.present_ok)
+            # Without drops every new block is stored (or raced in by another put, which
+            # is as good an acknowledgement); with drops ask which ones made it.
+            after = (
+                before if res.dropped == 0 else [self.tier.contains(ns, [k]) == 1 for k in dkeys]
+            )
+            for i, was, now in zip(done, before, after, strict=True):
+                outcomes[i] = (
+                    PRESENT if was else INSERTED if (now or res.dropped == 0) else NOT_STORED
+                )
+            self.metrics.bytes_in.labels("grpc", str(bb)).inc(res.inserted * bb)
+        else:
+            res = None
+        return pb.NodePutResponse(
+            inserted=sum(o == INSERTED for o in outcomes),
+            present=sum(o == PRESENT for o in outcomes),
+            dropped=res.dropped if res is not None else 0,
+            incomplete=len(keys) - len(done),
+            outcomes=bytes(outcomes),
+        )
+
+    def Get(
+        self, req: pb.NodeKeysRequest, ctx: grpc.ServicerContext
+    ) -> Iterator[pb.NodeGetResponse]:
+        with self.metrics.timed("Get"):
+            tenant = self._tenant(ctx, "Get")
+            try:
+                ns = self._ns(tenant, req.ns)
+                keys = self._keys(ns, req.keys)
+                bb = ns.block_bytes
+                buf = memoryview(bytearray(len(keys) * bb))
+                hit = self.tier.get_into(ns, keys, buf)
+            except Exception as e:
+                self._fail(ctx, "Get", e)
+                return
+            fp = ns.fingerprint
+            for i in range(hit):
+                for chunk in codec.iter_chunks(i, fp, keys[i], buf[i * bb : (i + 1) * bb]):
+                    yield pb.NodeGetResponse(chunk=chunk)
+            self.metrics.bytes_out.labels("grpc", str(bb)).inc(hit * bb)
+            yield pb.NodeGetResponse(done=pb.GetDone(hit_blocks=hit))
+
+    def Contains(self, req: pb.NodeKeysRequest, ctx: grpc.ServicerContext) -> Any:
+        def run(tenant: str | None) -> pb.NodeContainsResponse:
+            ns = self._ns(tenant, req.ns)
+            return pb.NodeContainsResponse(
+                hit_blocks=self.tier.contains(ns, self._keys(ns, req.keys))
+            )
+
+        return self._unary(ctx, "Contains", run)
+
+    def Touch(self, req: pb.NodeKeysRequest, ctx: grpc.ServicerContext) -> Any:
+        def run(tenant: str | None) -> pb.NodeTouchResponse:
+            ns = self._ns(tenant, req.ns)
+            self.tier.touch(ns, self._keys(ns, req.keys))
+            return pb.NodeTouchResponse()
+
+        return self._unary(ctx, "Touch", run)
+
+    def Delete(self, req: pb.NodeDeleteRequest, ctx: grpc.ServicerContext) -> Any:
+        def run(tenant: str | None) -> pb.NodeDeleteResponse:
+            ns = self._ns(tenant, req.ns)
+            return pb.NodeDeleteResponse(deleted_blocks=self.tier.delete_namespace(ns))
+
+        return self._unary(ctx, "Delete", run)
+
+    def Stats(self, req: pb.StatsRequest, ctx: grpc.ServicerContext) -> Any:
+        return self._unary(ctx, "Stats", lambda tenant: tier_stats_to_proto(self.tier.stats()))
