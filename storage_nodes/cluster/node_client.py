@@ -161,15 +161,20 @@ class NodeClient:
         )
 
     def probe(self) -> bool:
+        """Healthy = grpc health says SERVING *and* an authenticated call succeeds (the
+        health service takes no token, so a node refusing ours would look healthy)."""
         try:
             resp = self._health.Check(
                 health_pb2.HealthCheckRequest(service=SERVICE_NAME),
                 timeout=self._probe_timeout_s,
                 metadata=self._md,
             )
+            if resp.status != health_pb2.HealthCheckResponse.SERVING:
+                return False
+            self._stub.Stats(pb.StatsRequest(), timeout=self._probe_timeout_s, metadata=self._md)
         except grpc.RpcError:
             return False
-        return bool(resp.status == health_pb2.HealthCheckResponse.SERVING)
+        return True
 
     def close(self) -> None:
         self._channel.close()
