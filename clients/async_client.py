@@ -142,21 +142,16 @@ class AsyncGrpcStore:
             off = st.allocator.alloc(len(rows))
             if off is not None:
                 try:
-                    req = pb.GetRequest(ns=codec.ns_to_proto(ns), keys=keys,
-                                        staging=pb.StagingRef(staging_id=st.staging_id, offset=off))
-                    hit = await self._call(lambda t: self._get_done(req, t), timeout_s)
+                    req = pb.GetStagedRequest(ns=codec.ns_to_proto(ns), keys=keys,
+                                              staging=pb.StagingRef(staging_id=st.staging_id, offset=off))
+                    done = await self._call(lambda t: self._stub.GetStaged(req, timeout=t, metadata=self._md),
+                                            timeout_s)
+                    hit = done.hit_blocks
                     rows[: hit * ns.block_bytes] = st.rows(off, hit * ns.block_bytes)
                     return hit
                 finally:
                     st.allocator.free(off)
         return await self._call(lambda t: self._get_grpc(ns, keys, rows, t), timeout_s)
-
-    async def _get_done(self, req: pb.GetRequest, t: float) -> int:
-        hit = 0
-        async for msg in self._stub.Get(req, timeout=t, metadata=self._md):
-            if msg.WhichOneof("part") == "done":
-                hit = msg.done.hit_blocks
-        return hit
 
     async def _get_grpc(self, ns: Namespace, keys: list[Key], rows: memoryview, t: float) -> int:
         reader = rq.GetReader(ns, keys, rows)
@@ -182,11 +177,10 @@ class AsyncGrpcStore:
                     area = st.rows(off, len(views) * bb)
                     for j, v in enumerate(views.values()):
                         area[j * bb : (j + 1) * bb] = v
-                    ref = pb.StagingRef(staging_id=st.staging_id, offset=off)
-                    msgs = [rq.commit_open(ns, keys, list(views), durability, ref),
-                            rq.staged_headers(ns, keys, views)]
+                    req = rq.staged_commit(ns, keys, views, durability,
+                                           pb.StagingRef(staging_id=st.staging_id, offset=off))
                     resp = await self._call(
-                        lambda t: self._stub.Commit(iter(msgs), timeout=t, metadata=self._md), timeout_s
+                        lambda t: self._stub.CommitStaged(req, timeout=t, metadata=self._md), timeout_s
                     )
                     return rq.commit_result(resp)
                 finally:

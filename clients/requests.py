@@ -61,10 +61,14 @@ def commit_chunks(ns: Namespace, keys: Sequence[Key], views: Mapping[int, memory
             yield pb.CommitRequest(chunk=chunk)
 
 
-def staged_headers(ns: Namespace, keys: Sequence[Key], views: Mapping[int, memoryview]) -> pb.CommitRequest:
+def staged_commit(ns: Namespace, keys: Sequence[Key], views: Mapping[int, memoryview], durability: str,
+                  staging: pb.StagingRef) -> pb.CommitStagedRequest:
+    """The fast-path commit: rows are already in the segment at ``staging``; the headers
+    let the daemon verify each one's checksum."""
     fp = ns.fingerprint
-    return pb.CommitRequest(
-        staged=pb.StagedHeaders(headers=[make_header(fp, keys[i], row).pack() for i, row in views.items()])
+    return pb.CommitStagedRequest(
+        ns=codec.ns_to_proto(ns), keys=keys, indices=list(views), durability=codec.durability_to_proto(durability),
+        staging=staging, headers=[make_header(fp, keys[i], row).pack() for i, row in views.items()],
     )
 
 

@@ -183,16 +183,9 @@ class GrpcStore(KVStore):
                 return None  # segment full: the gRPC path
         assert off is not None
         try:
-            req = pb.GetRequest(ns=codec.ns_to_proto(ns), keys=keys,
-                                staging=pb.StagingRef(staging_id=st.staging_id, offset=off))
-
-            def call(t: float) -> int:
-                hit = 0
-                for msg in self._stub.Get(req, timeout=t, metadata=self._md):
-                    if msg.WhichOneof("part") == "done":
-                        hit = msg.done.hit_blocks
-                return hit
-
+            req = pb.GetStagedRequest(ns=codec.ns_to_proto(ns), keys=keys,
+                                      staging=pb.StagingRef(staging_id=st.staging_id, offset=off))
+            call = lambda t: self._stub.GetStaged(req, timeout=t, metadata=self._md).hit_blocks  # noqa: E731
             hit = self._call(call, timeout_s)
             if owned and hit:
                 n = hit * ns.block_bytes
@@ -240,9 +233,8 @@ class GrpcStore(KVStore):
                 area = st.rows(off, nbytes)
                 for j, v in enumerate(views.values()):
                     area[j * bb : (j + 1) * bb] = v
-            ref = pb.StagingRef(staging_id=st.staging_id, offset=off)
-            msgs = [rq.commit_open(ns, keys, list(views), durability, ref), rq.staged_headers(ns, keys, views)]
-            resp = self._call(lambda t: self._stub.Commit(iter(msgs), timeout=t, metadata=self._md), timeout_s)
+            req = rq.staged_commit(ns, keys, views, durability, pb.StagingRef(staging_id=st.staging_id, offset=off))
+            resp = self._call(lambda t: self._stub.CommitStaged(req, timeout=t, metadata=self._md), timeout_s)
             return rq.commit_result(resp)
         finally:
             if owned:

@@ -12,7 +12,7 @@ else (DESIGN §7).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
 import grpc
@@ -199,15 +199,16 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
         op = first.open
         ns = self._ns(tenant, op.ns)
         keys = self._keys(op.keys)
-        indices = list(op.indices)
-        if len(set(indices)) != len(indices) or any(i >= len(keys) for i in indices):
-            raise InvalidArgument("commit indices must be distinct positions in the chain")
+        indices = self._indices(keys, op.indices)
         durability = codec.durability_from_proto(op.durability)
         bb = ns.block_bytes
         nbytes = self._rows_bytes(ns, len(indices))
         slots = {idx: j for j, idx in enumerate(indices)}
         if op.HasField("staging"):
-            payloads = self._staged_payloads(tenant, op.staging, it, ns, keys, indices, nbytes)
+            msg = next(it, None)
+            if msg is None or msg.WhichOneof("part") != "staged" or next(it, None) is not None:
+                raise InvalidArgument("a staged Commit carries exactly one StagedHeaders message")
+            payloads = self._staged_payloads(tenant, op.staging, msg.staged.headers, ns, keys, indices, nbytes)
             path, incomplete = "shm", 0
         else:
             rows = memoryview(bytearray(nbytes))
@@ -224,22 +225,12 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
             path, incomplete = "grpc", len(indices) - len(asm.complete)
             if truncated or not ctx.is_active():
                 log.info("commit stream ended early: %d of %d blocks complete", len(payloads), len(indices))
-        res = self.store.commit(ns, keys, payloads, durability=durability,  # type: ignore[arg-type]
-                                timeout_s=self._timeout(ctx))
-        self.metrics.bytes_in.labels(path, str(bb)).inc(res.inserted * bb)
-        return pb.CommitResponse(
-            inserted=res.inserted, present=res.present, dropped=res.dropped,
-            durability=codec.durability_to_proto(res.durability), incomplete=incomplete,
-        )
+        return self._store_commit(ns, keys, payloads, durability, path, incomplete, ctx)
 
     def _staged_payloads(
-        self, tenant: str | None, ref: pb.StagingRef, it: Iterator[pb.CommitRequest],
+        self, tenant: str | None, ref: pb.StagingRef, headers: Sequence[bytes],
         ns: Namespace, keys: list[Key], indices: list[int], nbytes: int,
     ) -> dict[int, memoryview]:
-        msg = next(it, None)
-        if msg is None or msg.WhichOneof("part") != "staged" or next(it, None) is not None:
-            raise InvalidArgument("a staged Commit carries exactly one StagedHeaders message")
-        headers = msg.staged.headers
         if len(headers) != len(indices):
             raise InvalidArgument(f"{len(headers)} staged headers for {len(indices)} blocks")
         rows = self._staged_rows(tenant, ref, nbytes)
@@ -250,6 +241,45 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
             codec.verify_staged_header(headers[j], ns, keys[idx], row)
             out[idx] = row
         return out
+
+    def _indices(self, keys: list[Key], raw: Sequence[int]) -> list[int]:
+        indices = list(raw)
+        if len(set(indices)) != len(indices) or any(i >= len(keys) for i in indices):
+            raise InvalidArgument("commit indices must be distinct positions in the chain")
+        return indices
+
+    def _store_commit(self, ns: Namespace, keys: list[Key], payloads: dict[int, memoryview], durability: str,
+                      path: str, incomplete: int, ctx: grpc.ServicerContext) -> pb.CommitResponse:
+        res = self.store.commit(ns, keys, payloads, durability=durability,  # type: ignore[arg-type]
+                                timeout_s=self._timeout(ctx))
+        self.metrics.bytes_in.labels(path, str(ns.block_bytes)).inc(res.inserted * ns.block_bytes)
+        return pb.CommitResponse(
+            inserted=res.inserted, present=res.present, dropped=res.dropped,
+            durability=codec.durability_to_proto(res.durability), incomplete=incomplete,
+        )
+
+    def GetStaged(self, req: pb.GetStagedRequest, ctx: grpc.ServicerContext) -> Any:
+        def run(tenant: str | None) -> pb.GetDone:
+            ns = self._ns(tenant, req.ns)
+            keys = self._keys(req.keys)
+            rows = self._staged_rows(tenant, req.staging, self._rows_bytes(ns, len(keys)))
+            hit = self.store.get_into(ns, keys, rows, timeout_s=self._timeout(ctx))
+            self.metrics.bytes_out.labels("shm", str(ns.block_bytes)).inc(hit * ns.block_bytes)
+            return pb.GetDone(hit_blocks=hit)
+
+        return self._unary(ctx, "GetStaged", run)
+
+    def CommitStaged(self, req: pb.CommitStagedRequest, ctx: grpc.ServicerContext) -> Any:
+        def run(tenant: str | None) -> pb.CommitResponse:
+            ns = self._ns(tenant, req.ns)
+            keys = self._keys(req.keys)
+            indices = self._indices(keys, req.indices)
+            durability = codec.durability_from_proto(req.durability)
+            nbytes = self._rows_bytes(ns, len(indices))
+            payloads = self._staged_payloads(tenant, req.staging, req.headers, ns, keys, indices, nbytes)
+            return self._store_commit(ns, keys, payloads, durability, "shm", 0, ctx)
+
+        return self._unary(ctx, "CommitStaged", run)
 
     def Prefetch(self, req: pb.PrefetchRequest, ctx: grpc.ServicerContext) -> Any:
         def run(tenant: str | None) -> pb.PrefetchResponse:

@@ -205,3 +205,38 @@ def test_fuzzed_requests_never_break_the_daemon(
             assert e.code() in REFUSED, e.details()
     # Random bytes never verify, so nothing of the fuzz can have been stored.
     assert hits(stub, make_chain(NS, 2, seed=15)) == 0
+
+
+def test_staged_commit_verifies_every_row(stub: pb_grpc.KVStoreStub) -> None:
+    from clients.shm import map_segment
+
+    keys = make_chain(NS, 2, seed=16)
+    seg = map_segment(stub.OpenStaging(pb.OpenStagingRequest(size_bytes=4 * BB), timeout=10))
+    assert seg is not None
+    try:
+        rows = seg.rows(0, 2 * BB)
+        rows[:BB] = payload_for(NS, keys[0])
+        rows[BB:] = payload_for(NS, keys[1])
+        headers = [make_header(NS.fingerprint, keys[i], payload_for(NS, keys[i])).pack() for i in range(2)]
+        ref = pb.StagingRef(staging_id=seg.staging_id, offset=0)
+
+        def commit(**kw: object) -> pb.CommitResponse:
+            args = dict(ns=SPEC, keys=keys, indices=[0, 1], staging=ref, headers=headers)
+            return stub.CommitStaged(pb.CommitStagedRequest(**{**args, **kw}), timeout=10)  # type: ignore[arg-type]
+
+        rows[BB + 5] ^= 1  # the second row no longer matches its header
+        for kw in ({}, {"headers": headers[:1]}, {"headers": [headers[1], headers[0]]},
+                   {"staging": pb.StagingRef(staging_id=seg.staging_id, offset=1 << 40)},
+                   {"indices": [0, 5]}, {"headers": [b"short", headers[1]]}):
+            with pytest.raises(grpc.RpcError) as e:
+                commit(**kw)
+            assert e.value.code() in REFUSED, kw
+        assert hits(stub, keys) == 0
+        rows[BB + 5] ^= 1
+        assert commit().inserted == 2 and hits(stub, keys) == 2
+        rows[:] = b"\0" * (2 * BB)
+        done = stub.GetStaged(pb.GetStagedRequest(ns=SPEC, keys=keys, staging=ref), timeout=10)
+        assert done.hit_blocks == 2 and bytes(rows[:BB]) == payload_for(NS, keys[0])
+    finally:
+        stub.CloseStaging(pb.CloseStagingRequest(staging_id=seg.staging_id), timeout=10)
+        seg.close()
