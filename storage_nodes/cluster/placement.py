@@ -62,6 +62,8 @@ def balanced_capacity_blocks(node_capacity_blocks: list[int], replicas: int, z: 
     r = min(replicas, n)
     p = r / n
     c = min(node_capacity_blocks)
+    if r == n:  # every node holds every block: no imbalance
+        return c
     spread = z * math.sqrt(1.0 - p)
     m = ((-spread + math.sqrt(spread * spread + 4.0 * c)) / 2.0) ** 2  # m + spread·√m = c
     return max(0, min(int(m / p), sum(node_capacity_blocks) // r))

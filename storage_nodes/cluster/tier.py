@@ -277,9 +277,7 @@ class ClusterTier(Tier):
             self._block_bytes(ns)
             healthy = self.health.snapshot()
             calls: dict[int, Callable[[], int]] = {
-                i: partial(self._nodes[i].delete, ns)
-                for i in range(len(self._nodes))
-                if healthy[i]
+                i: partial(self._nodes[i].delete, ns) for i in range(len(self._nodes)) if healthy[i]
             }
             results = self._fanout.run(calls)
             total = sum(r for r in results.values() if not isinstance(r, NodeUnavailable))

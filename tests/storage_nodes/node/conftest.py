@@ -61,10 +61,20 @@ def encoded(ns: Namespace, key: Key) -> bytes:
     return encode_block(ns.fingerprint, key, payload_for(ns, key))
 
 
-def put_messages(ns: Namespace, keys: list[Key], *, present_ok: bool = True) -> list[pb.NodePutRequest]:
-    msgs = [pb.NodePutRequest(open=pb.NodePutOpen(ns=codec.ns_to_proto(ns), keys=keys, present_ok=present_ok))]
+def put_messages(
+    ns: Namespace, keys: list[Key], *, present_ok: bool = True
+) -> list[pb.NodePutRequest]:
+    msgs = [
+        pb.NodePutRequest(
+            open=pb.NodePutOpen(ns=codec.ns_to_proto(ns), keys=keys, present_ok=present_ok)
+        )
+    ]
     for i, k in enumerate(keys):
-        msgs.append(pb.NodePutRequest(chunk=pb.BlockChunk(block_index=i, offset=0, data=encoded(ns, k), last=True)))
+        msgs.append(
+            pb.NodePutRequest(
+                chunk=pb.BlockChunk(block_index=i, offset=0, data=encoded(ns, k), last=True)
+            )
+        )
     return msgs
 
 

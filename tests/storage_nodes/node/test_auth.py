@@ -19,13 +19,19 @@ ACME_TOKEN = "acme-token-0123456789ab"
 
 def client(port: int, token: str | None) -> NodeClient:
     target = f"127.0.0.1:{port}"
-    return NodeClient(target, ClusterConfig(nodes=(target,), replicas=1, write_quorum=1, auth_token=token,
-                                            rpc_timeout_s=5))
+    return NodeClient(
+        target,
+        ClusterConfig(
+            nodes=(target,), replicas=1, write_quorum=1, auth_token=token, rpc_timeout_s=5
+        ),
+    )
 
 
 def test_tokens_and_tenants(start_node: StartNode, tmp_path: Path) -> None:
     tokens = tmp_path / "tokens"
-    tokens.write_text(f"# cache daemons may use any namespace\n{DAEMON_TOKEN} *\n{ACME_TOKEN} acme\n")
+    tokens.write_text(
+        f"# cache daemons may use any namespace\n{DAEMON_TOKEN} *\n{ACME_TOKEN} acme\n"
+    )
     node = start_node(auth_token_file=str(tokens))
     shared, acme = small_ns(), small_ns(tenant="acme")
     keys = make_chain(shared, 2, seed=1)

@@ -20,8 +20,13 @@ NS = small_ns()
 
 
 def node_cmd(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "kvstore", "node", *args], cwd=REPO, capture_output=True,
-                          text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "kvstore", "node", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def client(target: str, **kw: object) -> NodeClient:
@@ -93,12 +98,31 @@ def test_config_file_supplies_flags(tmp_path: Path) -> None:
 def test_tls_end_to_end(tmp_path: Path) -> None:
     cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
     subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert),
-         "-days", "1", "-subj", "/CN=localhost", "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost"],
-        check=True, capture_output=True,
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
+            "-days",
+            "1",
+            "-subj",
+            "/CN=localhost",
+            "-addext",
+            "subjectAltName=IP:127.0.0.1,DNS:localhost",
+        ],
+        check=True,
+        capture_output=True,
     )
     keys = make_chain(NS, 2, seed=2)
-    with NodeProcess(tmp_path / "n", "1MiB", ["--tls-cert", str(cert), "--tls-key", str(key)]) as node:
+    with NodeProcess(
+        tmp_path / "n", "1MiB", ["--tls-cert", str(cert), "--tls-key", str(key)]
+    ) as node:
         c = client(node.target, tls=True, tls_ca_file=str(cert))
         assert c.put(NS, keys, [memoryview(payload_for(NS, k)) for k in keys]) == bytes([1, 1])
         assert c.contains(NS, keys) == 2

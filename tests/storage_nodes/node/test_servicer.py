@@ -26,8 +26,10 @@ SPEC = codec.ns_to_proto(NS)
 
 
 def client(node: NodeServer) -> NodeClient:
-    return NodeClient(f"127.0.0.1:{node.port}", ClusterConfig(nodes=(f"127.0.0.1:{node.port}",), replicas=1,
-                                                              write_quorum=1))
+    return NodeClient(
+        f"127.0.0.1:{node.port}",
+        ClusterConfig(nodes=(f"127.0.0.1:{node.port}",), replicas=1, write_quorum=1),
+    )
 
 
 def test_round_trip_with_per_key_outcomes(node: NodeServer) -> None:
@@ -67,8 +69,18 @@ def test_malformed_puts_store_nothing(stub: pb_grpc.StorageNodeStub) -> None:
     wrong_key = encoded(NS, keys[0])  # block 0's bytes announced as block 1
     cases = [
         good[1:],  # no open message
-        [good[0], good[1], pb.NodePutRequest(chunk=pb.BlockChunk(block_index=1, data=bytes(bad_checksum), last=True))],
-        [good[0], good[1], pb.NodePutRequest(chunk=pb.BlockChunk(block_index=1, data=wrong_key, last=True))],
+        [
+            good[0],
+            good[1],
+            pb.NodePutRequest(
+                chunk=pb.BlockChunk(block_index=1, data=bytes(bad_checksum), last=True)
+            ),
+        ],
+        [
+            good[0],
+            good[1],
+            pb.NodePutRequest(chunk=pb.BlockChunk(block_index=1, data=wrong_key, last=True)),
+        ],
         [good[0], pb.NodePutRequest(chunk=pb.BlockChunk(block_index=7, data=b"x", last=True))],
         [good[0], good[0]],
     ]
@@ -82,7 +94,9 @@ def test_malformed_puts_store_nothing(stub: pb_grpc.StorageNodeStub) -> None:
 def test_stream_cut_mid_block_stores_only_complete_blocks(stub: pb_grpc.StorageNodeStub) -> None:
     keys = make_chain(NS, 3, seed=4)
     msgs = put_messages(NS, keys)
-    partial = pb.NodePutRequest(chunk=pb.BlockChunk(block_index=2, offset=0, data=encoded(NS, keys[2])[:300]))
+    partial = pb.NodePutRequest(
+        chunk=pb.BlockChunk(block_index=2, offset=0, data=encoded(NS, keys[2])[:300])
+    )
     resp = stub.Put(iter([*msgs[:3], partial]), timeout=10)
     assert (resp.inserted, resp.incomplete) == (2, 1)
     assert resp.outcomes == bytes([1, 1, 0])
@@ -98,7 +112,9 @@ def test_cancelled_stream_stores_only_complete_blocks(stub: pb_grpc.StorageNodeS
     def gen() -> Iterator[pb.NodePutRequest]:
         yield msgs[0]
         yield msgs[1]
-        yield pb.NodePutRequest(chunk=pb.BlockChunk(block_index=1, offset=0, data=encoded(NS, keys[1])[:100]))
+        yield pb.NodePutRequest(
+            chunk=pb.BlockChunk(block_index=1, offset=0, data=encoded(NS, keys[1])[:100])
+        )
         sent.set()
         release.wait(30)  # the client dies here, mid-block
 
@@ -126,8 +142,10 @@ def test_bad_namespace_and_keys_are_misuse(node: NodeServer, stub: pb_grpc.Stora
     bad_fp = pb.NamespaceSpec()
     bad_fp.CopyFrom(SPEC)
     bad_fp.fingerprint = b"\x00" * 16
-    for req in (pb.NodeKeysRequest(ns=bad_fp, keys=[b"\x00" * 16]),
-                pb.NodeKeysRequest(ns=SPEC, keys=[b"short"])):
+    for req in (
+        pb.NodeKeysRequest(ns=bad_fp, keys=[b"\x00" * 16]),
+        pb.NodeKeysRequest(ns=SPEC, keys=[b"short"]),
+    ):
         with pytest.raises(grpc.RpcError) as e:
             stub.Contains(req, timeout=10)
         assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
