@@ -53,22 +53,52 @@ class Peers:
         self.unavailable: dict[str, str] = {}
         self.redis_port = free_port()
         if shutil.which("redis-server"):
-            self.procs.append(subprocess.Popen(
-                ["redis-server", "--bind", "127.0.0.1", "--port", str(self.redis_port), "--save", "",
-                 "--appendonly", "no", "--dir", str(workdir)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+            self.procs.append(
+                subprocess.Popen(
+                    [
+                        "redis-server",
+                        "--bind",
+                        "127.0.0.1",
+                        "--port",
+                        str(self.redis_port),
+                        "--save",
+                        "",
+                        "--appendonly",
+                        "no",
+                        "--dir",
+                        str(workdir),
+                    ],
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )
+            )
         else:
-            self.unavailable["redis"] = "redis-server not installed (apt-get install -y redis-server)"
+            self.unavailable["redis"] = (
+                "redis-server not installed (apt-get install -y redis-server)"
+            )
         self.mooncake_port = free_port()
         self.mooncake_python = None
         master = Path(mooncake_venv or "") / "bin" / "mooncake_master"
         if mooncake_venv and master.exists():
             self.mooncake_python = str(Path(mooncake_venv) / "bin" / "python")
-            self.procs.append(subprocess.Popen(
-                [str(master), "--rpc_address=127.0.0.1", f"--rpc_port={self.mooncake_port}",
-                 "--enable_metric_reporting=false", f"--metrics_port={free_port()}"],
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, "GLOG_minloglevel": "1"}))
+            self.procs.append(
+                subprocess.Popen(
+                    [
+                        str(master),
+                        "--rpc_address=127.0.0.1",
+                        f"--rpc_port={self.mooncake_port}",
+                        "--enable_metric_reporting=false",
+                        f"--metrics_port={free_port()}",
+                    ],
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                    env={**os.environ, "GLOG_minloglevel": "1"},
+                )
+            )
         else:
-            self.unavailable["mooncake"] = f"no mooncake_master under {mooncake_venv!r} (see peers README)"
+            self.unavailable["mooncake"] = (
+                f"no mooncake_master under {mooncake_venv!r} (see peers README)"
+            )
         time.sleep(2)
 
     def close(self) -> None:
@@ -77,15 +107,25 @@ class Peers:
             p.wait(timeout=30)
 
 
-def run_case(system: str, size: int, clients: int, batch: int, base: dict[str, Any], python: str) -> dict[str, Any]:
+def run_case(
+    system: str, size: int, clients: int, batch: int, base: dict[str, Any], python: str
+) -> dict[str, Any]:
     n_total = N_FOR_SIZE.get(size, max(64, (256 << 20) // size))
     per = n_total // clients
     workers = []
     for i in range(clients):
         cfg = dict(base, system=system, size=size, n=per, batch=batch, seed=1000 * i + size % 997)
-        workers.append(subprocess.Popen([python, str(WORKER), json.dumps(cfg)], cwd=REPO, stdin=subprocess.PIPE,
-                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                        env={**os.environ, "PYTHONPATH": str(REPO), "GLOG_minloglevel": "2"}))
+        workers.append(
+            subprocess.Popen(
+                [python, str(WORKER), json.dumps(cfg)],
+                cwd=REPO,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                env={**os.environ, "PYTHONPATH": str(REPO), "GLOG_minloglevel": "2"},
+            )
+        )
 
     def collect(step: str) -> list[dict[str, Any]]:
         out = []
@@ -118,7 +158,13 @@ def run_case(system: str, size: int, clients: int, batch: int, base: dict[str, A
             if w.poll() is None:
                 w.kill()
                 w.wait()
-    row: dict[str, Any] = {"system": system, "size": size, "clients": clients, "batch": batch, "n": per * clients}
+    row: dict[str, Any] = {
+        "system": system,
+        "size": size,
+        "clients": clients,
+        "batch": batch,
+        "n": per * clients,
+    }
     for op, res in (("put", puts), ("get", gets)):
         wall = (max(r["end_ns"] for r in res) - min(r["start_ns"] for r in res)) / 1e9
         lat = sorted(x for r in res for x in r["lat_ns"])
@@ -133,8 +179,12 @@ def main() -> int:
     ap.add_argument("--sizes", default="65536,262144,2097152")
     ap.add_argument("--batches", default="1,16")
     ap.add_argument("--clients", default="1,8")
-    ap.add_argument("--systems", default="kvstore-grpc,kvstore-shm,kvstore-shm-zc,redis,mooncake,memcpy")
-    ap.add_argument("--mooncake-venv", default=os.environ.get("MOONCAKE_VENV", "/tmp/peers-work/venv-moonnc"))
+    ap.add_argument(
+        "--systems", default="kvstore-grpc,kvstore-shm,kvstore-shm-zc,redis,mooncake,memcpy"
+    )
+    ap.add_argument(
+        "--mooncake-venv", default=os.environ.get("MOONCAKE_VENV", "/tmp/peers-work/venv-moonnc")
+    )
     ap.add_argument("--out", default=str(REPO / "bench" / "out" / "daemon.jsonl"))
     a = ap.parse_args()
     sizes = [int(s) for s in a.sizes.split(",")]
@@ -146,8 +196,13 @@ def main() -> int:
     workdir.mkdir(exist_ok=True)
     daemon = DaemonProcess(["--dram", "2GiB", "--workers", "16"])
     peers = Peers(a.mooncake_venv, workdir)
-    base = {"target": daemon.target, "redis_port": peers.redis_port, "mooncake_port": peers.mooncake_port,
-            "mooncake_seg_mb": 1024, "mooncake_buf_mb": 256}
+    base = {
+        "target": daemon.target,
+        "redis_port": peers.redis_port,
+        "mooncake_port": peers.mooncake_port,
+        "mooncake_seg_mb": 1024,
+        "mooncake_buf_mb": 256,
+    }
     rows: list[dict[str, Any]] = []
     try:
         with open(a.out, "a") as out:
@@ -158,13 +213,29 @@ def main() -> int:
                             for system in systems:
                                 if system in peers.unavailable:
                                     continue
-                                python = peers.mooncake_python if system == "mooncake" else sys.executable
+                                python = (
+                                    peers.mooncake_python
+                                    if system == "mooncake"
+                                    else sys.executable
+                                )
                                 seg = max(64, 2 * N_FOR_SIZE.get(size, 1024) * size // c >> 20)
-                                cfg = dict(base, mooncake_seg_mb=seg, mooncake_buf_mb=max(64, 2 * b * size >> 20))
+                                cfg = dict(
+                                    base,
+                                    mooncake_seg_mb=seg,
+                                    mooncake_buf_mb=max(64, 2 * b * size >> 20),
+                                )
                                 try:
-                                    row = run_case(system, size, c, b, cfg, python or sys.executable)
+                                    row = run_case(
+                                        system, size, c, b, cfg, python or sys.executable
+                                    )
                                 except Exception as e:  # recorded, the run goes on
-                                    row = {"system": system, "size": size, "clients": c, "batch": b, "error": str(e)}
+                                    row = {
+                                        "system": system,
+                                        "size": size,
+                                        "clients": c,
+                                        "batch": b,
+                                        "error": str(e),
+                                    }
                                 row["rep"] = rep
                                 rows.append(row)
                                 out.write(json.dumps(row) + "\n")
@@ -201,14 +272,24 @@ def summarize(rows: list[dict[str, Any]], unavailable: dict[str, str]) -> None:
         if "error" not in r:
             groups.setdefault((r["size"], r["clients"], r["batch"], r["system"]), []).append(r)
     med: dict[tuple[Any, ...], dict[str, float]] = {
-        k: {m: statistics.median(x[m] for x in v) for m in ("put_MBps", "get_MBps", "put_p99_us", "get_p99_us")}
-        | {"runs": len(v)} for k, v in groups.items()
+        k: {
+            m: statistics.median(x[m] for x in v)
+            for m in ("put_MBps", "get_MBps", "put_p99_us", "get_p99_us")
+        }
+        | {"runs": len(v)}
+        for k, v in groups.items()
     }
-    print("\n| size | clients | batch | system | put MB/s | get MB/s | put p99 µs | get p99 µs | runs |")
+    print(
+        "\n| size | clients | batch | system | put MB/s | get MB/s | put p99 µs | get p99 µs "
+        "| runs |"
+    )
     print("|---|---|---|---|---|---|---|---|---|")
     for (size, c, b, system), m in sorted(med.items()):
-        print(f"| {size >> 10} KiB | {c} | {b} | {system} | {m['put_MBps']:.0f} | {m['get_MBps']:.0f} | "
-              f"{m['put_p99_us']:.0f} | {m['get_p99_us']:.0f} | {m['runs']} |")
+        print(
+            f"| {size >> 10} KiB | {c} | {b} | {system} | {m['put_MBps']:.0f} | "
+            f"{m['get_MBps']:.0f} | "
+            f"{m['put_p99_us']:.0f} | {m['get_p99_us']:.0f} | {m['runs']} |"
+        )
     print("\nratios of get MB/s (medians):")
     for (size, c, b, system), m in sorted(med.items()):
         if not system.startswith("kvstore"):

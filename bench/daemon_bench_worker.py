@@ -36,11 +36,14 @@ class KVStoreDriver:
         from kvstore.keys import Namespace
 
         size = cfg["size"]
-        self.ns = Namespace(f"bench-{size}", "r1", "uint8", "mha", (0,), 1, size // 128, block_tokens=64)
+        self.ns = Namespace(
+            f"bench-{size}", "r1", "uint8", "mha", (0,), 1, size // 128, block_tokens=64
+        )
         assert self.ns.block_bytes == size
         shm = "off" if cfg["system"] == "kvstore-grpc" else "auto"
-        self.store = GrpcStore(ClientConfig(target=cfg["target"], shm=shm, shm_bytes=256 << 20,
-                                            default_timeout_s=120))
+        self.store = GrpcStore(
+            ClientConfig(target=cfg["target"], shm=shm, shm_bytes=256 << 20, default_timeout_s=120)
+        )
         if shm == "auto" and not self.store.uses_shm:
             raise SystemExit("shared-memory path not available")
         self.store.register(self.ns)
@@ -94,15 +97,25 @@ class MooncakeDriver:
         from mooncake.store import MooncakeDistributedStore
 
         self.s = MooncakeDistributedStore()
-        rc = self.s.setup("127.0.0.1", "P2PHANDSHAKE", cfg["mooncake_seg_mb"] << 20, cfg["mooncake_buf_mb"] << 20,
-                          "tcp", "", f"127.0.0.1:{cfg['mooncake_port']}")
+        rc = self.s.setup(
+            "127.0.0.1",
+            "P2PHANDSHAKE",
+            cfg["mooncake_seg_mb"] << 20,
+            cfg["mooncake_buf_mb"] << 20,
+            "tcp",
+            "",
+            f"127.0.0.1:{cfg['mooncake_port']}",
+        )
         if rc != 0:
             raise SystemExit(f"mooncake setup rc={rc}")
 
     def put(self, keys: list[bytes], values: np.ndarray) -> None:
         ks = [k.hex() for k in keys]
-        rc = self.s.put(ks[0], values[0].tobytes()) if len(ks) == 1 else self.s.put_batch(
-            ks, [v.tobytes() for v in values])
+        rc = (
+            self.s.put(ks[0], values[0].tobytes())
+            if len(ks) == 1
+            else self.s.put_batch(ks, [v.tobytes() for v in values])
+        )
         if rc != 0:
             raise RuntimeError(f"mooncake put rc={rc}")
 
@@ -136,8 +149,14 @@ class MemcpyDriver:
         pass
 
 
-DRIVERS = {"kvstore-grpc": KVStoreDriver, "kvstore-shm": KVStoreDriver, "kvstore-shm-zc": KVStoreDriver,
-           "redis": RedisDriver, "mooncake": MooncakeDriver, "memcpy": MemcpyDriver}
+DRIVERS = {
+    "kvstore-grpc": KVStoreDriver,
+    "kvstore-shm": KVStoreDriver,
+    "kvstore-shm-zc": KVStoreDriver,
+    "redis": RedisDriver,
+    "mooncake": MooncakeDriver,
+    "memcpy": MemcpyDriver,
+}
 
 
 def say(obj: dict[str, Any]) -> None:
@@ -145,7 +164,9 @@ def say(obj: dict[str, Any]) -> None:
     sys.stdout.flush()
 
 
-def run_phase(driver: Any, op: str, keys: list[bytes], values: np.ndarray, order: list[int], b: int) -> dict[str, Any]:
+def run_phase(
+    driver: Any, op: str, keys: list[bytes], values: np.ndarray, order: list[int], b: int
+) -> dict[str, Any]:
     lat: list[int] = []
     t0 = time.monotonic_ns()
     for s in range(0, len(order), b):
@@ -153,13 +174,21 @@ def run_phase(driver: Any, op: str, keys: list[bytes], values: np.ndarray, order
         ks = [keys[i] for i in idx]
         t = time.monotonic_ns()
         if op == "put":
-            driver.put(ks, values[idx[0] : idx[0] + len(idx)] if idx == list(range(idx[0], idx[0] + len(idx)))
-                       else values[idx])
+            driver.put(
+                ks,
+                values[idx[0] : idx[0] + len(idx)]
+                if idx == list(range(idx[0], idx[0] + len(idx)))
+                else values[idx],
+            )
         else:
             got = driver.get(ks)
             for j, i in enumerate(idx):  # spot-check every value: size and first bytes
                 v = got[j]
-                if v is None or len(v) != values.shape[1] or bytes(v[:64]) != values[i, :64].tobytes():
+                if (
+                    v is None
+                    or len(v) != values.shape[1]
+                    or bytes(v[:64]) != values[i, :64].tobytes()
+                ):
                     raise RuntimeError(f"{op}: wrong value for key {i}")
         lat.append(time.monotonic_ns() - t)
     return {"start_ns": t0, "end_ns": time.monotonic_ns(), "lat_ns": lat}

@@ -10,6 +10,7 @@ suite runs against it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
@@ -40,7 +41,9 @@ def _aio_channel(config: ClientConfig) -> aio.Channel:
         if config.tls_ca_file:
             with open(config.tls_ca_file, "rb") as f:
                 root = f.read()
-        return aio.secure_channel(config.target, grpc.ssl_channel_credentials(root), config.channel_options())
+        return aio.secure_channel(
+            config.target, grpc.ssl_channel_credentials(root), config.channel_options()
+        )
     return aio.insecure_channel(config.target, config.channel_options())
 
 
@@ -61,7 +64,9 @@ class AsyncGrpcStore:
     async def _call(self, fn: Callable[[float], Awaitable[T]], timeout_s: float | None) -> T:
         if self._closed:
             raise StoreUnavailable("client is closed")
-        deadline = time.monotonic() + (self.config.default_timeout_s if timeout_s is None else timeout_s)
+        deadline = time.monotonic() + (
+            self.config.default_timeout_s if timeout_s is None else timeout_s
+        )
         backoff = self.config.retry_initial_backoff_s
         last: KVStoreError | None = None
         while True:
@@ -99,7 +104,9 @@ class AsyncGrpcStore:
             if not self._staging_tried:
                 try:
                     req = pb.OpenStagingRequest(size_bytes=self.config.shm_bytes)
-                    resp = await self._call(lambda t: self._stub.OpenStaging(req, timeout=t, metadata=self._md), None)
+                    resp = await self._call(
+                        lambda t: self._stub.OpenStaging(req, timeout=t, metadata=self._md), None
+                    )
                     self._staging = map_segment(resp)
                     if self._staging is None:
                         await self._close_segment(resp.staging_id)
@@ -109,11 +116,10 @@ class AsyncGrpcStore:
         return self._staging
 
     async def _close_segment(self, staging_id: int) -> None:
-        try:
-            await self._stub.CloseStaging(pb.CloseStagingRequest(staging_id=staging_id), timeout=2,
-                                          metadata=self._md)
-        except aio.AioRpcError:
-            pass
+        with contextlib.suppress(aio.AioRpcError):
+            await self._stub.CloseStaging(
+                pb.CloseStagingRequest(staging_id=staging_id), timeout=2, metadata=self._md
+            )
 
     async def uses_shm(self) -> bool:
         return await self._staging_area() is not None
@@ -121,17 +127,31 @@ class AsyncGrpcStore:
     # -- KVStore, as coroutines ---------------------------------------------------------
     async def register(self, ns: Namespace, *, timeout_s: float | None = None) -> None:
         req = pb.RegisterNamespaceRequest(ns=codec.ns_to_proto(rq.check_ns(ns)))
-        await self._call(lambda t: self._stub.RegisterNamespace(req, timeout=t, metadata=self._md), timeout_s)
+        await self._call(
+            lambda t: self._stub.RegisterNamespace(req, timeout=t, metadata=self._md), timeout_s
+        )
 
-    async def lookup(self, ns: Namespace, keys: Sequence[Key], *, timeout_s: float | None = None,
-                     prompt_tokens: int = 0) -> LookupResult:
-        req = pb.LookupRequest(ns=codec.ns_to_proto(rq.check_ns(ns)), keys=codec.check_keys(keys),
-                               prompt_tokens=prompt_tokens)
-        resp = await self._call(lambda t: self._stub.Lookup(req, timeout=t, metadata=self._md), timeout_s)
+    async def lookup(
+        self,
+        ns: Namespace,
+        keys: Sequence[Key],
+        *,
+        timeout_s: float | None = None,
+        prompt_tokens: int = 0,
+    ) -> LookupResult:
+        req = pb.LookupRequest(
+            ns=codec.ns_to_proto(rq.check_ns(ns)),
+            keys=codec.check_keys(keys),
+            prompt_tokens=prompt_tokens,
+        )
+        resp = await self._call(
+            lambda t: self._stub.Lookup(req, timeout=t, metadata=self._md), timeout_s
+        )
         return LookupResult(hit_blocks=resp.hit_blocks, tiers=tuple(resp.tiers))
 
-    async def get_into(self, ns: Namespace, keys: Sequence[Key], dst: Any, *,
-                       timeout_s: float | None = None) -> int:
+    async def get_into(
+        self, ns: Namespace, keys: Sequence[Key], dst: Any, *, timeout_s: float | None = None
+    ) -> int:
         rq.check_ns(ns)
         keys = codec.check_keys(keys)
         rows = rq.dst_rows(ns, keys, dst)
@@ -142,10 +162,14 @@ class AsyncGrpcStore:
             off = st.allocator.alloc(len(rows))
             if off is not None:
                 try:
-                    req = pb.GetStagedRequest(ns=codec.ns_to_proto(ns), keys=keys,
-                                              staging=pb.StagingRef(staging_id=st.staging_id, offset=off))
-                    done = await self._call(lambda t: self._stub.GetStaged(req, timeout=t, metadata=self._md),
-                                            timeout_s)
+                    req = pb.GetStagedRequest(
+                        ns=codec.ns_to_proto(ns),
+                        keys=keys,
+                        staging=pb.StagingRef(staging_id=st.staging_id, offset=off),
+                    )
+                    done = await self._call(
+                        lambda t: self._stub.GetStaged(req, timeout=t, metadata=self._md), timeout_s
+                    )
                     hit = done.hit_blocks
                     rows[: hit * ns.block_bytes] = st.rows(off, hit * ns.block_bytes)
                     return hit
@@ -155,15 +179,24 @@ class AsyncGrpcStore:
 
     async def _get_grpc(self, ns: Namespace, keys: list[Key], rows: memoryview, t: float) -> int:
         reader = rq.GetReader(ns, keys, rows)
-        call = self._stub.Get(pb.GetRequest(ns=codec.ns_to_proto(ns), keys=keys), timeout=t, metadata=self._md)
+        call = self._stub.Get(
+            pb.GetRequest(ns=codec.ns_to_proto(ns), keys=keys), timeout=t, metadata=self._md
+        )
         async for msg in call:
             if not reader.feed(msg):
                 break
         call.cancel()
         return reader.hit
 
-    async def commit(self, ns: Namespace, keys: Sequence[Key], payloads: Mapping[int, Any], *,
-                     durability: Durability = "dram", timeout_s: float | None = None) -> CommitResult:
+    async def commit(
+        self,
+        ns: Namespace,
+        keys: Sequence[Key],
+        payloads: Mapping[int, Any],
+        *,
+        durability: Durability = "dram",
+        timeout_s: float | None = None,
+    ) -> CommitResult:
         rq.check_ns(ns)
         keys = codec.check_keys(keys)
         views = rq.payload_views(ns, keys, payloads)
@@ -177,38 +210,54 @@ class AsyncGrpcStore:
                     area = st.rows(off, len(views) * bb)
                     for j, v in enumerate(views.values()):
                         area[j * bb : (j + 1) * bb] = v
-                    req = rq.staged_commit(ns, keys, views, durability,
-                                           pb.StagingRef(staging_id=st.staging_id, offset=off))
+                    req = rq.staged_commit(
+                        ns,
+                        keys,
+                        views,
+                        durability,
+                        pb.StagingRef(staging_id=st.staging_id, offset=off),
+                    )
                     resp = await self._call(
-                        lambda t: self._stub.CommitStaged(req, timeout=t, metadata=self._md), timeout_s
+                        lambda t: self._stub.CommitStaged(req, timeout=t, metadata=self._md),
+                        timeout_s,
                     )
                     return rq.commit_result(resp)
                 finally:
                     st.allocator.free(off)
         resp = await self._call(
-            lambda t: self._stub.Commit(rq.commit_chunks(ns, keys, views, durability), timeout=t,
-                                        metadata=self._md),
+            lambda t: self._stub.Commit(
+                rq.commit_chunks(ns, keys, views, durability), timeout=t, metadata=self._md
+            ),
             timeout_s,
         )
         return rq.commit_result(resp)
 
-    async def prefetch(self, ns: Namespace, keys: Sequence[Key], *, timeout_s: float | None = None) -> int:
+    async def prefetch(
+        self, ns: Namespace, keys: Sequence[Key], *, timeout_s: float | None = None
+    ) -> int:
         """Awaits the promotion; wrap in ``asyncio.create_task`` to run it in the background."""
         req = pb.PrefetchRequest(ns=codec.ns_to_proto(rq.check_ns(ns)), keys=codec.check_keys(keys))
-        resp = await self._call(lambda t: self._stub.Prefetch(req, timeout=t, metadata=self._md), timeout_s)
+        resp = await self._call(
+            lambda t: self._stub.Prefetch(req, timeout=t, metadata=self._md), timeout_s
+        )
         return int(resp.top_tier_blocks)
 
     async def flush(self, *, timeout_s: float | None = None) -> None:
-        await self._call(lambda t: self._stub.Flush(pb.FlushRequest(), timeout=t, metadata=self._md), timeout_s)
+        await self._call(
+            lambda t: self._stub.Flush(pb.FlushRequest(), timeout=t, metadata=self._md), timeout_s
+        )
 
     async def delete_namespace(self, ns: Namespace, *, timeout_s: float | None = None) -> int:
         req = pb.DeleteNamespaceRequest(ns=codec.ns_to_proto(rq.check_ns(ns)))
-        resp = await self._call(lambda t: self._stub.DeleteNamespace(req, timeout=t, metadata=self._md), timeout_s)
+        resp = await self._call(
+            lambda t: self._stub.DeleteNamespace(req, timeout=t, metadata=self._md), timeout_s
+        )
         return int(resp.deleted_blocks)
 
     async def stats(self, *, timeout_s: float | None = None) -> StoreStats:
-        resp = await self._call(lambda t: self._stub.Stats(pb.StatsRequest(), timeout=t, metadata=self._md),
-                                timeout_s)
+        resp = await self._call(
+            lambda t: self._stub.Stats(pb.StatsRequest(), timeout=t, metadata=self._md), timeout_s
+        )
         return rq.stats_from_proto(resp)
 
     async def close(self) -> None:
@@ -227,7 +276,9 @@ class BlockingAdapter(KVStore):
 
     def __init__(self, config: ClientConfig) -> None:
         self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="kvstore-aio", daemon=True)
+        self._thread = threading.Thread(
+            target=self._loop.run_forever, name="kvstore-aio", daemon=True
+        )
         self._thread.start()
 
         async def make() -> AsyncGrpcStore:
@@ -245,22 +296,39 @@ class BlockingAdapter(KVStore):
     def register(self, ns: Namespace, *, timeout_s: float | None = None) -> None:
         self._run(self.inner.register(ns, timeout_s=timeout_s))
 
-    def lookup(self, ns: Namespace, keys: Sequence[Key], *, timeout_s: float | None = None) -> LookupResult:
+    def lookup(
+        self, ns: Namespace, keys: Sequence[Key], *, timeout_s: float | None = None
+    ) -> LookupResult:
         return self._run(self.inner.lookup(ns, keys, timeout_s=timeout_s))
 
-    def get_into(self, ns: Namespace, keys: Sequence[Key], dst: Any, *, timeout_s: float | None = None) -> int:
+    def get_into(
+        self, ns: Namespace, keys: Sequence[Key], dst: Any, *, timeout_s: float | None = None
+    ) -> int:
         return self._run(self.inner.get_into(ns, keys, dst, timeout_s=timeout_s))
 
-    def commit(self, ns: Namespace, keys: Sequence[Key], payloads: Mapping[int, Any], *,
-               durability: Durability = "dram", timeout_s: float | None = None) -> CommitResult:
-        return self._run(self.inner.commit(ns, keys, payloads, durability=durability, timeout_s=timeout_s))
+    def commit(
+        self,
+        ns: Namespace,
+        keys: Sequence[Key],
+        payloads: Mapping[int, Any],
+        *,
+        durability: Durability = "dram",
+        timeout_s: float | None = None,
+    ) -> CommitResult:
+        return self._run(
+            self.inner.commit(ns, keys, payloads, durability=durability, timeout_s=timeout_s)
+        )
 
-    def prefetch(self, ns: Namespace, keys: Sequence[Key], *, timeout_s: float | None = None) -> Future[int]:
+    def prefetch(
+        self, ns: Namespace, keys: Sequence[Key], *, timeout_s: float | None = None
+    ) -> Future[int]:
         if self._closed:
             out: Future[int] = Future()
             out.set_exception(StoreUnavailable("client is closed"))
             return out
-        return asyncio.run_coroutine_threadsafe(self.inner.prefetch(ns, keys, timeout_s=timeout_s), self._loop)
+        return asyncio.run_coroutine_threadsafe(
+            self.inner.prefetch(ns, keys, timeout_s=timeout_s), self._loop
+        )
 
     def flush(self, *, timeout_s: float | None = None) -> None:
         self._run(self.inner.flush(timeout_s=timeout_s))

@@ -33,7 +33,9 @@ class BreakerConfig:
 class CircuitBreaker:
     """Thread-safe; ``clock`` is injectable so tests need no sleeps."""
 
-    def __init__(self, config: BreakerConfig = BreakerConfig(), clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self, config: BreakerConfig = BreakerConfig(), clock: Callable[[], float] = time.monotonic
+    ):
         self._cfg = config
         self._clock = clock
         self._lock = threading.Lock()

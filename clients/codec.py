@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from clients.proto import kvstore_pb2 as pb
 from kvstore.block import HEADER_BYTES, decode_header, make_header, payload_checksum
@@ -20,8 +21,8 @@ CHUNK_BYTES = 1 << 20
 #: gRPC message limit on both ends: one chunk plus protobuf framing.
 MAX_MESSAGE_BYTES = CHUNK_BYTES + (64 << 10)
 
-_TIER_OF_DURABILITY = {"dram": pb.DURABILITY_DRAM, "ssd": pb.DURABILITY_SSD}
-_DURABILITY_OF_ENUM = {v: k for k, v in _TIER_OF_DURABILITY.items()}
+_TO_PROTO: dict[str, Any] = {"dram": pb.DURABILITY_DRAM, "ssd": pb.DURABILITY_SSD}
+_FROM_PROTO: dict[int, str] = {int(v): k for k, v in _TO_PROTO.items()}
 
 
 def ns_to_proto(ns: Namespace) -> pb.NamespaceSpec:
@@ -71,16 +72,16 @@ def check_keys(keys: Sequence[bytes]) -> list[Key]:
     return out
 
 
-def durability_to_proto(d: str) -> int:
+def durability_to_proto(d: str) -> Any:
     try:
-        return _TIER_OF_DURABILITY[d]
+        return _TO_PROTO[d]
     except KeyError:
         raise InvalidArgument(f"durability must be 'dram' or 'ssd', got {d!r}") from None
 
 
 def durability_from_proto(v: int) -> str:
     try:
-        return _DURABILITY_OF_ENUM[v]
+        return _FROM_PROTO[int(v)]
     except KeyError:
         raise InvalidArgument(f"unknown durability {v}") from None
 
@@ -93,13 +94,18 @@ def iter_chunks(
     total = HEADER_BYTES + len(payload)
     first = min(total, CHUNK_BYTES) - HEADER_BYTES
     yield pb.BlockChunk(
-        block_index=block_index, offset=0, data=header + bytes(payload[:first]), last=first == len(payload)
+        block_index=block_index,
+        offset=0,
+        data=header + bytes(payload[:first]),
+        last=first == len(payload),
     )
     pos = first
     while pos < len(payload):
         end = min(len(payload), pos + CHUNK_BYTES)
         yield pb.BlockChunk(
-            block_index=block_index, offset=HEADER_BYTES + pos, data=bytes(payload[pos:end]),
+            block_index=block_index,
+            offset=HEADER_BYTES + pos,
+            data=bytes(payload[pos:end]),
             last=end == len(payload),
         )
         pos = end
@@ -148,10 +154,14 @@ class BlockAssembler:
         if part is None:
             part = self._partial[idx] = _Partial(bytearray(HEADER_BYTES), 0)
         if chunk.offset != part.received:
-            raise InvalidArgument(f"block {idx}: chunk at offset {chunk.offset}, expected {part.received}")
+            raise InvalidArgument(
+                f"block {idx}: chunk at offset {chunk.offset}, expected {part.received}"
+            )
         end = part.received + len(data)
         if end > self.encoded_bytes:
-            raise InvalidArgument(f"block {idx}: {end} bytes exceed the encoded size {self.encoded_bytes}")
+            raise InvalidArgument(
+                f"block {idx}: {end} bytes exceed the encoded size {self.encoded_bytes}"
+            )
         mv = memoryview(data)
         pos = part.received
         if pos < HEADER_BYTES:
@@ -166,7 +176,9 @@ class BlockAssembler:
         if not chunk.last:
             return False
         if end != self.encoded_bytes:
-            raise InvalidArgument(f"block {idx}: last chunk at {end} bytes, expected {self.encoded_bytes}")
+            raise InvalidArgument(
+                f"block {idx}: last chunk at {end} bytes, expected {self.encoded_bytes}"
+            )
         del self._partial[idx]
         self._done.add(idx)
         self._verify(idx, slot, part.header)
@@ -178,7 +190,9 @@ class BlockAssembler:
         if hdr.fingerprint != self._fp:
             raise BlockError(f"block {idx} belongs to another namespace")
         if hdr.key != self._keys[idx]:
-            raise BlockError(f"block {idx} carries key {hdr.key.hex()}, expected {self._keys[idx].hex()}")
+            raise BlockError(
+                f"block {idx} carries key {hdr.key.hex()}, expected {self._keys[idx].hex()}"
+            )
         if hdr.payload_len != self._bb:
             raise BlockError(f"block {idx}: payload length {hdr.payload_len}, expected {self._bb}")
         row = self._rows[slot * self._bb : (slot + 1) * self._bb]

@@ -55,7 +55,7 @@ def parse_store_url(url: str) -> tuple[str, bool]:
     """``grpc://H:P`` or ``grpcs://H:P`` (TLS) -> (``H:P``, tls)."""
     for scheme, tls in (("grpc://", False), ("grpcs://", True)):
         if url.startswith(scheme):
-            target = url[len(scheme):].rstrip("/")
+            target = url[len(scheme) :].rstrip("/")
             host, sep, port = target.rpartition(":")
             if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
                 raise InvalidArgument(f"store URL {url!r} must be {scheme}HOST:PORT")

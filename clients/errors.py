@@ -38,8 +38,12 @@ _MISUSE = {
 RETRYABLE = frozenset({grpc.StatusCode.UNAVAILABLE})
 #: Codes that say "the store is not answering": they count against the circuit breaker.
 UNAVAILABLE_CODES = frozenset(
-    {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.RESOURCE_EXHAUSTED,
-     grpc.StatusCode.CANCELLED}
+    {
+        grpc.StatusCode.UNAVAILABLE,
+        grpc.StatusCode.DEADLINE_EXCEEDED,
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        grpc.StatusCode.CANCELLED,
+    }
 )
 
 

@@ -17,7 +17,7 @@ from kvstore.block import make_header
 from kvstore.buffers import block_view, rows_view
 from kvstore.errors import BlockError, InvalidArgument
 from kvstore.keys import Key, Namespace
-from kvstore.tier import CommitResult, StoreStats, TierStats, SizeClassStats
+from kvstore.tier import CommitResult, SizeClassStats, StoreStats, TierStats
 
 
 def check_ns(ns: Any) -> Namespace:
@@ -30,10 +30,14 @@ def dst_rows(ns: Namespace, keys: Sequence[Key], dst: Any) -> memoryview:
     return rows_view(dst, len(keys), ns.block_bytes, writable=True)
 
 
-def payload_views(ns: Namespace, keys: Sequence[Key], payloads: Mapping[int, Any]) -> dict[int, memoryview]:
+def payload_views(
+    ns: Namespace, keys: Sequence[Key], payloads: Mapping[int, Any]
+) -> dict[int, memoryview]:
     """Validated payload rows by chain index, in index order."""
     out: dict[int, memoryview] = {}
-    for idx in sorted(payloads, key=lambda i: (not isinstance(i, int), i if isinstance(i, int) else 0)):
+    for idx in sorted(
+        payloads, key=lambda i: (not isinstance(i, int), i if isinstance(i, int) else 0)
+    ):
         if not isinstance(idx, int) or isinstance(idx, bool) or not 0 <= idx < len(keys):
             raise InvalidArgument(f"payload index {idx!r} outside the chain of {len(keys)} keys")
         out[idx] = block_view(payloads[idx], ns.block_bytes)
@@ -41,18 +45,26 @@ def payload_views(ns: Namespace, keys: Sequence[Key], payloads: Mapping[int, Any
 
 
 def commit_open(
-    ns: Namespace, keys: Sequence[Key], indices: Sequence[int], durability: str,
+    ns: Namespace,
+    keys: Sequence[Key],
+    indices: Sequence[int],
+    durability: str,
     staging: pb.StagingRef | None = None,
 ) -> pb.CommitRequest:
     return pb.CommitRequest(
         open=pb.CommitOpen(
-            ns=codec.ns_to_proto(ns), keys=keys, indices=indices,
-            durability=codec.durability_to_proto(durability), staging=staging,
+            ns=codec.ns_to_proto(ns),
+            keys=keys,
+            indices=indices,
+            durability=codec.durability_to_proto(durability),
+            staging=staging,
         )
     )
 
 
-def commit_chunks(ns: Namespace, keys: Sequence[Key], views: Mapping[int, memoryview], durability: str) -> Iterator[pb.CommitRequest]:
+def commit_chunks(
+    ns: Namespace, keys: Sequence[Key], views: Mapping[int, memoryview], durability: str
+) -> Iterator[pb.CommitRequest]:
     """The gRPC-path Commit stream: open, then every block's chunks."""
     yield commit_open(ns, keys, list(views), durability)
     fp = ns.fingerprint
@@ -61,20 +73,31 @@ def commit_chunks(ns: Namespace, keys: Sequence[Key], views: Mapping[int, memory
             yield pb.CommitRequest(chunk=chunk)
 
 
-def staged_commit(ns: Namespace, keys: Sequence[Key], views: Mapping[int, memoryview], durability: str,
-                  staging: pb.StagingRef) -> pb.CommitStagedRequest:
+def staged_commit(
+    ns: Namespace,
+    keys: Sequence[Key],
+    views: Mapping[int, memoryview],
+    durability: str,
+    staging: pb.StagingRef,
+) -> pb.CommitStagedRequest:
     """The fast-path commit: rows are already in the segment at ``staging``; the headers
     let the daemon verify each one's checksum."""
     fp = ns.fingerprint
     return pb.CommitStagedRequest(
-        ns=codec.ns_to_proto(ns), keys=keys, indices=list(views), durability=codec.durability_to_proto(durability),
-        staging=staging, headers=[make_header(fp, keys[i], row).pack() for i, row in views.items()],
+        ns=codec.ns_to_proto(ns),
+        keys=keys,
+        indices=list(views),
+        durability=codec.durability_to_proto(durability),
+        staging=staging,
+        headers=[make_header(fp, keys[i], row).pack() for i, row in views.items()],
     )
 
 
 def commit_result(resp: pb.CommitResponse) -> CommitResult:
     return CommitResult(
-        inserted=resp.inserted, present=resp.present, dropped=resp.dropped,
+        inserted=resp.inserted,
+        present=resp.present,
+        dropped=resp.dropped,
         durability=codec.durability_from_proto(resp.durability),  # type: ignore[arg-type]
     )
 
@@ -83,11 +106,15 @@ def stats_from_proto(resp: pb.StatsResponse) -> StoreStats:
     return StoreStats(
         tiers=tuple(
             TierStats(
-                name=t.name, capacity_bytes=t.capacity_bytes, used_bytes=t.used_bytes,
+                name=t.name,
+                capacity_bytes=t.capacity_bytes,
+                used_bytes=t.used_bytes,
                 size_classes=tuple(
-                    SizeClassStats(c.block_bytes, c.capacity_blocks, c.used_blocks) for c in t.size_classes
+                    SizeClassStats(c.block_bytes, c.capacity_blocks, c.used_blocks)
+                    for c in t.size_classes
                 ),
-                counters=dict(t.counters), info=dict(t.info),
+                counters=dict(t.counters),
+                info=dict(t.info),
             )
             for t in resp.tiers
         ),
@@ -107,7 +134,9 @@ class GetReader:
     _done: int | None = None
 
     def __post_init__(self) -> None:
-        self._asm = codec.BlockAssembler(self.ns, self.keys, self.rows, {i: i for i in range(len(self.keys))})
+        self._asm = codec.BlockAssembler(
+            self.ns, self.keys, self.rows, {i: i for i in range(len(self.keys))}
+        )
         self._broken = False
 
     def feed(self, msg: pb.GetResponse) -> bool:

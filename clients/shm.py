@@ -12,6 +12,7 @@ mapped segment, ``RangeAllocator`` hands out byte ranges to concurrent calls.
 from __future__ import annotations
 
 import bisect
+import contextlib
 import mmap
 import os
 import threading
@@ -109,16 +110,15 @@ class Staging:
             return None
         addr = address_of(mv)
         off = addr - self.base_addr
-        if 0 <= off and off + len(mv) <= len(self.view):
+        if off >= 0 and off + len(mv) <= len(self.view):
             return off
         return None
 
     def close(self) -> None:
         self.view.release()
-        try:
+        # A caller may still hold a buffer() array; the mapping then lives as long as it.
+        with contextlib.suppress(BufferError):
             self.map.close()
-        except BufferError:
-            pass  # a caller still holds a buffer() array; the mapping lives as long as it
 
 
 def address_of(mv: memoryview) -> int:

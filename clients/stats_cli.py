@@ -12,7 +12,9 @@ from kvstore.units import format_bytes
 
 
 def configure(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--store", default="grpc://127.0.0.1:7420", help="grpc://HOST:PORT or grpcs://HOST:PORT")
+    p.add_argument(
+        "--store", default="grpc://127.0.0.1:7420", help="grpc://HOST:PORT or grpcs://HOST:PORT"
+    )
     p.add_argument("--auth-token-file", default=None, help="token file (else $KVSTORE_AUTH_TOKEN)")
     p.add_argument("--tls-ca", default=None, help="CA certificate for grpcs://")
     p.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for the daemon")
@@ -22,9 +24,14 @@ def render(st: StoreStats) -> str:
     lines = []
     for t in st.tiers:
         pct = 100.0 * t.used_bytes / t.capacity_bytes if t.capacity_bytes else 0.0
-        lines.append(f"{t.name}: {format_bytes(t.used_bytes)} of {format_bytes(t.capacity_bytes)} ({pct:.1f}%)")
+        lines.append(
+            f"{t.name}: {format_bytes(t.used_bytes)} of "
+            f"{format_bytes(t.capacity_bytes)} ({pct:.1f}%)"
+        )
         for c in t.size_classes:
-            lines.append(f"  {format_bytes(c.block_bytes)} blocks: {c.used_blocks} of {c.capacity_blocks}")
+            lines.append(
+                f"  {format_bytes(c.block_bytes)} blocks: {c.used_blocks} of {c.capacity_blocks}"
+            )
         for k in sorted(t.counters):
             lines.append(f"  {k} = {t.counters[k]}")
     lines.append("store:")
@@ -36,8 +43,12 @@ def render(st: StoreStats) -> str:
 def run(args: argparse.Namespace) -> int:
     target, tls = parse_store_url(args.store)
     config = ClientConfig(
-        target=target, tls=tls, tls_ca_file=args.tls_ca, auth_token=read_token(args.auth_token_file),
-        default_timeout_s=args.timeout, shm="off",
+        target=target,
+        tls=tls,
+        tls_ca_file=args.tls_ca,
+        auth_token=read_token(args.auth_token_file),
+        default_timeout_s=args.timeout,
+        shm="off",
     )
     with GrpcStore(config) as store:
         st = store.stats(timeout_s=args.timeout)

@@ -11,6 +11,7 @@ map it (same host, ``shm="auto"``), else as chunked encoded blocks over gRPC.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -40,7 +41,9 @@ def make_channel(config: ClientConfig) -> grpc.Channel:
         if config.tls_ca_file:
             with open(config.tls_ca_file, "rb") as f:
                 root = f.read()
-        return grpc.secure_channel(config.target, grpc.ssl_channel_credentials(root), config.channel_options())
+        return grpc.secure_channel(
+            config.target, grpc.ssl_channel_credentials(root), config.channel_options()
+        )
     return grpc.insecure_channel(config.target, config.channel_options())
 
 
@@ -66,7 +69,9 @@ class GrpcStore(KVStore):
         """Run ``fn(remaining_s)`` under the deadline, the retry policy and the breaker."""
         if self._closed:
             raise StoreUnavailable("client is closed")
-        deadline = time.monotonic() + (self.config.default_timeout_s if timeout_s is None else timeout_s)
+        deadline = time.monotonic() + (
+            self.config.default_timeout_s if timeout_s is None else timeout_s
+        )
         backoff = self.config.retry_initial_backoff_s
         last: KVStoreError | None = None
         while True:
@@ -105,7 +110,9 @@ class GrpcStore(KVStore):
                 try:
                     resp = self._call(
                         lambda t: self._stub.OpenStaging(
-                            pb.OpenStagingRequest(size_bytes=self.config.shm_bytes), timeout=t, metadata=self._md
+                            pb.OpenStagingRequest(size_bytes=self.config.shm_bytes),
+                            timeout=t,
+                            metadata=self._md,
                         ),
                         None,
                     )
@@ -118,10 +125,10 @@ class GrpcStore(KVStore):
         return self._staging
 
     def _close_segment(self, staging_id: int) -> None:
-        try:
-            self._stub.CloseStaging(pb.CloseStagingRequest(staging_id=staging_id), timeout=2, metadata=self._md)
-        except grpc.RpcError:
-            pass
+        with contextlib.suppress(grpc.RpcError):
+            self._stub.CloseStaging(
+                pb.CloseStagingRequest(staging_id=staging_id), timeout=2, metadata=self._md
+            )
 
     @property
     def uses_shm(self) -> bool:
@@ -141,16 +148,29 @@ class GrpcStore(KVStore):
     # -- KVStore --------------------------------------------------------------------
     def register(self, ns: Namespace, *, timeout_s: float | None = None) -> None:
         req = pb.RegisterNamespaceRequest(ns=codec.ns_to_proto(rq.check_ns(ns)))
-        self._call(lambda t: self._stub.RegisterNamespace(req, timeout=t, metadata=self._md), timeout_s)
+        self._call(
+            lambda t: self._stub.RegisterNamespace(req, timeout=t, metadata=self._md), timeout_s
+        )
 
-    def lookup(self, ns: Namespace, keys: Sequence[Key], *, timeout_s: float | None = None,
-               prompt_tokens: int = 0) -> LookupResult:
-        req = pb.LookupRequest(ns=codec.ns_to_proto(rq.check_ns(ns)), keys=codec.check_keys(keys),
-                               prompt_tokens=prompt_tokens)
+    def lookup(
+        self,
+        ns: Namespace,
+        keys: Sequence[Key],
+        *,
+        timeout_s: float | None = None,
+        prompt_tokens: int = 0,
+    ) -> LookupResult:
+        req = pb.LookupRequest(
+            ns=codec.ns_to_proto(rq.check_ns(ns)),
+            keys=codec.check_keys(keys),
+            prompt_tokens=prompt_tokens,
+        )
         resp = self._call(lambda t: self._stub.Lookup(req, timeout=t, metadata=self._md), timeout_s)
         return LookupResult(hit_blocks=resp.hit_blocks, tiers=tuple(resp.tiers))
 
-    def get_into(self, ns: Namespace, keys: Sequence[Key], dst: Any, *, timeout_s: float | None = None) -> int:
+    def get_into(
+        self, ns: Namespace, keys: Sequence[Key], dst: Any, *, timeout_s: float | None = None
+    ) -> int:
         rq.check_ns(ns)
         keys = codec.check_keys(keys)
         rows = rq.dst_rows(ns, keys, dst)
@@ -165,7 +185,9 @@ class GrpcStore(KVStore):
 
     def _get_grpc(self, ns: Namespace, keys: list[Key], rows: memoryview, t: float) -> int:
         reader = rq.GetReader(ns, keys, rows)
-        call = self._stub.Get(pb.GetRequest(ns=codec.ns_to_proto(ns), keys=keys), timeout=t, metadata=self._md)
+        call = self._stub.Get(
+            pb.GetRequest(ns=codec.ns_to_proto(ns), keys=keys), timeout=t, metadata=self._md
+        )
         for msg in call:
             if not reader.feed(msg):
                 break
@@ -173,8 +195,9 @@ class GrpcStore(KVStore):
         self.corrupt_blocks += reader.corrupt_blocks
         return reader.hit
 
-    def _get_staged(self, st: Staging, ns: Namespace, keys: list[Key], rows: memoryview,
-                    timeout_s: float | None) -> int | None:
+    def _get_staged(
+        self, st: Staging, ns: Namespace, keys: list[Key], rows: memoryview, timeout_s: float | None
+    ) -> int | None:
         off = st.offset_of(rows)
         owned = off is None
         if owned:
@@ -183,8 +206,11 @@ class GrpcStore(KVStore):
                 return None  # segment full: the gRPC path
         assert off is not None
         try:
-            req = pb.GetStagedRequest(ns=codec.ns_to_proto(ns), keys=keys,
-                                      staging=pb.StagingRef(staging_id=st.staging_id, offset=off))
+            req = pb.GetStagedRequest(
+                ns=codec.ns_to_proto(ns),
+                keys=keys,
+                staging=pb.StagingRef(staging_id=st.staging_id, offset=off),
+            )
             call = lambda t: self._stub.GetStaged(req, timeout=t, metadata=self._md).hit_blocks  # noqa: E731
             hit = self._call(call, timeout_s)
             if owned and hit:
@@ -195,8 +221,15 @@ class GrpcStore(KVStore):
             if owned:
                 st.allocator.free(off)
 
-    def commit(self, ns: Namespace, keys: Sequence[Key], payloads: Mapping[int, Any], *,
-               durability: Durability = "dram", timeout_s: float | None = None) -> CommitResult:
+    def commit(
+        self,
+        ns: Namespace,
+        keys: Sequence[Key],
+        payloads: Mapping[int, Any],
+        *,
+        durability: Durability = "dram",
+        timeout_s: float | None = None,
+    ) -> CommitResult:
         rq.check_ns(ns)
         keys = codec.check_keys(keys)
         views = rq.payload_views(ns, keys, payloads)
@@ -207,14 +240,22 @@ class GrpcStore(KVStore):
             if res is not None:
                 return res
         resp = self._call(
-            lambda t: self._stub.Commit(rq.commit_chunks(ns, keys, views, durability), timeout=t,
-                                        metadata=self._md),
+            lambda t: self._stub.Commit(
+                rq.commit_chunks(ns, keys, views, durability), timeout=t, metadata=self._md
+            ),
             timeout_s,
         )
         return rq.commit_result(resp)
 
-    def _commit_staged(self, st: Staging, ns: Namespace, keys: list[Key], views: dict[int, memoryview],
-                       durability: str, timeout_s: float | None) -> CommitResult | None:
+    def _commit_staged(
+        self,
+        st: Staging,
+        ns: Namespace,
+        keys: list[Key],
+        views: dict[int, memoryview],
+        durability: str,
+        timeout_s: float | None,
+    ) -> CommitResult | None:
         bb = ns.block_bytes
         nbytes = len(views) * bb
         first = next(iter(views.values()))
@@ -233,14 +274,20 @@ class GrpcStore(KVStore):
                 area = st.rows(off, nbytes)
                 for j, v in enumerate(views.values()):
                     area[j * bb : (j + 1) * bb] = v
-            req = rq.staged_commit(ns, keys, views, durability, pb.StagingRef(staging_id=st.staging_id, offset=off))
-            resp = self._call(lambda t: self._stub.CommitStaged(req, timeout=t, metadata=self._md), timeout_s)
+            req = rq.staged_commit(
+                ns, keys, views, durability, pb.StagingRef(staging_id=st.staging_id, offset=off)
+            )
+            resp = self._call(
+                lambda t: self._stub.CommitStaged(req, timeout=t, metadata=self._md), timeout_s
+            )
             return rq.commit_result(resp)
         finally:
             if owned:
                 st.allocator.free(off)
 
-    def prefetch(self, ns: Namespace, keys: Sequence[Key], *, timeout_s: float | None = None) -> Future[int]:
+    def prefetch(
+        self, ns: Namespace, keys: Sequence[Key], *, timeout_s: float | None = None
+    ) -> Future[int]:
         req = pb.PrefetchRequest(ns=codec.ns_to_proto(rq.check_ns(ns)), keys=codec.check_keys(keys))
         out: Future[int] = Future()
         out.set_running_or_notify_cancel()
@@ -267,15 +314,21 @@ class GrpcStore(KVStore):
         return out
 
     def flush(self, *, timeout_s: float | None = None) -> None:
-        self._call(lambda t: self._stub.Flush(pb.FlushRequest(), timeout=t, metadata=self._md), timeout_s)
+        self._call(
+            lambda t: self._stub.Flush(pb.FlushRequest(), timeout=t, metadata=self._md), timeout_s
+        )
 
     def delete_namespace(self, ns: Namespace, *, timeout_s: float | None = None) -> int:
         req = pb.DeleteNamespaceRequest(ns=codec.ns_to_proto(rq.check_ns(ns)))
-        resp = self._call(lambda t: self._stub.DeleteNamespace(req, timeout=t, metadata=self._md), timeout_s)
+        resp = self._call(
+            lambda t: self._stub.DeleteNamespace(req, timeout=t, metadata=self._md), timeout_s
+        )
         return int(resp.deleted_blocks)
 
     def stats(self, *, timeout_s: float | None = None) -> StoreStats:
-        resp = self._call(lambda t: self._stub.Stats(pb.StatsRequest(), timeout=t, metadata=self._md), timeout_s)
+        resp = self._call(
+            lambda t: self._stub.Stats(pb.StatsRequest(), timeout=t, metadata=self._md), timeout_s
+        )
         return rq.stats_from_proto(resp)
 
     def close(self) -> None:

@@ -36,7 +36,7 @@ class AccessLogConfig:
     def __post_init__(self) -> None:
         if not 0 < self.rotate_s <= 60:
             raise InvalidArgument("access-log rotation must be within (0, 60] seconds (DESIGN §8)")
-        if not 0 < self.flush_s:
+        if not self.flush_s > 0:
             raise InvalidArgument("access-log flush interval must be positive")
 
 
@@ -107,7 +107,10 @@ class ParquetAccessLog(AccessLog):
         tick = min(self.config.flush_s, self.config.rotate_s)
         while not self._stop.wait(tick):
             self._write_pending()
-            if self._writer is not None and time.monotonic() - self._opened_at >= self.config.rotate_s:
+            if (
+                self._writer is not None
+                and time.monotonic() - self._opened_at >= self.config.rotate_s
+            ):
                 self._close_file()
 
     def _write_pending(self) -> None:

@@ -32,7 +32,9 @@ class Authenticator(ABC):
     def check_namespace(self, tenant: str | None, ns: Namespace) -> None:
         """Raise ``AccessDenied`` unless ``tenant`` owns ``ns``."""
         if tenant is not None and ns.tenant != tenant:
-            raise AccessDenied(f"namespace of tenant {ns.tenant!r} is not accessible to tenant {tenant!r}")
+            raise AccessDenied(
+                f"namespace of tenant {ns.tenant!r} is not accessible to tenant {tenant!r}"
+            )
 
     @property
     def enabled(self) -> bool:
@@ -61,7 +63,7 @@ class TokenAuth(Authenticator):
                 value = v.encode() if isinstance(v, str) else v
                 if not value.startswith(b"Bearer "):
                     raise AuthError("authorization must be 'Bearer TOKEN'")
-                presented = value[len(b"Bearer "):]
+                presented = value[len(b"Bearer ") :]
         if not presented:
             raise AuthError("missing authorization: Bearer TOKEN")
         found: str | None = None

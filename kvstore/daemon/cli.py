@@ -16,21 +16,35 @@ from kvstore.units import parse_duration, parse_size
 
 
 def configure(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--listen", default="127.0.0.1:7420", help="HOST:PORT to serve gRPC on (port 0: any)")
+    p.add_argument(
+        "--listen", default="127.0.0.1:7420", help="HOST:PORT to serve gRPC on (port 0: any)"
+    )
     p.add_argument("--dram", default="8GiB", help="DRAM tier capacity")
     p.add_argument("--ssd-dir", default=None, help="directory of the embedded SSD engine")
     p.add_argument("--ssd-capacity", default=None, help="SSD tier capacity (with --ssd-dir)")
     p.add_argument("--nodes", default=None, help="storage nodes H:P,… instead of --ssd-dir")
     p.add_argument("--retention", default="72h", help="SSD retention of idle blocks")
-    p.add_argument("--max-dirty", default=None, help="bound on bytes awaiting write-back (default 10%% of DRAM)")
+    p.add_argument(
+        "--max-dirty",
+        default=None,
+        help="bound on bytes awaiting write-back (default 10%% of DRAM)",
+    )
     p.add_argument("--metrics-listen", default=None, help="HOST:PORT for Prometheus metrics")
-    p.add_argument("--access-log", default=None, metavar="DIR", help="write the Parquet access log here")
-    p.add_argument("--access-log-rotate", default="60s", help="close and rotate access-log files this often (<= 60s)")
+    p.add_argument(
+        "--access-log", default=None, metavar="DIR", help="write the Parquet access log here"
+    )
+    p.add_argument(
+        "--access-log-rotate",
+        default="60s",
+        help="close and rotate access-log files this often (<= 60s)",
+    )
     p.add_argument("--auth-token-file", default=None, help="file of 'token tenant' lines")
     p.add_argument("--tls-cert", default=None, help="PEM certificate chain")
     p.add_argument("--tls-key", default=None, help="PEM private key")
     p.add_argument("--workers", type=int, default=32, help="RPC worker threads")
-    p.add_argument("--no-shm", dest="shm", action="store_false", help="do not offer the shared-memory path")
+    p.add_argument(
+        "--no-shm", dest="shm", action="store_false", help="do not offer the shared-memory path"
+    )
 
 
 def config_from_args(args: argparse.Namespace) -> DaemonConfig:
@@ -60,7 +74,11 @@ def config_from_args(args: argparse.Namespace) -> DaemonConfig:
 def run(args: argparse.Namespace) -> int:
     config = config_from_args(args)
     if args.json:
-        print(json.dumps({"config": {k: getattr(config, k) for k in config.__slots__ if k != "limits"}}))
+        print(
+            json.dumps(
+                {"config": {k: getattr(config, k) for k in config.__slots__ if k != "limits"}}
+            )
+        )
     from kvstore.daemon.server import run_daemon
 
     return run_daemon(config)

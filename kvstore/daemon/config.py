@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from kvstore.errors import InvalidArgument
 
@@ -37,7 +37,7 @@ class DaemonConfig:
     workers: int = 32
     shutdown_grace_s: float = 10.0
     shm: bool = True
-    limits: ServerLimits = ServerLimits()
+    limits: ServerLimits = field(default_factory=ServerLimits)
 
     def __post_init__(self) -> None:
         _check_hostport("--listen", self.listen)

@@ -22,7 +22,21 @@ from prometheus_client.registry import Collector
 from kvstore.tier import StoreStats
 
 _LATENCY_BUCKETS_S = (
-    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10,
+    0.0001,
+    0.00025,
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1,
+    2.5,
+    10,
 )
 _NAME_RE = re.compile(r"[^a-zA-Z0-9_]")
 
@@ -61,7 +75,9 @@ class StoreCollector(Collector):
         cap = GaugeMetricFamily("kvstore_tier_capacity_bytes", "tier capacity", labels=["tier"])
         used = GaugeMetricFamily("kvstore_tier_used_bytes", "tier bytes in use", labels=["tier"])
         cls_cap = GaugeMetricFamily(
-            "kvstore_size_class_capacity_blocks", "capacity in blocks", labels=["tier", "block_bytes"]
+            "kvstore_size_class_capacity_blocks",
+            "capacity in blocks",
+            labels=["tier", "block_bytes"],
         )
         cls_used = GaugeMetricFamily(
             "kvstore_size_class_used_blocks", "blocks stored", labels=["tier", "block_bytes"]
@@ -71,13 +87,18 @@ class StoreCollector(Collector):
         def counter(name: str, labels: list[str]) -> CounterMetricFamily:
             fam = counters.get(name)
             if fam is None:
-                fam = counters[name] = CounterMetricFamily(name, f"store counter {name}", labels=labels)
+                fam = counters[name] = CounterMetricFamily(
+                    name, f"store counter {name}", labels=labels
+                )
             return fam
 
         canon = {
-            name: CounterMetricFamily(name, f"{name} per tier", labels=["tier"]) for name in _CANONICAL_TIER
+            name: CounterMetricFamily(name, f"{name} per tier", labels=["tier"])
+            for name in _CANONICAL_TIER
         }
-        canon_store = {name: CounterMetricFamily(name, name, labels=[]) for name in _CANONICAL_STORE}
+        canon_store = {
+            name: CounterMetricFamily(name, name, labels=[]) for name in _CANONICAL_STORE
+        }
         for name, aliases in _CANONICAL_STORE.items():
             canon_store[name].add_metric([], sum(int(st.counters.get(a, 0)) for a in aliases))
         for t in st.tiers:
@@ -92,7 +113,15 @@ class StoreCollector(Collector):
                 counter(_metric_name(k) + "_tier", ["tier"]).add_metric([t.name], v)
         for k, v in st.counters.items():
             counter(_metric_name(k) + "_store", []).add_metric([], v)
-        yield from (cap, used, cls_cap, cls_used, *canon.values(), *canon_store.values(), *counters.values())
+        yield from (
+            cap,
+            used,
+            cls_cap,
+            cls_used,
+            *canon.values(),
+            *canon_store.values(),
+            *counters.values(),
+        )
 
 
 class DaemonMetrics:
@@ -106,10 +135,16 @@ class DaemonMetrics:
             "kvstore_lookup_blocks", "blocks asked for by Lookup", ["block_bytes"], registry=r
         )
         self.hit_blocks = Counter(
-            "kvstore_hit_blocks", "Lookup hit blocks by fastest tier", ["tier", "block_bytes"], registry=r
+            "kvstore_hit_blocks",
+            "Lookup hit blocks by fastest tier",
+            ["tier", "block_bytes"],
+            registry=r,
         )
         self.hit_tokens = Counter(
-            "kvstore_hit_tokens", "Lookup hit tokens by fastest tier", ["tier", "block_bytes"], registry=r
+            "kvstore_hit_tokens",
+            "Lookup hit tokens by fastest tier",
+            ["tier", "block_bytes"],
+            registry=r,
         )
         self.bytes_in = Counter(
             "kvstore_bytes_in", "payload bytes committed", ["path", "block_bytes"], registry=r
@@ -118,9 +153,14 @@ class DaemonMetrics:
             "kvstore_bytes_out", "payload bytes served", ["path", "block_bytes"], registry=r
         )
         self.rejected_blocks = Counter(
-            "kvstore_rejected_blocks", "received blocks failing verification", ["reason"], registry=r
+            "kvstore_rejected_blocks",
+            "received blocks failing verification",
+            ["reason"],
+            registry=r,
         )
-        self.rpc_errors = Counter("kvstore_rpc_errors", "failed RPCs", ["method", "code"], registry=r)
+        self.rpc_errors = Counter(
+            "kvstore_rpc_errors", "failed RPCs", ["method", "code"], registry=r
+        )
         self.rpc_seconds = Histogram(
             "kvstore_rpc_seconds", "RPC latency", ["method"], buckets=_LATENCY_BUCKETS_S, registry=r
         )
@@ -129,7 +169,9 @@ class DaemonMetrics:
     def attach_store(self, stats: Callable[[], StoreStats]) -> None:
         self.registry.register(StoreCollector(stats))
 
-    def record_lookup(self, block_bytes: int, block_tokens: int, asked: int, tiers: tuple[str, ...]) -> None:
+    def record_lookup(
+        self, block_bytes: int, block_tokens: int, asked: int, tiers: tuple[str, ...]
+    ) -> None:
         bb = str(block_bytes)
         self.lookups.labels(bb).inc()
         self.lookup_blocks.labels(bb).inc(asked)
@@ -151,7 +193,9 @@ class DaemonMetrics:
     def serve(self, listen: str) -> int:
         """Start the HTTP exporter on ``host:port``; returns the bound port."""
         host, _, port = listen.rpartition(":")
-        server, _thread = start_http_server(int(port), addr=host or "127.0.0.1", registry=self.registry)
+        server, _thread = start_http_server(
+            int(port), addr=host or "127.0.0.1", registry=self.registry
+        )
         self._server = server
         return int(server.server_port)
 

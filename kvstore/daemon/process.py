@@ -23,13 +23,23 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 class DaemonProcess:
-    def __init__(self, args: Sequence[str], *, start_timeout_s: float = 60.0, env: dict[str, str] | None = None):
+    def __init__(
+        self,
+        args: Sequence[str],
+        *,
+        start_timeout_s: float = 60.0,
+        env: dict[str, str] | None = None,
+    ):
         cmd = [sys.executable, "-m", "kvstore", "serve", "--listen", "127.0.0.1:0", *args]
         self.args = list(args)
         self.stderr_lines: list[str] = []
         self.stdout_lines: list[str] = []
         self.proc = subprocess.Popen(
-            cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            cmd,
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
             env={**os.environ, **(env or {})},
         )
         self._err_thread = threading.Thread(target=self._drain_stderr, daemon=True)
@@ -43,7 +53,8 @@ class DaemonProcess:
             if not line:
                 self.proc.wait(timeout=10)
                 raise StoreUnavailable(
-                    f"daemon exited with {self.proc.returncode}: {' | '.join(self.stderr_lines[-5:])}"
+                    f"daemon exited with {self.proc.returncode}: "
+                    f"{' | '.join(self.stderr_lines[-5:])}"
                 )
             self.stdout_lines.append(line.rstrip())
             if line.startswith("listening on "):

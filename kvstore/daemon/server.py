@@ -48,14 +48,23 @@ class Daemon:
         self.store = store if store is not None else open_store(config)
         self.metrics = DaemonMetrics()
         self.metrics.attach_store(self.store.stats)
-        self.access_log = make_access_log(config.access_log_dir, rotate_s=config.access_log_rotate_s)
+        self.access_log = make_access_log(
+            config.access_log_dir, rotate_s=config.access_log_rotate_s
+        )
         lim = config.limits
         self.staging = (
-            StagingArea(StagingConfig(max_segment_bytes=lim.max_staging_segment_bytes,
-                                      max_total_bytes=lim.max_staging_total_bytes))
-            if config.shm else None
+            StagingArea(
+                StagingConfig(
+                    max_segment_bytes=lim.max_staging_segment_bytes,
+                    max_total_bytes=lim.max_staging_total_bytes,
+                )
+            )
+            if config.shm
+            else None
         )
-        self.servicer = KVStoreServicer(self.store, self.auth, self.access_log, self.metrics, self.staging, lim)
+        self.servicer = KVStoreServicer(
+            self.store, self.auth, self.access_log, self.metrics, self.staging, lim
+        )
         self.server = grpc.server(
             ThreadPoolExecutor(config.workers, thread_name_prefix="kvstore-rpc"),
             options=[
@@ -122,10 +131,15 @@ def _server_credentials(config: DaemonConfig) -> grpc.ServerCredentials | None:
 
 def run_daemon(config: DaemonConfig) -> int:
     """Run until SIGTERM/SIGINT; print the bound addresses as the first lines."""
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(message)s")
+    logging.basicConfig(
+        level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(message)s"
+    )
     if not config.loopback and config.auth_token_file is None:
-        print(f"kvstore serve: warning: listening on {config.listen} without --auth-token-file: "
-              "any host that can reach it can read and write the cache", file=sys.stderr)
+        print(
+            f"kvstore serve: warning: listening on {config.listen} without --auth-token-file: "
+            "any host that can reach it can read and write the cache",
+            file=sys.stderr,
+        )
     daemon = Daemon(config)
     bound = daemon.start()
     print(f"listening on {config.host}:{bound.port}", flush=True)

@@ -39,9 +39,17 @@ def stats_to_proto(st: StoreStats) -> pb.StatsResponse:
     return pb.StatsResponse(
         tiers=[
             pb.TierStats(
-                name=t.name, capacity_bytes=t.capacity_bytes, used_bytes=t.used_bytes,
-                size_classes=[pb.SizeClassStats(block_bytes=c.block_bytes, capacity_blocks=c.capacity_blocks,
-                                                used_blocks=c.used_blocks) for c in t.size_classes],
+                name=t.name,
+                capacity_bytes=t.capacity_bytes,
+                used_bytes=t.used_bytes,
+                size_classes=[
+                    pb.SizeClassStats(
+                        block_bytes=c.block_bytes,
+                        capacity_blocks=c.capacity_blocks,
+                        used_blocks=c.used_blocks,
+                    )
+                    for c in t.size_classes
+                ],
                 counters={k: int(v) for k, v in t.counters.items()},
                 info={k: str(v) for k, v in t.info.items()},
             )
@@ -59,14 +67,14 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
         access_log: AccessLog,
         metrics: DaemonMetrics,
         staging: StagingArea | None,
-        limits: ServerLimits = ServerLimits(),
+        limits: ServerLimits | None = None,
     ) -> None:
         self.store = store
         self.auth = auth
         self.access_log = access_log
         self.metrics = metrics
         self.staging = staging
-        self.limits = limits
+        self.limits = limits if limits is not None else ServerLimits()
 
     # -- plumbing -------------------------------------------------------------------
     def _tenant(self, ctx: grpc.ServicerContext, method: str) -> str | None:
@@ -100,14 +108,17 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
 
     def _keys(self, keys: Any) -> list[Key]:
         if len(keys) > self.limits.max_keys_per_request:
-            raise InvalidArgument(f"{len(keys)} keys exceed the limit of {self.limits.max_keys_per_request}")
+            raise InvalidArgument(
+                f"{len(keys)} keys exceed the limit of {self.limits.max_keys_per_request}"
+            )
         return codec.check_keys(keys)
 
     def _rows_bytes(self, ns: Namespace, n: int) -> int:
         nbytes = n * ns.block_bytes
         if nbytes > self.limits.max_request_bytes:
             raise InvalidArgument(
-                f"request of {nbytes} payload bytes exceeds the limit of {self.limits.max_request_bytes}"
+                f"request of {nbytes} payload bytes exceeds the limit of "
+                f"{self.limits.max_request_bytes}"
             )
         return nbytes
 
@@ -146,9 +157,16 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
             self.metrics.record_lookup(ns.block_bytes, ns.block_tokens, len(keys), tiers)
             self.access_log.record(
                 LookupRecord(
-                    ts_us=now_us(), tenant=ns.tenant, namespace=ns.fingerprint, block_tokens=ns.block_tokens,
-                    prompt_tokens=req.prompt_tokens, keys=keys, hit_blocks=res.hit_blocks,
-                    hit_hbm=tiers.count("hbm"), hit_dram=tiers.count("dram"), hit_ssd=tiers.count("ssd"),
+                    ts_us=now_us(),
+                    tenant=ns.tenant,
+                    namespace=ns.fingerprint,
+                    block_tokens=ns.block_tokens,
+                    prompt_tokens=req.prompt_tokens,
+                    keys=keys,
+                    hit_blocks=res.hit_blocks,
+                    hit_hbm=tiers.count("hbm"),
+                    hit_dram=tiers.count("dram"),
+                    hit_ssd=tiers.count("ssd"),
                 )
             )
             return pb.LookupResponse(hit_blocks=res.hit_blocks, tiers=tiers)
@@ -192,7 +210,9 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
                 self._fail(ctx, "Commit", e)
                 raise  # unreachable
 
-    def _commit(self, tenant: str | None, it: Iterator[pb.CommitRequest], ctx: grpc.ServicerContext) -> Any:
+    def _commit(
+        self, tenant: str | None, it: Iterator[pb.CommitRequest], ctx: grpc.ServicerContext
+    ) -> Any:
         first = next(it, None)
         if first is None or first.WhichOneof("part") != "open":
             raise InvalidArgument("a Commit stream must start with its CommitOpen message")
@@ -208,7 +228,9 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
             msg = next(it, None)
             if msg is None or msg.WhichOneof("part") != "staged" or next(it, None) is not None:
                 raise InvalidArgument("a staged Commit carries exactly one StagedHeaders message")
-            payloads = self._staged_payloads(tenant, op.staging, msg.staged.headers, ns, keys, indices, nbytes)
+            payloads = self._staged_payloads(
+                tenant, op.staging, msg.staged.headers, ns, keys, indices, nbytes
+            )
             path, incomplete = "shm", 0
         else:
             rows = memoryview(bytearray(nbytes))
@@ -224,12 +246,22 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
             payloads = {idx: rows[slots[idx] * bb : (slots[idx] + 1) * bb] for idx in asm.complete}
             path, incomplete = "grpc", len(indices) - len(asm.complete)
             if truncated or not ctx.is_active():
-                log.info("commit stream ended early: %d of %d blocks complete", len(payloads), len(indices))
+                log.info(
+                    "commit stream ended early: %d of %d blocks complete",
+                    len(payloads),
+                    len(indices),
+                )
         return self._store_commit(ns, keys, payloads, durability, path, incomplete, ctx)
 
     def _staged_payloads(
-        self, tenant: str | None, ref: pb.StagingRef, headers: Sequence[bytes],
-        ns: Namespace, keys: list[Key], indices: list[int], nbytes: int,
+        self,
+        tenant: str | None,
+        ref: pb.StagingRef,
+        headers: Sequence[bytes],
+        ns: Namespace,
+        keys: list[Key],
+        indices: list[int],
+        nbytes: int,
     ) -> dict[int, memoryview]:
         if len(headers) != len(indices):
             raise InvalidArgument(f"{len(headers)} staged headers for {len(indices)} blocks")
@@ -248,14 +280,30 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
             raise InvalidArgument("commit indices must be distinct positions in the chain")
         return indices
 
-    def _store_commit(self, ns: Namespace, keys: list[Key], payloads: dict[int, memoryview], durability: str,
-                      path: str, incomplete: int, ctx: grpc.ServicerContext) -> pb.CommitResponse:
-        res = self.store.commit(ns, keys, payloads, durability=durability,  # type: ignore[arg-type]
-                                timeout_s=self._timeout(ctx))
+    def _store_commit(
+        self,
+        ns: Namespace,
+        keys: list[Key],
+        payloads: dict[int, memoryview],
+        durability: str,
+        path: str,
+        incomplete: int,
+        ctx: grpc.ServicerContext,
+    ) -> pb.CommitResponse:
+        res = self.store.commit(
+            ns,
+            keys,
+            payloads,
+            durability=durability,  # type: ignore[arg-type]
+            timeout_s=self._timeout(ctx),
+        )
         self.metrics.bytes_in.labels(path, str(ns.block_bytes)).inc(res.inserted * ns.block_bytes)
         return pb.CommitResponse(
-            inserted=res.inserted, present=res.present, dropped=res.dropped,
-            durability=codec.durability_to_proto(res.durability), incomplete=incomplete,
+            inserted=res.inserted,
+            present=res.present,
+            dropped=res.dropped,
+            durability=codec.durability_to_proto(res.durability),
+            incomplete=incomplete,
         )
 
     def GetStaged(self, req: pb.GetStagedRequest, ctx: grpc.ServicerContext) -> Any:
@@ -276,7 +324,9 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
             indices = self._indices(keys, req.indices)
             durability = codec.durability_from_proto(req.durability)
             nbytes = self._rows_bytes(ns, len(indices))
-            payloads = self._staged_payloads(tenant, req.staging, req.headers, ns, keys, indices, nbytes)
+            payloads = self._staged_payloads(
+                tenant, req.staging, req.headers, ns, keys, indices, nbytes
+            )
             return self._store_commit(ns, keys, payloads, durability, "shm", 0, ctx)
 
         return self._unary(ctx, "CommitStaged", run)
@@ -285,7 +335,9 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
         def run(tenant: str | None) -> pb.PrefetchResponse:
             ns = self._ns(tenant, req.ns)
             keys = self._keys(req.keys)
-            n = self.store.prefetch(ns, keys, timeout_s=self._timeout(ctx)).result(self._timeout(ctx))
+            n = self.store.prefetch(ns, keys, timeout_s=self._timeout(ctx)).result(
+                self._timeout(ctx)
+            )
             return pb.PrefetchResponse(top_tier_blocks=n)
 
         return self._unary(ctx, "Prefetch", run)
@@ -298,7 +350,11 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
         return self._unary(ctx, "Flush", run)
 
     def Stats(self, req: pb.StatsRequest, ctx: grpc.ServicerContext) -> Any:
-        return self._unary(ctx, "Stats", lambda tenant: stats_to_proto(self.store.stats(timeout_s=self._timeout(ctx))))
+        return self._unary(
+            ctx,
+            "Stats",
+            lambda tenant: stats_to_proto(self.store.stats(timeout_s=self._timeout(ctx))),
+        )
 
     def OpenStaging(self, req: pb.OpenStagingRequest, ctx: grpc.ServicerContext) -> Any:
         def run(tenant: str | None) -> pb.OpenStagingResponse:
@@ -306,7 +362,10 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
                 raise InvalidArgument("this daemon offers no shared-memory staging")
             seg = self.staging.open(tenant, req.size_bytes)
             return pb.OpenStagingResponse(
-                staging_id=seg.id, path=seg.path, size_bytes=seg.size_bytes, data_offset=DATA_OFFSET,
+                staging_id=seg.id,
+                path=seg.path,
+                size_bytes=seg.size_bytes,
+                data_offset=DATA_OFFSET,
                 nonce=seg.nonce,
             )
 

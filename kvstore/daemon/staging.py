@@ -13,6 +13,7 @@ tenant that opened them; idle ones are reclaimed after ``idle_timeout_s``.
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import os
 import secrets
@@ -65,7 +66,8 @@ class StagingArea:
     def open(self, tenant: str | None, size_bytes: int) -> Segment:
         if not 0 < size_bytes <= self.config.max_segment_bytes:
             raise InvalidArgument(
-                f"staging size must be in (0, {self.config.max_segment_bytes}] bytes, got {size_bytes}"
+                f"staging size must be in (0, {self.config.max_segment_bytes}] bytes, "
+                f"got {size_bytes}"
             )
         size = DATA_OFFSET + (size_bytes + 4095) // 4096 * 4096
         with self._lock:
@@ -136,21 +138,17 @@ class StagingArea:
 
     @staticmethod
     def _unlink(seg: Segment) -> None:
-        try:
+        with contextlib.suppress(FileNotFoundError):
             os.unlink(seg.path)
-        except FileNotFoundError:
-            pass
         seg.linked = False
 
     def _release(self, seg: Segment) -> None:
         if seg.linked:
             self._unlink(seg)
         seg.view.release()
-        try:
+        # A view handed to a running RPC may still exist; the mapping then goes with it.
+        with contextlib.suppress(BufferError):
             seg.map.close()
-        except BufferError:
-            # A view handed to a running RPC still exists; the mapping goes with it.
-            pass
 
     def check_integrity(self) -> None:
         with self._lock:

@@ -24,6 +24,7 @@ def open_store(config: DaemonConfig) -> KVStore:
             )
         from kvstore.dram import DramConfig, DramTier
         from kvstore.manager import ManagerConfig, TierManager
+
         return TierManager(
             [DramTier(DramConfig(config.dram_bytes)), opener(list(config.nodes))],
             ManagerConfig(max_dirty_bytes=config.max_dirty_bytes),

@@ -34,7 +34,9 @@ def test_every_rpc_concurrently(shared_daemon: DaemonProcess, shm: str) -> None:
                 assert (await s.lookup(NS, keys)).hit_blocks == 3
                 dst = np.zeros(4 * NS.block_bytes, np.uint8)
                 assert await s.get_into(NS, keys, dst) == 3
-                assert dst[: 3 * NS.block_bytes].tobytes() == b"".join(payloads(NS, keys, idx=[0, 1, 2]).values())
+                assert dst[: 3 * NS.block_bytes].tobytes() == b"".join(
+                    payloads(NS, keys, idx=[0, 1, 2]).values()
+                )
                 assert await s.prefetch(NS, keys) == 3
 
             await asyncio.gather(*(one(100 * (shm == "auto") + i) for i in range(16)))
@@ -56,8 +58,11 @@ def test_every_rpc_concurrently(shared_daemon: DaemonProcess, shm: str) -> None:
 
 def test_unreachable_daemon_opens_the_breaker() -> None:
     async def main() -> None:
-        cfg = ClientConfig(target="127.0.0.1:1", default_timeout_s=0.5,
-                           breaker=BreakerConfig(failure_threshold=2, cooldown_s=60))
+        cfg = ClientConfig(
+            target="127.0.0.1:1",
+            default_timeout_s=0.5,
+            breaker=BreakerConfig(failure_threshold=2, cooldown_s=60),
+        )
         s = AsyncGrpcStore(cfg)
         try:
             with pytest.raises(StoreUnavailable):

@@ -21,7 +21,9 @@ def roundtrip(ns: Namespace, n: int) -> tuple[int, bytes, bytes]:
     asm = codec.BlockAssembler(ns, keys, memoryview(dst), {i: i for i in range(n)})
     chunks = 0
     for i in range(n):
-        for c in codec.iter_chunks(i, ns.fingerprint, keys[i], memoryview(src)[i * ns.block_bytes:][: ns.block_bytes]):
+        for c in codec.iter_chunks(
+            i, ns.fingerprint, keys[i], memoryview(src)[i * ns.block_bytes :][: ns.block_bytes]
+        ):
             assert len(c.data) <= codec.CHUNK_BYTES
             chunks += 1
             asm.add(c)
@@ -29,7 +31,9 @@ def roundtrip(ns: Namespace, n: int) -> tuple[int, bytes, bytes]:
     return chunks, src, bytes(dst)
 
 
-@pytest.mark.parametrize("head_dim, chunks_per_block", [(8, 1), (4096, 1), (8192, 2), (8193, 2), (16384, 3)])
+@pytest.mark.parametrize(
+    "head_dim, chunks_per_block", [(8, 1), (4096, 1), (8192, 2), (8193, 2), (16384, 3)]
+)
 def test_blocks_cross_chunk_boundaries(head_dim: int, chunks_per_block: int) -> None:
     # 16 tokens x 2 layers x K/V x 1 head x head_dim x 2 bytes = 128 x head_dim bytes.
     ns = small_ns(kv_heads=1, head_dim=head_dim)
@@ -61,13 +65,26 @@ def test_corruption_and_misframing_are_detected() -> None:
 
 
 @given(
-    model_id=st.text(min_size=1, max_size=12), layers=st.lists(st.integers(0, 200), min_size=1, max_size=5, unique=True),
-    heads=st.integers(1, 64), head_dim=st.integers(1, 512), block_tokens=st.integers(1, 1024),
-    tenant=st.text(max_size=8), dtype=st.sampled_from(["bfloat16", "float16", "float32", "float8_e4m3fn"]),
+    model_id=st.text(min_size=1, max_size=12),
+    layers=st.lists(st.integers(0, 200), min_size=1, max_size=5, unique=True),
+    heads=st.integers(1, 64),
+    head_dim=st.integers(1, 512),
+    block_tokens=st.integers(1, 1024),
+    tenant=st.text(max_size=8),
+    dtype=st.sampled_from(["bfloat16", "float16", "float32", "float8_e4m3fn"]),
 )
-def test_namespace_round_trips(model_id: str, layers: list[int], heads: int, head_dim: int, block_tokens: int,
-                               tenant: str, dtype: str) -> None:
-    ns = Namespace(model_id, "rev", dtype, "mha", tuple(layers), heads, head_dim, block_tokens, tenant=tenant)
+def test_namespace_round_trips(
+    model_id: str,
+    layers: list[int],
+    heads: int,
+    head_dim: int,
+    block_tokens: int,
+    tenant: str,
+    dtype: str,
+) -> None:
+    ns = Namespace(
+        model_id, "rev", dtype, "mha", tuple(layers), heads, head_dim, block_tokens, tenant=tenant
+    )
     back = codec.ns_from_proto(codec.ns_to_proto(ns))
     assert back == ns and back.fingerprint == ns.fingerprint
 

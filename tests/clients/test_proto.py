@@ -10,8 +10,16 @@ def test_stubs_import_and_list_every_rpc() -> None:
     importlib.import_module("clients.proto.kvstore_pb2_grpc")
     importlib.import_module("grpc_health.v1.health_pb2_grpc")
     kv = {m.name for m in pb.DESCRIPTOR.services_by_name["KVStore"].methods}
-    assert {"RegisterNamespace", "DeleteNamespace", "Lookup", "Get", "Commit", "Prefetch", "Flush",
-            "Stats"} <= kv
+    assert {
+        "RegisterNamespace",
+        "DeleteNamespace",
+        "Lookup",
+        "Get",
+        "Commit",
+        "Prefetch",
+        "Flush",
+        "Stats",
+    } <= kv
     node = {m.name for m in pb.DESCRIPTOR.services_by_name["StorageNode"].methods}
     assert {"Put", "Get", "Contains", "Touch", "Delete", "Stats"} <= node
     methods = pb.DESCRIPTOR.services_by_name["KVStore"].methods_by_name

@@ -16,7 +16,10 @@ def test_allocations_never_overlap_and_free_space_coalesces(ops: list[tuple[bool
         if is_alloc or not live:
             off = a.alloc(n)
             if off is None:
-                assert sum(-(-v // ALIGN) * ALIGN for v in live.values()) + n > a.size - ALIGN * len(live) - 4096
+                assert (
+                    sum(-(-v // ALIGN) * ALIGN for v in live.values()) + n
+                    > a.size - ALIGN * len(live) - 4096
+                )
                 continue
             assert off % ALIGN == 0 and off + n <= a.size
             for o, m in live.items():

@@ -10,8 +10,13 @@ from kvstore.daemon.process import REPO, DaemonProcess
 
 
 def stats(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "kvstore", "stats", *args], cwd=REPO, capture_output=True,
-                          text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "kvstore", "stats", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def test_text_and_json(shared_daemon: DaemonProcess) -> None:
@@ -24,7 +29,10 @@ def test_text_and_json(shared_daemon: DaemonProcess) -> None:
 
 
 def test_errors_are_one_line() -> None:
-    for args in (["--store", "http://x:1"], ["--store", "grpc://127.0.0.1:1", "--timeout", "0.5"],
-                 ["--auth-token-file", "/nonexistent"]):
+    for args in (
+        ["--store", "http://x:1"],
+        ["--store", "grpc://127.0.0.1:1", "--timeout", "0.5"],
+        ["--auth-token-file", "/nonexistent"],
+    ):
         r = stats(*args)
         assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr

@@ -41,10 +41,14 @@ def test_every_rpc(store: GrpcStore) -> None:
     assert look.hit_blocks == 3 and look.tiers == ("dram",) * 3
     dst = np.zeros(5 * NS.block_bytes, np.uint8)
     assert store.get_into(NS, keys, dst) == 3
-    assert dst[: 3 * NS.block_bytes].tobytes() == b"".join(payloads(NS, keys, idx=[0, 1, 2]).values())
+    assert dst[: 3 * NS.block_bytes].tobytes() == b"".join(
+        payloads(NS, keys, idx=[0, 1, 2]).values()
+    )
     tensor = torch.empty((2, *NS.payload_shape), dtype=torch.float16)
     assert store.get_into(NS, keys[:2], tensor) == 2
-    assert tensor.view(torch.uint8).numpy().tobytes() == b"".join(payloads(NS, keys, idx=[0, 1]).values())
+    assert tensor.view(torch.uint8).numpy().tobytes() == b"".join(
+        payloads(NS, keys, idx=[0, 1]).values()
+    )
     assert store.commit(NS, keys, payloads(NS, keys, idx=[3]), durability="ssd").inserted == 1
     assert store.prefetch(NS, keys).result(timeout=10) == 5
     store.flush()
@@ -76,11 +80,17 @@ def test_misuse_is_value_error_before_any_rpc(store: GrpcStore) -> None:
 def test_multi_chunk_blocks(store: GrpcStore) -> None:
     store.register(BIG)
     keys = make_chain(BIG, 3, seed=4)
-    data = {i: np.random.default_rng(i).integers(0, 256, BIG.block_bytes, dtype=np.uint8) for i in range(3)}
+    data = {
+        i: np.random.default_rng(i).integers(0, 256, BIG.block_bytes, dtype=np.uint8)
+        for i in range(3)
+    }
     assert store.commit(BIG, keys, data).inserted in (0, 3)
     dst = np.empty(3 * BIG.block_bytes, np.uint8)
     assert store.get_into(BIG, keys, dst) == 3
-    assert all(np.array_equal(dst[i * BIG.block_bytes : (i + 1) * BIG.block_bytes], data[i]) for i in range(3))
+    assert all(
+        np.array_equal(dst[i * BIG.block_bytes : (i + 1) * BIG.block_bytes], data[i])
+        for i in range(3)
+    )
 
 
 def test_zero_copy_staging_buffers(shared_daemon: DaemonProcess) -> None:
@@ -125,7 +135,11 @@ def test_one_client_many_threads(store: GrpcStore) -> None:
 def test_dead_daemon_trips_the_breaker_and_recovery(spawn_daemon: SpawnDaemon) -> None:
     d = spawn_daemon()
     port = d.port
-    cfg = ClientConfig(target=d.target, default_timeout_s=1, breaker=BreakerConfig(failure_threshold=2, cooldown_s=0.3))
+    cfg = ClientConfig(
+        target=d.target,
+        default_timeout_s=1,
+        breaker=BreakerConfig(failure_threshold=2, cooldown_s=0.3),
+    )
     with GrpcStore(cfg) as s:
         s.register(NS)
         d.kill()  # kill -9
@@ -163,8 +177,14 @@ def test_corrupt_stream_is_a_miss_from_the_bad_block() -> None:
     rows = memoryview(bytearray(3 * NS.block_bytes))
     reader = GetReader(NS, keys, rows)
     data = payloads(NS, keys)
-    chunks = [c for i in range(3) for c in codec.iter_chunks(i, NS.fingerprint, keys[i], memoryview(data[i]))]
-    chunks[1] = pb.BlockChunk(block_index=1, offset=0, data=chunks[1].data[:-1] + b"\xff", last=True)
+    chunks = [
+        c
+        for i in range(3)
+        for c in codec.iter_chunks(i, NS.fingerprint, keys[i], memoryview(data[i]))
+    ]
+    chunks[1] = pb.BlockChunk(
+        block_index=1, offset=0, data=chunks[1].data[:-1] + b"\xff", last=True
+    )
     fed = [reader.feed(pb.GetResponse(chunk=c)) for c in chunks]
     assert fed == [True, False, False]
     reader.feed(pb.GetResponse(done=pb.GetDone(hit_blocks=3)))
@@ -180,7 +200,8 @@ def test_urls_and_tokens(tmp_path, monkeypatch) -> None:  # type: ignore[no-unty
     f = tmp_path / "tok"
     f.write_text("# c\n\nsecret-token-123456 alice\n")
     assert config_from_url("grpc://h:1", token_file=str(f)).metadata() == (
-        ("authorization", "Bearer secret-token-123456"),)
+        ("authorization", "Bearer secret-token-123456"),
+    )
     monkeypatch.setenv("KVSTORE_AUTH_TOKEN", "from-env")
     assert config_from_url("grpc://h:1").auth_token == "from-env"
     f.write_text("# nothing\n")

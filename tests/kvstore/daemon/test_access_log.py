@@ -29,8 +29,16 @@ NS = small_ns(tenant="t1")
 
 def record(i: int, keys: list[bytes]) -> LookupRecord:
     return LookupRecord(
-        ts_us=1_000_000 + i, tenant="t1", namespace=NS.fingerprint, block_tokens=NS.block_tokens,
-        prompt_tokens=i, keys=keys, hit_blocks=i % 3, hit_hbm=0, hit_dram=i % 3, hit_ssd=0,
+        ts_us=1_000_000 + i,
+        tenant="t1",
+        namespace=NS.fingerprint,
+        block_tokens=NS.block_tokens,
+        prompt_tokens=i,
+        keys=keys,
+        hit_blocks=i % 3,
+        hit_hbm=0,
+        hit_dram=i % 3,
+        hit_ssd=0,
     )
 
 
@@ -88,7 +96,9 @@ def test_daemon_log_survives_kill_9(spawn_daemon: SpawnDaemon, tmp_path: Path) -
         assert r["tenant"] == "t1" and r["namespace"] == NS.fingerprint
         assert r["keys"] == keys and r["hit_blocks"] == 3 and r["hit_dram"] == 3
         assert r["block_tokens"] == NS.block_tokens
-    assert [r["prompt_tokens"] for r in rows] == sorted(r["prompt_tokens"] for r in rows if r["prompt_tokens"] > 1)
+    assert [r["prompt_tokens"] for r in rows] == sorted(
+        r["prompt_tokens"] for r in rows if r["prompt_tokens"] > 1
+    )
     # Whatever is left open is the only casualty, and readers can tell it apart by name.
     leftovers = set(os.listdir(logdir)) - {os.path.basename(f) for f in done}
     assert all(name.endswith(".parquet.open") for name in leftovers)

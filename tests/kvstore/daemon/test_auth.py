@@ -61,12 +61,16 @@ def test_missing_or_wrong_token_is_refused(auth_daemon: tuple[str, dict[str, str
     with grpc.insecure_channel(target) as ch:
         from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-        resp = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(service=""), timeout=5)
+        resp = health_pb2_grpc.HealthStub(ch).Check(
+            health_pb2.HealthCheckRequest(service=""), timeout=5
+        )
         assert resp.status == health_pb2.HealthCheckResponse.SERVING
 
 
 @pytest.mark.parametrize("shm", ["off", "auto"])
-def test_tenant_cannot_touch_another_tenants_namespace(auth_daemon: tuple[str, dict[str, str]], shm: str) -> None:
+def test_tenant_cannot_touch_another_tenants_namespace(
+    auth_daemon: tuple[str, dict[str, str]], shm: str
+) -> None:
     target, tokens = auth_daemon
     keys = make_chain(NS_B, 3, seed=1)
     with client(target, tokens["alice"], shm) as alice, client(target, tokens["bob"], shm) as bob:
@@ -103,16 +107,23 @@ def test_staging_segments_belong_to_their_tenant(auth_daemon: tuple[str, dict[st
         md_a = (("authorization", f"Bearer {tokens['alice']}"),)
         md_b = (("authorization", f"Bearer {tokens['bob']}"),)
         seg = stub.OpenStaging(pb.OpenStagingRequest(size_bytes=1 << 16), metadata=md_a, timeout=5)
-        stub.RegisterNamespace(pb.RegisterNamespaceRequest(ns=_spec(NS_B)), metadata=md_b, timeout=5)
+        stub.RegisterNamespace(
+            pb.RegisterNamespaceRequest(ns=_spec(NS_B)), metadata=md_b, timeout=5
+        )
         keys = make_chain(NS_B, 1, seed=2)
-        req = pb.GetRequest(ns=_spec(NS_B), keys=keys,
-                            staging=pb.StagingRef(staging_id=seg.staging_id, offset=0))
+        req = pb.GetRequest(
+            ns=_spec(NS_B), keys=keys, staging=pb.StagingRef(staging_id=seg.staging_id, offset=0)
+        )
         with pytest.raises(grpc.RpcError) as e:
             list(stub.Get(req, metadata=md_b, timeout=5))
         assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         with pytest.raises(grpc.RpcError):
-            stub.CloseStaging(pb.CloseStagingRequest(staging_id=seg.staging_id), metadata=md_b, timeout=5)
-        stub.CloseStaging(pb.CloseStagingRequest(staging_id=seg.staging_id), metadata=md_a, timeout=5)
+            stub.CloseStaging(
+                pb.CloseStagingRequest(staging_id=seg.staging_id), metadata=md_b, timeout=5
+            )
+        stub.CloseStaging(
+            pb.CloseStagingRequest(staging_id=seg.staging_id), metadata=md_a, timeout=5
+        )
 
 
 def _spec(ns):  # type: ignore[no-untyped-def]

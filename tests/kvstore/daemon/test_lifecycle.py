@@ -26,7 +26,9 @@ def ssd_flags(d: Path) -> list[str]:
     return ["--ssd-dir", str(d), "--ssd-capacity", "256MiB", "--dram", "8MiB"]
 
 
-def test_sigterm_flushes_and_restart_keeps_ssd_data(spawn_daemon: SpawnDaemon, tmp_path: Path) -> None:
+def test_sigterm_flushes_and_restart_keeps_ssd_data(
+    spawn_daemon: SpawnDaemon, tmp_path: Path
+) -> None:
     chains = [make_chain(NS, 8, seed=s) for s in range(6)]
     first = spawn_daemon(*ssd_flags(tmp_path / "ssd"))
     with GrpcStore(ClientConfig(target=first.target)) as c:
@@ -60,13 +62,18 @@ def test_sigterm_flushes_and_restart_keeps_ssd_data(spawn_daemon: SpawnDaemon, t
 
 def test_second_daemon_on_the_same_ssd_dir_fails(spawn_daemon: SpawnDaemon, tmp_path: Path) -> None:
     spawn_daemon(*ssd_flags(tmp_path / "ssd"))
-    with pytest.raises(StoreUnavailable, match="exited with 2: .*pid"):
+    with pytest.raises(StoreUnavailable, match=r"exited with 2: .*pid"):
         DaemonProcess(ssd_flags(tmp_path / "ssd"))
 
 
 def serve(*flags: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "kvstore", "serve", *flags], cwd=REPO, capture_output=True,
-                          text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "kvstore", "serve", *flags],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 @pytest.mark.parametrize(
@@ -103,9 +110,26 @@ def test_toml_config(tmp_path: Path) -> None:
 def test_tls_end_to_end(spawn_daemon: SpawnDaemon, tmp_path: Path) -> None:
     cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
     subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert),
-         "-days", "1", "-subj", "/CN=localhost", "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost"],
-        check=True, capture_output=True,
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
+            "-days",
+            "1",
+            "-subj",
+            "/CN=localhost",
+            "-addext",
+            "subjectAltName=IP:127.0.0.1,DNS:localhost",
+        ],
+        check=True,
+        capture_output=True,
     )
     d = spawn_daemon("--tls-cert", str(cert), "--tls-key", str(key))
     keys = make_chain(NS, 2, seed=3)

@@ -78,20 +78,41 @@ def malformed_commits(keys: list[bytes]) -> dict[str, list[pb.CommitRequest]]:
         "unannounced block": [open_msg(keys, [0]), good0, whole(keys, 1)],
         "index outside chain": [open_msg(keys, [0, 9])],
         "duplicate index": [open_msg(keys, [0, 0])],
-        "bad checksum in a later block": [open_msg(keys, [0, 1]), good0, whole(keys, 1, _flip(enc1, 100))],
+        "bad checksum in a later block": [
+            open_msg(keys, [0, 1]),
+            good0,
+            whole(keys, 1, _flip(enc1, 100)),
+        ],
         "wrong key in header": [open_msg(keys, [0, 1]), good0, whole(keys, 1, encoded(keys, 0))],
         "bad magic": [open_msg(keys, [0]), whole(keys, 0, b"XXXX" + encoded(keys, 0)[4:])],
-        "offset gap": [open_msg(keys, [0]), chunk(0, 0, enc1[:100], False), chunk(0, 200, enc1[200:], True)],
+        "offset gap": [
+            open_msg(keys, [0]),
+            chunk(0, 0, enc1[:100], False),
+            chunk(0, 200, enc1[200:], True),
+        ],
         "past the block end": [open_msg(keys, [0]), whole(keys, 0, encoded(keys, 0) + b"x")],
         "last chunk too early": [open_msg(keys, [0]), whole(keys, 0, encoded(keys, 0)[:-1])],
         "chunk after completion": [open_msg(keys, [0]), good0, good0],
-        "oversized chunk": [open_msg(keys, [0]), chunk(0, 0, b"\0" * (codec.CHUNK_BYTES + 1), False)],
+        "oversized chunk": [
+            open_msg(keys, [0]),
+            chunk(0, 0, b"\0" * (codec.CHUNK_BYTES + 1), False),
+        ],
         "short key": [open_msg([*keys[:1], b"short"], [0]), good0],
-        "fingerprint mismatch": [pb.CommitRequest(open=pb.CommitOpen(
-            ns=pb.NamespaceSpec(**{**_spec_fields(), "fingerprint": b"\0" * 16}), keys=keys, indices=[0])), good0],
+        "fingerprint mismatch": [
+            pb.CommitRequest(
+                open=pb.CommitOpen(
+                    ns=pb.NamespaceSpec(**{**_spec_fields(), "fingerprint": b"\0" * 16}),
+                    keys=keys,
+                    indices=[0],
+                )
+            ),
+            good0,
+        ],
         "unknown durability": [open_msg(keys, [0], durability=7), good0],
-        "staging without a segment": [open_msg(keys, [0], staging=pb.StagingRef(staging_id=999)),
-                                      pb.CommitRequest(staged=pb.StagedHeaders(headers=[enc1[:HEADER_BYTES]]))],
+        "staging without a segment": [
+            open_msg(keys, [0], staging=pb.StagingRef(staging_id=999)),
+            pb.CommitRequest(staged=pb.StagedHeaders(headers=[enc1[:HEADER_BYTES]])),
+        ],
     }
 
 
@@ -117,7 +138,9 @@ def test_malformed_reads_are_refused(stub: pb_grpc.KVStoreStub) -> None:
         pb.LookupRequest(ns=SPEC, keys=[b"x" * 15]),
         pb.LookupRequest(ns=pb.NamespaceSpec(model_id="m"), keys=keys),
         pb.LookupRequest(ns=pb.NamespaceSpec(**{**_spec_fields(), "kv_dtype": "int3"}), keys=keys),
-        pb.LookupRequest(ns=pb.NamespaceSpec(**{**_spec_fields(), "model_id": "never-registered"}), keys=keys),
+        pb.LookupRequest(
+            ns=pb.NamespaceSpec(**{**_spec_fields(), "model_id": "never-registered"}), keys=keys
+        ),
     ]
     for req in bad:
         with pytest.raises(grpc.RpcError) as e:
@@ -127,14 +150,24 @@ def test_malformed_reads_are_refused(stub: pb_grpc.KVStoreStub) -> None:
             list(stub.Get(pb.GetRequest(ns=req.ns, keys=req.keys), timeout=10))
         assert e.value.code() in REFUSED
     with pytest.raises(grpc.RpcError) as e:
-        list(stub.Get(pb.GetRequest(ns=SPEC, keys=keys, staging=pb.StagingRef(staging_id=12345)), timeout=10))
+        list(
+            stub.Get(
+                pb.GetRequest(ns=SPEC, keys=keys, staging=pb.StagingRef(staging_id=12345)),
+                timeout=10,
+            )
+        )
     assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
 
 
 def test_stream_ending_mid_block_commits_only_complete_blocks(stub: pb_grpc.KVStoreStub) -> None:
     keys = make_chain(NS, 3, seed=13)
     enc2 = encoded(keys, 2)
-    msgs = [open_msg(keys, [0, 1, 2]), whole(keys, 0), whole(keys, 1), chunk(2, 0, enc2[:500], False)]
+    msgs = [
+        open_msg(keys, [0, 1, 2]),
+        whole(keys, 0),
+        whole(keys, 1),
+        chunk(2, 0, enc2[:500], False),
+    ]
     resp = stub.Commit(iter(msgs), timeout=10)
     assert (resp.inserted, resp.incomplete) == (2, 1)
     assert hits(stub, keys) == 2
@@ -164,40 +197,78 @@ def test_cancelled_stream_commits_only_complete_blocks(stub: pb_grpc.KVStoreStub
     assert hits(stub, keys) == 1  # block 0 complete and verified; block 1 never stored
 
 
-_fields = st.fixed_dictionaries({
-    "model_id": st.text(max_size=8), "model_revision": st.text(max_size=4),
-    "kv_dtype": st.sampled_from(["float16", "bfloat16", "float32", "x", ""]),
-    "kv_layout": st.sampled_from(["mha", "mla", "?"]),
-    "cached_layers": st.lists(st.integers(0, 2**32 - 1), max_size=4),
-    "kv_heads": st.integers(0, 2**32 - 1), "head_dim": st.integers(0, 2**32 - 1),
-    "block_tokens": st.integers(0, 2**32 - 1), "tp_rank": st.integers(0, 3), "tp_size": st.integers(0, 3),
-    "hash_alg": st.sampled_from(["xxh3_128", "blake2b_128", "md5"]), "tenant": st.text(max_size=3),
-    "fingerprint": st.binary(max_size=17),
-})
+_fields = st.fixed_dictionaries(
+    {
+        "model_id": st.text(max_size=8),
+        "model_revision": st.text(max_size=4),
+        "kv_dtype": st.sampled_from(["float16", "bfloat16", "float32", "x", ""]),
+        "kv_layout": st.sampled_from(["mha", "mla", "?"]),
+        "cached_layers": st.lists(st.integers(0, 2**32 - 1), max_size=4),
+        "kv_heads": st.integers(0, 2**32 - 1),
+        "head_dim": st.integers(0, 2**32 - 1),
+        "block_tokens": st.integers(0, 2**32 - 1),
+        "tp_rank": st.integers(0, 3),
+        "tp_size": st.integers(0, 3),
+        "hash_alg": st.sampled_from(["xxh3_128", "blake2b_128", "md5"]),
+        "tenant": st.text(max_size=3),
+        "fingerprint": st.binary(max_size=17),
+    }
+)
 _keys = st.lists(st.binary(min_size=0, max_size=20), max_size=6)
 _chunks = st.lists(
-    st.builds(pb.BlockChunk, block_index=st.integers(0, 8), offset=st.integers(0, 5000),
-              data=st.binary(max_size=300), last=st.booleans()),
+    st.builds(
+        pb.BlockChunk,
+        block_index=st.integers(0, 8),
+        offset=st.integers(0, 5000),
+        data=st.binary(max_size=300),
+        last=st.booleans(),
+    ),
     max_size=5,
 )
 
 
-@given(fields=_fields, keys=_keys, indices=st.lists(st.integers(0, 8), max_size=4), chunks=_chunks,
-       durability=st.integers(0, 3))
+@given(
+    fields=_fields,
+    keys=_keys,
+    indices=st.lists(st.integers(0, 8), max_size=4),
+    chunks=_chunks,
+    durability=st.integers(0, 3),
+)
 def test_fuzzed_requests_never_break_the_daemon(
-    stub: pb_grpc.KVStoreStub, fields: dict, keys: list[bytes], indices: list[int],
-    chunks: list[pb.BlockChunk], durability: int,
+    stub: pb_grpc.KVStoreStub,
+    fields: dict,
+    keys: list[bytes],
+    indices: list[int],
+    chunks: list[pb.BlockChunk],
+    durability: int,
 ) -> None:
     spec = pb.NamespaceSpec(**fields)
     for rpc, arg in (
         (stub.Lookup, pb.LookupRequest(ns=spec, keys=keys)),
         (stub.RegisterNamespace, pb.RegisterNamespaceRequest(ns=spec)),
         (lambda r, timeout: list(stub.Get(r, timeout=timeout)), pb.GetRequest(ns=spec, keys=keys)),
-        (stub.Commit, iter([pb.CommitRequest(open=pb.CommitOpen(ns=spec, keys=keys, indices=indices,
-                                                                durability=durability)),
-                            *(pb.CommitRequest(chunk=c) for c in chunks)])),
-        (stub.Commit, iter([open_msg(make_chain(NS, 2, seed=15), indices, durability=durability),
-                            *(pb.CommitRequest(chunk=c) for c in chunks)])),
+        (
+            stub.Commit,
+            iter(
+                [
+                    pb.CommitRequest(
+                        open=pb.CommitOpen(
+                            ns=spec, keys=keys, indices=indices, durability=durability
+                        )
+                    ),
+                    *(pb.CommitRequest(chunk=c) for c in chunks),
+                ]
+            ),
+        ),
+        (
+            stub.Commit,
+            iter(
+                [
+                    open_msg(make_chain(NS, 2, seed=15), indices, durability=durability),
+                    *(pb.CommitRequest(chunk=c) for c in chunks),
+                ]
+            ),
+        ),
     ):
         try:
             rpc(arg, timeout=10)
@@ -217,7 +288,9 @@ def test_staged_commit_verifies_every_row(stub: pb_grpc.KVStoreStub) -> None:
         rows = seg.rows(0, 2 * BB)
         rows[:BB] = payload_for(NS, keys[0])
         rows[BB:] = payload_for(NS, keys[1])
-        headers = [make_header(NS.fingerprint, keys[i], payload_for(NS, keys[i])).pack() for i in range(2)]
+        headers = [
+            make_header(NS.fingerprint, keys[i], payload_for(NS, keys[i])).pack() for i in range(2)
+        ]
         ref = pb.StagingRef(staging_id=seg.staging_id, offset=0)
 
         def commit(**kw: object) -> pb.CommitResponse:
@@ -225,9 +298,14 @@ def test_staged_commit_verifies_every_row(stub: pb_grpc.KVStoreStub) -> None:
             return stub.CommitStaged(pb.CommitStagedRequest(**{**args, **kw}), timeout=10)  # type: ignore[arg-type]
 
         rows[BB + 5] ^= 1  # the second row no longer matches its header
-        for kw in ({}, {"headers": headers[:1]}, {"headers": [headers[1], headers[0]]},
-                   {"staging": pb.StagingRef(staging_id=seg.staging_id, offset=1 << 40)},
-                   {"indices": [0, 5]}, {"headers": [b"short", headers[1]]}):
+        for kw in (
+            {},
+            {"headers": headers[:1]},
+            {"headers": [headers[1], headers[0]]},
+            {"staging": pb.StagingRef(staging_id=seg.staging_id, offset=1 << 40)},
+            {"indices": [0, 5]},
+            {"headers": [b"short", headers[1]]},
+        ):
             with pytest.raises(grpc.RpcError) as e:
                 commit(**kw)
             assert e.value.code() in REFUSED, kw

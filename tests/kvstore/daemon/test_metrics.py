@@ -40,10 +40,19 @@ def test_counters_follow_the_traffic(spawn_daemon: SpawnDaemon) -> None:
     assert m[("kvstore_lookups_total", (("block_bytes", bb),))] == 2
     assert m[("kvstore_lookup_blocks_total", (("block_bytes", bb),))] == 8
     assert m[("kvstore_hit_blocks_total", (("block_bytes", bb), ("tier", "dram")))] == 6
-    assert m[("kvstore_hit_tokens_total", (("block_bytes", bb), ("tier", "dram")))] == 6 * NS.block_tokens
+    assert (
+        m[("kvstore_hit_tokens_total", (("block_bytes", bb), ("tier", "dram")))]
+        == 6 * NS.block_tokens
+    )
     for path in ("grpc", "shm"):
-        assert m[("kvstore_bytes_in_total", (("block_bytes", bb), ("path", path)))] == 3 * NS.block_bytes
-        assert m[("kvstore_bytes_out_total", (("block_bytes", bb), ("path", path)))] == 3 * NS.block_bytes
+        assert (
+            m[("kvstore_bytes_in_total", (("block_bytes", bb), ("path", path)))]
+            == 3 * NS.block_bytes
+        )
+        assert (
+            m[("kvstore_bytes_out_total", (("block_bytes", bb), ("path", path)))]
+            == 3 * NS.block_bytes
+        )
     assert m[("kvstore_rpc_seconds_count", (("method", "Lookup"),))] == 2
     # The store's own counters and capacity, per tier, at scrape time.
     assert m[("kvstore_tier_capacity_bytes", (("tier", "dram"),))] == 256 << 10

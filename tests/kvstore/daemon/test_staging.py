@@ -15,14 +15,21 @@ from kvstore.errors import InvalidArgument
 
 @pytest.fixture
 def area(tmp_path: Path):  # type: ignore[no-untyped-def]
-    a = StagingArea(StagingConfig(dir=str(tmp_path), max_segment_bytes=1 << 20, max_total_bytes=3 << 20))
+    a = StagingArea(
+        StagingConfig(dir=str(tmp_path), max_segment_bytes=1 << 20, max_total_bytes=3 << 20)
+    )
     yield a
     a.close()
 
 
 def offer(seg) -> pb.OpenStagingResponse:  # type: ignore[no-untyped-def]
-    return pb.OpenStagingResponse(staging_id=seg.id, path=seg.path, size_bytes=seg.size_bytes,
-                                  data_offset=DATA_OFFSET, nonce=seg.nonce)
+    return pb.OpenStagingResponse(
+        staging_id=seg.id,
+        path=seg.path,
+        size_bytes=seg.size_bytes,
+        data_offset=DATA_OFFSET,
+        nonce=seg.nonce,
+    )
 
 
 def test_segment_is_shared_bounded_and_owned(area: StagingArea, tmp_path: Path) -> None:
@@ -54,9 +61,29 @@ def test_segment_is_shared_bounded_and_owned(area: StagingArea, tmp_path: Path) 
 
 def test_wrong_nonce_or_path_means_no_fast_path(area: StagingArea) -> None:
     seg = area.open(None, 4096)
-    assert map_segment(pb.OpenStagingResponse(staging_id=seg.id, path=seg.path, size_bytes=seg.size_bytes,
-                                              data_offset=DATA_OFFSET, nonce=b"\0" * 16)) is None
-    assert map_segment(pb.OpenStagingResponse(staging_id=seg.id, path="/nonexistent/x", size_bytes=1,
-                                              data_offset=DATA_OFFSET, nonce=seg.nonce)) is None
+    assert (
+        map_segment(
+            pb.OpenStagingResponse(
+                staging_id=seg.id,
+                path=seg.path,
+                size_bytes=seg.size_bytes,
+                data_offset=DATA_OFFSET,
+                nonce=b"\0" * 16,
+            )
+        )
+        is None
+    )
+    assert (
+        map_segment(
+            pb.OpenStagingResponse(
+                staging_id=seg.id,
+                path="/nonexistent/x",
+                size_bytes=1,
+                data_offset=DATA_OFFSET,
+                nonce=seg.nonce,
+            )
+        )
+        is None
+    )
     area.close()
     assert not os.path.exists(seg.path)
