@@ -27,6 +27,7 @@ from storage_nodes.ssd.slabs import SlabFiles
 Slot = tuple[int, int]  # (slab, slot)
 _REFILL = 1024
 _VICTIM_BATCH = 256
+_EVICT_AHEAD_MAX = 256
 
 
 class SlotAllocator:
@@ -48,6 +49,7 @@ class SlotAllocator:
         self._cached: set[Slot] = set()
         self._reserved: set[Slot] = set()
         self._reserved_in: Counter[int] = Counter()
+        self._pressure: set[int] = set()  # classes that evicted to make room
         with index.begin() as txn:
             self.slab_class = {s: i.block_bytes for s, i in index.slab_table(txn).items()}
         self._shrink_to_capacity()
@@ -85,6 +87,50 @@ class SlotAllocator:
                     self._cache.setdefault(self.slab_class[s[0]], []).append(s)
                     self._cached.add(s)
 
+    def _watermark(self, block_bytes: int) -> int:
+        """Free slots a full class keeps in reserve: 1/64 of it, at most 256."""
+        held = sum(1 for bb in self.slab_class.values() if bb == block_bytes)
+        return min(_EVICT_AHEAD_MAX, held * self.nslots(block_bytes) // 64)
+
+    def top_up(self, txn: Txn, block_bytes: int) -> Counter[str]:
+        """Inside a put's publish transaction: once no slab is left to allocate, keep a
+        watermark of free slots in the class by evicting its least recent blocks in that
+        same transaction — only for a class that already had to evict (so a store that is
+        merely full never loses a block nobody needed room for). The next put then finds committed free slots and skips its own
+        eviction commit (an fsync pair); the price is that a full class holds up to the
+        watermark fewer blocks than it could. Best effort: skipped when another thread holds
+        the allocator, which may itself be waiting for this transaction."""
+        counts: Counter[str] = Counter()
+        if block_bytes not in self._pressure or not self._lock.acquire(blocking=False):
+            return counts
+        try:
+            mark = self._watermark(block_bytes)
+            scan = islice(self._index.iter_free(txn, block_bytes), mark + len(self._reserved))
+            free = sum(1 for s in scan if s not in self._reserved)
+            if free >= mark:
+                return counts
+            self._recency.flush_into(self._index, txn)
+            expiry = self._config.expiry_bucket(self._config.clock())
+            want = mark - free
+            lru = islice(self._index.iter_lru(txn), 4 * want + _VICTIM_BATCH)
+            for fk in list(lru):
+                loc = self._index.get(txn, fk)
+                if loc is None or self.slab_class[loc.slab] != block_bytes:
+                    continue  # other classes shrink only through whole-slab hand-over
+                self._note_eviction(counts, loc.bucket, expiry)
+                self._index.remove(txn, fk, loc)
+                want -= 1
+                if not want:
+                    break
+            return counts
+        finally:
+            self._lock.release()
+
+    def count(self, counts: Counter[str]) -> None:
+        """Apply counters of a ``top_up`` once its transaction committed."""
+        if counts:
+            self._count(counts)
+
     def _refill(self, block_bytes: int) -> bool:
         cache = self._cache.setdefault(block_bytes, [])
         with self._index.begin() as txn:
@@ -111,6 +157,7 @@ class SlotAllocator:
 
     # -- eviction -----------------------------------------------------------------------
     def _evict(self, block_bytes: int, need: int) -> bool:
+        self._pressure.add(block_bytes)
         counts: Counter[str] = Counter()
         expiry = self._config.expiry_bucket(self._config.clock())
         freed = 0

@@ -9,7 +9,7 @@ touched. Both split work into batches of at most ``staging_max_bytes``.
 from __future__ import annotations
 
 import errno
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from kvstore.block import encode_block_into, verify_block
@@ -55,43 +55,72 @@ class BlockIO:
         locs: Sequence[Location],
         out: memoryview,
     ) -> ReadOutcome:
-        """Copy verified payloads of ``locs`` into rows of ``out`` until the first failure."""
+        """Copy verified payloads of ``locs`` into rows of ``out`` until the first failure.
+        Each block is verified and copied as its read completes, while others are in flight."""
         sb = slot_bytes_for(block_bytes)
         step = self.per_batch(block_bytes)
         copied = 0
         for start in range(0, len(locs), step):
-            part = locs[start : start + step]
+            part = list(locs[start : start + step])
             buf = self._staging.acquire(len(part) * sb)
             try:
                 mv = memoryview(buf)
-                reqs = []
+                reqs: list[IORequest] = []
+                unopened: ReadFailure | None = None
                 for j, loc in enumerate(part):
                     try:
                         fd = self._files.fd(loc.slab)
-                    except SSDIOError as e:
-                        return ReadOutcome(
-                            copied, ReadFailure(start + j, loc, errno=e.errno or errno.EIO)
-                        )
+                    except SSDIOError as e:  # a missing slab file: the blocks from here on
+                        unopened = ReadFailure(start + j, loc, errno=e.errno or errno.EIO)
+                        part = part[:j]
+                        break
                     reqs.append(IORequest(fd, loc.slot * sb, mv[j * sb : (j + 1) * sb]))
-                res = self._io.read_batch(reqs)
-                for j, loc in enumerate(part):
-                    i = start + j
-                    if res[j] < 0:
-                        return ReadOutcome(copied, ReadFailure(i, loc, errno=-res[j]))
-                    try:
-                        payload = verify_block(
-                            mv[j * sb : (j + 1) * sb],
-                            fingerprint=fingerprint,
-                            key=keys[i],
-                            payload_len=block_bytes,
-                        )
-                    except BlockError as e:
-                        return ReadOutcome(copied, ReadFailure(i, loc, error=e))
-                    out[i * block_bytes : (i + 1) * block_bytes] = payload
-                    copied += 1
+                failure = self._read_part(
+                    fingerprint, block_bytes, keys, part, reqs, mv, out, start
+                )
             finally:
                 self._staging.release(buf)
+            failure = failure or unopened
+            if failure is not None:
+                return ReadOutcome(copied + failure.index - start, failure)
+            copied += len(part)
         return ReadOutcome(copied)
+
+    def _read_part(
+        self,
+        fingerprint: bytes,
+        block_bytes: int,
+        keys: Sequence[bytes],
+        part: Sequence[Location],
+        reqs: list[IORequest],
+        mv: memoryview,
+        out: memoryview,
+        start: int,
+    ) -> ReadFailure | None:
+        """One batch of reads; returns the failure with the lowest index, if any."""
+        sb = slot_bytes_for(block_bytes)
+        failures: dict[int, ReadFailure] = {}
+
+        def landed(j: int, res: int) -> None:
+            i = start + j
+            if res < 0:
+                failures[j] = ReadFailure(i, part[j], errno=-res)
+                return
+            try:
+                payload = verify_block(
+                    mv[j * sb : (j + 1) * sb],
+                    fingerprint=fingerprint,
+                    key=keys[i],
+                    payload_len=block_bytes,
+                )
+            except BlockError as e:
+                failures[j] = ReadFailure(i, part[j], error=e)
+                return
+            out[i * block_bytes : (i + 1) * block_bytes] = payload
+
+        if reqs:
+            self._io.read_batch(reqs, landed)
+        return failures[min(failures)] if failures else None
 
     def write_durable(
         self,
@@ -100,9 +129,11 @@ class BlockIO:
         keys: Sequence[bytes],
         rows: Sequence[memoryview],
         slots: Sequence[tuple[int, int]],
+        between: Callable[[], None] | None = None,
     ) -> None:
-        """Write ``rows[i]`` encoded for ``keys[i]`` into ``slots[i]`` and sync the data.
-        Raises ``SSDIOError`` on any failure (nothing is published then)."""
+        """Write ``rows[i]`` encoded for ``keys[i]`` into ``slots[i]`` and sync the data;
+        ``between()`` runs while the device works (the caller prepares its index
+        transaction there). Raises ``SSDIOError`` on any failure."""
         sb = slot_bytes_for(block_bytes)
         buf = self._staging.acquire(len(keys) * sb)
         try:
@@ -110,20 +141,26 @@ class BlockIO:
             now_us = int(self._config.clock() * 1_000_000)
             reqs = []
             fds: dict[int, None] = {}
-            for j, (key, row, (slab, slot)) in enumerate(zip(keys, rows, slots, strict=True)):
-                view = mv[j * sb : (j + 1) * sb]
-                encode_block_into(view, fingerprint, key, row, now_us)
+            for j, (slab, slot) in enumerate(slots):
                 fd = self._files.fd(slab)
                 fds[fd] = None
-                reqs.append(IORequest(fd, slot * sb, view))
-            res = self._io.write_batch(reqs)
+                reqs.append(IORequest(fd, slot * sb, mv[j * sb : (j + 1) * sb]))
+
+            def encode(j: int) -> None:
+                encode_block_into(mv[j * sb : (j + 1) * sb], fingerprint, keys[j], rows[j], now_us)
+
+            def mid() -> None:
+                self._config.crash_hook("before_data_sync")
+                if between is not None:
+                    between()
+
+            res, synced = self._io.write_and_sync(reqs, list(fds), prepare=encode, between=mid)
             bad = [r for r in res if r < 0]
             if bad:
                 raise SSDIOError(f"{len(bad)} of {len(res)} slot writes failed", -bad[0])
-            self._config.crash_hook("before_data_sync")
-            bad = [r for r in self._io.sync(list(fds)) if r < 0]
-            if bad:
-                raise SSDIOError("data sync failed", -bad[0])
+            bad = [r for r in synced if r < 0]
+            if bad or len(synced) != len(fds):
+                raise SSDIOError("data sync failed", -bad[0] if bad else errno.EIO)
             self._config.crash_hook("after_data_sync")
         finally:
             self._staging.release(buf)

@@ -29,29 +29,57 @@ class IORequest:
     buf: memoryview
 
 
+OnDone = Callable[[int, int], None]
+
+
 class IOBackend(ABC):
     """Contract:
 
     * ``read_batch``/``write_batch`` perform every request and return, per request, the
       bytes transferred (a full transfer; short transfers are retried internally) or a
       negative errno. Order of completion is unspecified; the result list is in request
-      order.
+      order. ``on_done(i, result)`` is called once per read as it completes — with
+      io_uring while later reads are still in flight, so per-block work overlaps the I/O.
     * ``sync(fds)`` makes every completed write to those fds durable (fdatasync);
       returns 0 or a negative errno per fd.
+    * ``write_and_sync`` writes then syncs; ``prepare(i)`` fills request ``i``'s buffer
+      just before it is submitted and ``between()`` runs once every write is submitted,
+      so encoding and index work overlap the device.
+    * An exception from a callback is re-raised only after every submitted request has
+      completed: no request is ever left in flight on a buffer the caller may reuse.
     * Thread-safe: concurrent calls from several threads are allowed.
-    * ``close`` releases kernel resources; idempotent.
     """
 
     name: ClassVar[str]
 
     @abstractmethod
-    def read_batch(self, reqs: Sequence[IORequest]) -> list[int]: ...
+    def read_batch(self, reqs: Sequence[IORequest], on_done: OnDone | None = None) -> list[int]: ...
 
     @abstractmethod
     def write_batch(self, reqs: Sequence[IORequest]) -> list[int]: ...
 
     @abstractmethod
     def sync(self, fds: Sequence[int]) -> list[int]: ...
+
+    def write_and_sync(
+        self,
+        reqs: Sequence[IORequest],
+        fds: Sequence[int],
+        *,
+        prepare: Callable[[int], None] | None = None,
+        between: Callable[[], None] | None = None,
+    ) -> tuple[list[int], list[int]]:
+        """Returns (write results, sync results); the sync is skipped (``[]``) when a
+        write failed. This default runs the steps one after the other."""
+        if prepare is not None:
+            for i in range(len(reqs)):
+                prepare(i)
+        res = self.write_batch(reqs)
+        if any(r < 0 for r in res):
+            return res, []
+        if between is not None:
+            between()
+        return res, self.sync(fds)
 
     @abstractmethod
     def close(self) -> None:
@@ -70,8 +98,12 @@ class PreadBackend(IOBackend):
     def close(self) -> None:
         """Nothing to release: no kernel object outlives a call."""
 
-    def read_batch(self, reqs: Sequence[IORequest]) -> list[int]:
-        return [_full(os.preadv, r) for r in reqs]
+    def read_batch(self, reqs: Sequence[IORequest], on_done: OnDone | None = None) -> list[int]:
+        out = [_full(os.preadv, r) for r in reqs]
+        if on_done is not None:
+            for i, r in enumerate(out):
+                on_done(i, r)
+        return out
 
     def write_batch(self, reqs: Sequence[IORequest]) -> list[int]:
         return [_full(os.pwritev, r) for r in reqs]

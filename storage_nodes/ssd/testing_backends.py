@@ -11,7 +11,7 @@ import mmap
 import threading
 from collections.abc import Sequence
 
-from storage_nodes.ssd.io_backend import IOBackend, IORequest
+from storage_nodes.ssd.io_backend import IOBackend, IORequest, OnDone
 
 
 class CrashSimBackend(IOBackend):
@@ -32,7 +32,7 @@ class CrashSimBackend(IOBackend):
         self.crashed = False
         self.dropped_writes = 0
 
-    def read_batch(self, reqs: Sequence[IORequest]) -> list[int]:
+    def read_batch(self, reqs: Sequence[IORequest], on_done: OnDone | None = None) -> list[int]:
         res = self.inner.read_batch(reqs)
         with self._lock:
             for r, n in zip(reqs, res, strict=True):
@@ -42,6 +42,9 @@ class CrashSimBackend(IOBackend):
                     lo, hi = max(off, r.offset), min(off + len(data), r.offset + len(r.buf))
                     if lo < hi:
                         r.buf[lo - r.offset : hi - r.offset] = data[lo - off : hi - off]
+        if on_done is not None:
+            for i, n in enumerate(res):
+                on_done(i, n)
         return res
 
     def write_batch(self, reqs: Sequence[IORequest]) -> list[int]:
@@ -104,10 +107,14 @@ class FaultyBackend(IOBackend):
         self.sync_errno: int | None = None
         self.write_budget_bytes: int | None = None
 
-    def read_batch(self, reqs: Sequence[IORequest]) -> list[int]:
-        if self.read_errno is not None:
-            return [-self.read_errno] * len(reqs)
-        return self.inner.read_batch(reqs)
+    def read_batch(self, reqs: Sequence[IORequest], on_done: OnDone | None = None) -> list[int]:
+        if self.read_errno is None:
+            return self.inner.read_batch(reqs, on_done)
+        out = [-self.read_errno] * len(reqs)
+        if on_done is not None:
+            for i, n in enumerate(out):
+                on_done(i, n)
+        return out
 
     def write_batch(self, reqs: Sequence[IORequest]) -> list[int]:
         if self.write_errno is not None and self.write_budget_bytes is None:

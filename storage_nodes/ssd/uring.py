@@ -1,22 +1,27 @@
 """The io_uring backend, through the ``liburing`` package (Python bindings of C liburing).
 
-Each batch keeps up to ``queue_depth`` requests in flight: the ring is filled, submitted
-with one ``io_uring_submit``, and refilled as completions are reaped, so a ``get_into``
-of 32 blocks costs one submission and one wait. Rings are not thread-safe, so a small
-pool hands each concurrent caller its own ring.
+One engine runs every batch: it keeps up to ``queue_depth`` requests in flight, refills
+the ring as completions are reaped (one ``io_uring_submit_and_wait`` per round), and
+runs the caller's per-request work while the device is busy — encoding the next blocks
+before their writes are submitted, verifying each read as it lands. A data sync rides in
+the same submission as the writes it covers, as ``fsync`` SQEs flagged IOSQE_IO_DRAIN
+(started only once every earlier request has completed). Rings are not thread-safe, so
+a small pool hands each concurrent caller its own.
 """
 
 from __future__ import annotations
 
 import errno
 import threading
-from collections.abc import Sequence
+from collections import deque
+from collections.abc import Callable, Sequence
 
 import liburing as lu
 
-from storage_nodes.ssd.io_backend import IOBackend, IORequest
+from storage_nodes.ssd.io_backend import IOBackend, IORequest, OnDone
 
-_READ, _WRITE, _FSYNC = 0, 1, 2
+_READ, _WRITE = 0, 1
+_SUBMIT_EVERY = 4  # while encoding, hand the kernel writes this often
 
 
 class _RingSlot:
@@ -35,8 +40,7 @@ class UringBackend(IOBackend):
     def __init__(self, queue_depth: int = 32) -> None:
         self.queue_depth = queue_depth
         self._lock = threading.Lock()
-        self._idle: list[_RingSlot] = [_RingSlot(queue_depth)]
-        self._all: list[_RingSlot] = list(self._idle)
+        self._idle: list[_RingSlot] = [_RingSlot(queue_depth + 8)]
         self._closed = False
 
     def _acquire(self) -> _RingSlot:
@@ -45,101 +49,174 @@ class UringBackend(IOBackend):
                 raise OSError(errno.EBADF, "io_uring backend is closed")
             if self._idle:
                 return self._idle.pop()
-        slot = _RingSlot(self.queue_depth)
-        with self._lock:
-            self._all.append(slot)
-        return slot
+        return _RingSlot(self.queue_depth + 8)  # room for the fsync SQEs beside a full queue
 
     def _release(self, slot: _RingSlot) -> None:
         with self._lock:
-            self._idle.append(slot)
+            if self._closed:
+                slot.close()
+            else:
+                self._idle.append(slot)
 
-    def read_batch(self, reqs: Sequence[IORequest]) -> list[int]:
-        return self._run(_READ, [(r.fd, r.offset, r.buf) for r in reqs])
+    def read_batch(self, reqs: Sequence[IORequest], on_done: OnDone | None = None) -> list[int]:
+        return self._run(_READ, reqs, on_done=on_done)[0]
 
     def write_batch(self, reqs: Sequence[IORequest]) -> list[int]:
-        return self._run(_WRITE, [(r.fd, r.offset, r.buf) for r in reqs])
+        return self._run(_WRITE, reqs)[0]
 
     def sync(self, fds: Sequence[int]) -> list[int]:
-        return self._run(_FSYNC, [(fd, 0, memoryview(b"")) for fd in fds])
+        return self._run(_WRITE, [], sync_fds=fds)[1]
 
-    def _run(self, op: int, work: list[tuple[int, int, memoryview]]) -> list[int]:
-        n = len(work)
-        if n == 0:
-            return []
+    def write_and_sync(
+        self,
+        reqs: Sequence[IORequest],
+        fds: Sequence[int],
+        *,
+        prepare: Callable[[int], None] | None = None,
+        between: Callable[[], None] | None = None,
+    ) -> tuple[list[int], list[int]]:
+        res, synced = self._run(_WRITE, reqs, sync_fds=fds, prepare=prepare, between=between)
+        return res, ([] if any(r < 0 for r in res) else synced)
+
+    def _run(
+        self,
+        op: int,
+        reqs: Sequence[IORequest],
+        *,
+        sync_fds: Sequence[int] = (),
+        prepare: Callable[[int], None] | None = None,
+        between: Callable[[], None] | None = None,
+        on_done: OnDone | None = None,
+    ) -> tuple[list[int], list[int]]:
+        n = len(reqs)
         results = [0] * n
+        synced = [0] * len(sync_fds)
         done = [0] * n  # bytes transferred so far per request (short transfers resume)
-        pending = list(range(n - 1, -1, -1))  # a stack: pop() yields request 0 first
+        pending = deque(range(n))
+        keep: dict[int, lu.Iovec] = {}  # iovecs must outlive their requests
         slot = self._acquire()
         ring, cqe = slot.ring, slot.cqe
-        keep: dict[int, lu.Iovec] = {}  # iovecs must outlive their requests
-        inflight = 0
+        inflight = unsubmitted = 0
+        sync_sent = not sync_fds
+        between_done = between is None
+        resync = False
+        error: BaseException | None = None
+        prep_rw = lu.io_uring_prep_readv if op == _READ else lu.io_uring_prep_writev
         try:
-            while pending or inflight:
-                while pending and inflight < self.queue_depth:
-                    i = pending.pop()
-                    fd, off, buf = work[i]
-                    sqe = lu.io_uring_get_sqe(ring)
-                    if op == _FSYNC:
-                        lu.io_uring_prep_fsync(sqe, fd, lu.IORING_FSYNC_DATASYNC)
-                    else:
-                        iov = lu.Iovec([buf[done[i] :]])
-                        keep[i] = iov
-                        if op == _READ:
-                            lu.io_uring_prep_readv(sqe, fd, iov, off + done[i])
-                        else:
-                            lu.io_uring_prep_writev(sqe, fd, iov, off + done[i])
+            while True:
+                while pending and inflight < self.queue_depth and error is None:
+                    i = pending.popleft()
+                    if prepare is not None and done[i] == 0:
+                        try:
+                            prepare(i)
+                        except BaseException as e:  # stop submitting, drain, then raise
+                            error = e
+                            pending.clear()
+                            break
+                    r = reqs[i]
+                    iov = lu.Iovec([r.buf[done[i] :]])
+                    keep[i] = iov
+                    sqe = _get_sqe(ring)
+                    prep_rw(sqe, r.fd, iov, r.offset + done[i])
                     lu.io_uring_sqe_set_data64(sqe, i)
                     inflight += 1
-                _retry_eintr(lambda: lu.io_uring_submit(ring))
-                _retry_eintr(lambda: lu.io_uring_wait_cqe(ring, cqe))
-                seen = 0
+                    unsubmitted += 1
+                    if prepare is not None and unsubmitted >= _SUBMIT_EVERY:
+                        _submit(ring)
+                        unsubmitted = 0
+                if not pending and not sync_sent and error is None:
+                    for j, fd in enumerate(sync_fds):
+                        sqe = _get_sqe(ring)
+                        lu.io_uring_prep_fsync(sqe, fd, lu.IORING_FSYNC_DATASYNC)
+                        lu.io_uring_sqe_set_flags(sqe, lu.IOSQE_IO_DRAIN)
+                        lu.io_uring_sqe_set_data64(sqe, n + j)
+                        inflight += 1
+                        unsubmitted += 1
+                    sync_sent = True
+                if not between_done and not pending and sync_sent:
+                    if unsubmitted:
+                        _submit(ring)
+                        unsubmitted = 0
+                    between_done = True
+                    try:
+                        between()  # type: ignore[misc]
+                    except BaseException as e:
+                        error = error or e
+                if inflight == 0:
+                    break
+                if unsubmitted:
+                    _retry_eintr(lambda: lu.io_uring_submit_and_wait(ring, 1))
+                    unsubmitted = 0
+                else:
+                    _retry_eintr(lambda: lu.io_uring_wait_cqe(ring, cqe))
+                reaped: list[tuple[int, int]] = []
                 for _ in lu.CqeIter(ring, cqe):
                     entry = cqe[0]
-                    i = entry.user_data
                     try:
                         res = entry.res
                     except OSError as e:  # the binding raises for negative results
                         res = -(e.errno or errno.EIO)
-                    seen += 1
+                    reaped.append((entry.user_data, res))
+                lu.io_uring_cq_advance(ring, len(reaped))
+                inflight -= len(reaped)
+                for i, res in reaped:
+                    if i >= n:
+                        synced[i - n] = min(res, 0)
+                        continue
                     keep.pop(i, None)
-                    if op == _FSYNC:
-                        results[i] = res if res < 0 else 0
-                    elif res < 0:
-                        results[i] = res
-                    elif res == 0:
-                        results[i] = -errno.EIO  # EOF inside a preallocated slab
-                    else:
+                    if res > 0:
                         done[i] += res
-                        if done[i] < len(work[i][2]):
+                        if done[i] < len(reqs[i].buf):
                             pending.append(i)  # short transfer: resubmit the rest
-                        else:
-                            results[i] = done[i]
-                lu.io_uring_cq_advance(ring, seen)
-                inflight -= seen
+                            resync = resync or (sync_sent and bool(sync_fds))
+                            continue
+                        res = done[i]
+                    elif res == 0:
+                        res = -errno.EIO  # EOF inside a preallocated slab
+                    results[i] = res
+                    if on_done is not None and error is None:
+                        try:
+                            on_done(i, res)
+                        except BaseException as e:
+                            error = e
         except BaseException:
-            # A ring with requests still in flight cannot be reused safely.
-            with self._lock:
-                self._all.remove(slot)
-            if inflight == 0:
-                slot.close()
+            # Only reached if the ring itself failed: requests may still be in flight, so
+            # this ring (and the buffers it names) must never be reused.
             raise
-        self._release(slot)
-        return results
+        else:
+            self._release(slot)
+        if error is not None:
+            raise error
+        if resync:
+            synced = self.sync(sync_fds)
+        return results, synced
 
     def close(self) -> None:
         with self._lock:
             if self._closed:
                 return
             self._closed = True
-            rings, self._all, self._idle = self._all, [], []
+            rings, self._idle = self._idle, []
         for r in rings:
             r.close()
 
 
-def _retry_eintr(fn: object) -> int:
+def _get_sqe(ring: lu.Ring) -> lu.SQE:
+    """An SQE, submitting what is queued first when the submission ring is full."""
+    sqe = lu.io_uring_get_sqe(ring)
+    while sqe is None:
+        _submit(ring)
+        sqe = lu.io_uring_get_sqe(ring)
+    return sqe
+
+
+def _submit(ring: lu.Ring) -> None:
+    _retry_eintr(lambda: lu.io_uring_submit(ring))
+
+
+def _retry_eintr(fn: Callable[[], object]) -> object:
     while True:
         try:
-            return fn()  # type: ignore[operator, no-any-return]
+            return fn()
         except InterruptedError:
             continue

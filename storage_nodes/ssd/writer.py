@@ -6,12 +6,13 @@ bytes are durable, and the slots it lands in were free in a committed transactio
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 
 from storage_nodes.ssd.allocator import Slot, SlotAllocator
 from storage_nodes.ssd.blockio import BlockIO
 from storage_nodes.ssd.config import SSDConfig
-from storage_nodes.ssd.index import Index, Location
+from storage_nodes.ssd.index import Index, Location, Txn
 from storage_nodes.ssd.lookup import IndexView
 from storage_nodes.ssd.recency import Recency, Stamp
 
@@ -51,37 +52,56 @@ class GroupCommit:
             return 0, 0
         bb = block_bytes
         rows = [data[i * bb : (i + 1) * bb] for i in idx]
+        keys = [fkeys[i][16:] for i in idx]
+        # The index transaction is built while the data is on its way to the device and
+        # committed only once the data sync completed: the order crash safety needs,
+        # without paying for the index work on the critical path.
+        txn = self._index.begin(write=True)
+        outcome: list[tuple[set[int], int]] = []
+        evicted: list[Counter[str]] = []
+
+        def stage() -> None:
+            outcome.append(self._stage(txn, idx, fkeys, slots, stamps))
+            evicted.append(self._alloc.top_up(txn, bb))
+
         try:
-            keys = [fkeys[i][16:] for i in idx]
-            self._blocks.write_durable(fingerprint, bb, keys, rows, slots)
-            published, raced = self._publish(idx, fkeys, slots, stamps)
+            self._blocks.write_durable(fingerprint, bb, keys, rows, slots, between=stage)
+            self._index.set_seq_high_water(txn, self._recency.high_water)
+            self._config.crash_hook("inside_index_commit")
+            txn.commit()
         except BaseException:
+            txn.abort()
             self._alloc.release(slots, still_free=True)
             raise
+        self._alloc.count(evicted[0])
+        published, raced = outcome[0]
         self._alloc.release([slots[j] for j in published], still_free=False)
         unused = [slots[j] for j in range(len(idx)) if j not in published]
         self._alloc.release(unused, still_free=True)
         return len(published), raced
 
-    def _publish(
-        self, idx: list[int], fkeys: list[bytes], slots: list[Slot], stamps: Sequence[Stamp]
+    def _stage(
+        self,
+        txn: Txn,
+        idx: list[int],
+        fkeys: list[bytes],
+        slots: list[Slot],
+        stamps: Sequence[Stamp],
     ) -> tuple[set[int], int]:
+        """Index records for the group, inside the not yet committed ``txn``."""
         expiry = self._view.expiry()
         published: set[int] = set()
         raced = 0
-        with self._index.begin(write=True) as txn:
-            for j, i in enumerate(idx):
-                fk = fkeys[i]
-                cur = self._index.get(txn, fk)
-                if cur is not None:
-                    if self._view.live(fk, cur, expiry):
-                        raced += 1  # another put published it first; our slot stays free
-                        continue
-                    self._index.remove(txn, fk, cur)  # replace the expired copy
-                bucket, seq = stamps[i]
-                slab, slot = slots[j]
-                self._index.insert(txn, fk, Location(slab, slot, bucket, seq, seq))
-                published.add(j)
-            self._index.set_seq_high_water(txn, self._recency.high_water)
-            self._config.crash_hook("inside_index_commit")
+        for j, i in enumerate(idx):
+            fk = fkeys[i]
+            cur = self._index.get(txn, fk)
+            if cur is not None:
+                if self._view.live(fk, cur, expiry):
+                    raced += 1  # another put published it first; our slot stays free
+                    continue
+                self._index.remove(txn, fk, cur)  # replace the expired copy
+            bucket, seq = stamps[i]
+            slab, slot = slots[j]
+            self._index.insert(txn, fk, Location(slab, slot, bucket, seq, seq))
+            published.add(j)
         return published, raced

@@ -55,6 +55,13 @@ def make_chain(ns: Namespace, n: int, seed: int = 0) -> list[Key]:
     return chain_keys(ns, rng.integers(0, 50_000, n * ns.block_tokens))
 
 
+def blocks(ns: Namespace, keys: list[Key]) -> list[bytes]:
+    """The encoded blocks a cluster client sends for ``keys`` (deterministic payloads)."""
+    from storage_nodes.cluster.node_client import encode_blocks
+
+    return encode_blocks(ns, keys, [memoryview(payload_for(ns, k)) for k in keys])
+
+
 def encoded(ns: Namespace, key: Key) -> bytes:
     from kvstore.block import encode_block
 

@@ -10,8 +10,8 @@ from clients.errors import AccessDenied
 from storage_nodes.cluster.config import ClusterConfig
 from storage_nodes.cluster.errors import NodeUnavailable
 from storage_nodes.cluster.node_client import NodeClient
-from tests.conftest import payload_for, small_ns
-from tests.storage_nodes.node.conftest import StartNode, make_chain
+from tests.conftest import small_ns
+from tests.storage_nodes.node.conftest import StartNode, blocks, make_chain
 
 DAEMON_TOKEN = "daemon-token-0123456789"
 ACME_TOKEN = "acme-token-0123456789ab"
@@ -35,10 +35,9 @@ def test_tokens_and_tenants(start_node: StartNode, tmp_path: Path) -> None:
     node = start_node(auth_token_file=str(tokens))
     shared, acme = small_ns(), small_ns(tenant="acme")
     keys = make_chain(shared, 2, seed=1)
-    rows = [memoryview(payload_for(shared, k)) for k in keys]
 
     daemon = client(node.port, DAEMON_TOKEN)
-    assert daemon.put(shared, keys, rows) == bytes([1, 1])
+    assert daemon.put(shared, keys, blocks(shared, keys)) == bytes([1, 1])
     assert daemon.contains(acme, keys) == 0  # '*' reaches every tenant's namespaces
 
     tenant = client(node.port, ACME_TOKEN)

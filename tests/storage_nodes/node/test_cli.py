@@ -14,7 +14,7 @@ from storage_nodes.cluster.config import ClusterConfig
 from storage_nodes.cluster.node_client import NodeClient
 from storage_nodes.node.process import REPO, NodeProcess
 from tests.conftest import payload_for, small_ns
-from tests.storage_nodes.node.conftest import make_chain
+from tests.storage_nodes.node.conftest import blocks, make_chain
 
 NS = small_ns()
 
@@ -67,7 +67,7 @@ def test_sigterm_exits_0_and_a_restart_serves_the_blocks(tmp_path: Path) -> None
     node = NodeProcess(tmp_path / "n", "1MiB", ["--retention", "72h"])
     try:
         c = client(node.target)
-        assert c.put(NS, keys, rows) == bytes([1] * 4)
+        assert c.put(NS, keys, blocks(NS, keys)) == bytes([1] * 4)
         c.close()
         assert node.stop() == 0
         assert "stopped" in node.stdout_lines
@@ -124,7 +124,7 @@ def test_tls_end_to_end(tmp_path: Path) -> None:
         tmp_path / "n", "1MiB", ["--tls-cert", str(cert), "--tls-key", str(key)]
     ) as node:
         c = client(node.target, tls=True, tls_ca_file=str(cert))
-        assert c.put(NS, keys, [memoryview(payload_for(NS, k)) for k in keys]) == bytes([1, 1])
+        assert c.put(NS, keys, blocks(NS, keys)) == bytes([1, 1])
         assert c.contains(NS, keys) == 2
         c.close()
         plain = client(node.target, rpc_timeout_s=2)

@@ -19,7 +19,14 @@ from storage_nodes.cluster.config import ClusterConfig
 from storage_nodes.cluster.node_client import NodeClient
 from storage_nodes.node import NodeServer
 from tests.conftest import payload_for, small_ns
-from tests.storage_nodes.node.conftest import StartNode, contains, encoded, make_chain, put_messages
+from tests.storage_nodes.node.conftest import (
+    StartNode,
+    blocks,
+    contains,
+    encoded,
+    make_chain,
+    put_messages,
+)
 
 NS = small_ns()
 SPEC = codec.ns_to_proto(NS)
@@ -35,9 +42,8 @@ def client(node: NodeServer) -> NodeClient:
 def test_round_trip_with_per_key_outcomes(node: NodeServer) -> None:
     c = client(node)
     keys = make_chain(NS, 5, seed=1)
-    rows = [memoryview(payload_for(NS, k)) for k in keys]
-    assert c.put(NS, keys[:2], rows[:2]) == bytes([1, 1])
-    assert c.put(NS, keys, rows) == bytes([2, 2, 1, 1, 1])  # present ones only touched
+    assert c.put(NS, keys[:2], blocks(NS, keys[:2])) == bytes([1, 1])
+    assert c.put(NS, keys, blocks(NS, keys)) == bytes([2, 2, 1, 1, 1])  # present ones only touched
     assert c.contains(NS, keys) == 5
     out = memoryview(bytearray(5 * NS.block_bytes))
     res = c.get(NS, keys, out, {i: i for i in range(5)})
@@ -55,7 +61,7 @@ def test_round_trip_with_per_key_outcomes(node: NodeServer) -> None:
 def test_get_returns_the_node_prefix_only(node: NodeServer) -> None:
     c = client(node)
     keys = make_chain(NS, 4, seed=2)
-    c.put(NS, [keys[0], keys[2]], [memoryview(payload_for(NS, k)) for k in (keys[0], keys[2])])
+    c.put(NS, [keys[0], keys[2]], blocks(NS, [keys[0], keys[2]]))
     out = memoryview(bytearray(4 * NS.block_bytes))
     assert c.get(NS, keys, out, {i: i for i in range(4)}).copied == 1
     c.close()

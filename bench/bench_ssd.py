@@ -1,0 +1,235 @@
+"""SSD engine throughput against fio on the same file system (issue "SSD engine", item 8).
+
+For 64 KiB, 256 KiB and 2 MiB blocks at queue depth 1 and 32:
+
+* get: ``SSDTier.get_into`` of ``qd`` random stored blocks per call (one io_uring
+  submission of ``qd`` O_DIRECT reads, then header + checksum verification and a copy
+  out) vs ``fio --rw=randread --ioengine=io_uring --direct=1 --iodepth=qd``;
+* put: ``SSDTier.put`` of ``qd`` new blocks per call (one group commit: ``qd`` writes, one
+  fdatasync per slab touched, one LMDB commit; the store is full, so each put also
+  evicts) vs ``fio --rw=randwrite --direct=1 --iodepth=qd --fdatasync=qd`` (one
+  fdatasync per group-commit batch).
+
+Figures are MB/s of payload (our slots also carry a 4 KiB header page), medians of 3
+interleaved runs; latency is per call for us (``qd`` blocks) and per I/O for fio.
+Run: ``.venv/bin/python -m bench.bench_ssd`` (``--quick``: one size, short runs).
+Needs ``fio`` (``apt-get install -y fio``); without it only our figures are printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import shutil
+import statistics
+import subprocess
+import time
+from pathlib import Path
+
+import numpy as np
+
+from bench.harness import machine, median_interleaved
+from kvstore.keys import Namespace
+from storage_nodes.ssd import SSDConfig, SSDTier
+
+SIZES = (64 << 10, 256 << 10, 2 << 20)
+QDS = (1, 32)
+
+
+def ns_for(block_bytes: int) -> Namespace:
+    # uint8 K and V of 64 tokens x 1 head: head_dim sets the size exactly
+    return Namespace(
+        model_id=f"bench-{block_bytes}",
+        model_revision="r",
+        kv_dtype="uint8",
+        kv_layout="mha",
+        cached_layers=(0,),
+        kv_heads=1,
+        head_dim=block_bytes // 128,
+        block_tokens=64,
+    )
+
+
+class Ours:
+    def __init__(self, d: Path, block_bytes: int, ws_bytes: int, backend: str) -> None:
+        shutil.rmtree(d, ignore_errors=True)
+        slab = 64 << 20
+        cap = (ws_bytes * 9 // 8 // slab + 1) * slab
+        self.tier = SSDTier(
+            SSDConfig(
+                dir=d,
+                capacity_bytes=cap,
+                slab_bytes=slab,
+                io_backend=backend,
+                staging_max_bytes=160 << 20,
+                sweep_interval_s=None,
+            )
+        )
+        self.ns = ns_for(block_bytes)
+        self.tier.register(self.ns)
+        self.bb = block_bytes
+        self.rng = random.Random(1)
+        self.src = np.random.default_rng(1).integers(0, 256, 32 * block_bytes, dtype=np.uint8)
+        self.dst = bytearray(32 * block_bytes)
+        self.keys: list[bytes] = []
+        n = ws_bytes // block_bytes
+        for start in range(0, n, 32):
+            keys = [self.rng.randbytes(16) for _ in range(min(32, n - start))]
+            self.tier.put(self.ns, keys, self.src[: len(keys) * block_bytes])
+            self.keys += keys
+
+    def get(self, qd: int, seconds: float) -> dict[str, float]:
+        lat, done, view = [], 0, memoryview(self.dst)[: qd * self.bb]
+        t0 = time.perf_counter()
+        while time.perf_counter() - t0 < seconds:
+            keys = self.rng.sample(self.keys, qd)
+            s = time.perf_counter()
+            got = self.tier.get_into(self.ns, keys, view)
+            lat.append(time.perf_counter() - s)
+            if got != qd:
+                raise RuntimeError(f"bench get returned {got} of {qd} blocks")
+            done += got
+        return _summary(done * self.bb, time.perf_counter() - t0, lat)
+
+    def put(self, qd: int, seconds: float) -> dict[str, float]:
+        lat, done, src = [], 0, self.src[: qd * self.bb]
+        t0 = time.perf_counter()
+        while time.perf_counter() - t0 < seconds:
+            keys = [self.rng.randbytes(16) for _ in range(qd)]
+            s = time.perf_counter()
+            r = self.tier.put(self.ns, keys, src)
+            lat.append(time.perf_counter() - s)
+            if r.inserted != qd:
+                raise RuntimeError(f"bench put stored {r.inserted} of {qd} blocks: {r}")
+            done += qd
+        elapsed = time.perf_counter() - t0
+        self.keys = self.tier.iter_keys(self.ns)  # puts evicted the least recent blocks
+        return _summary(done * self.bb, elapsed, lat)
+
+    def close(self) -> dict[str, str]:
+        info = dict(self.tier.stats().info)
+        self.tier.close()
+        return info
+
+
+def _summary(nbytes: int, elapsed: float, lat: list[float]) -> dict[str, float]:
+    lat.sort()
+    return {
+        "MBps": nbytes / elapsed / 1e6,
+        "p50_us": lat[len(lat) // 2] * 1e6,
+        "p99_us": lat[min(len(lat) - 1, int(len(lat) * 0.99))] * 1e6,
+    }
+
+
+def fio(path: Path, rw: str, bs: int, qd: int, size: int, seconds: float) -> dict[str, float]:
+    args = [
+        "fio",
+        "--name=b",
+        f"--filename={path}",
+        f"--size={size}",
+        f"--rw={rw}",
+        f"--bs={bs}",
+        f"--iodepth={qd}",
+        "--ioengine=io_uring",
+        "--direct=1",
+        f"--runtime={seconds}",
+        "--time_based",
+        "--norandommap",
+        "--randrepeat=0",
+        "--output-format=json",
+    ]
+    if rw == "randwrite":
+        args.append(f"--fdatasync={qd}")
+    out = subprocess.run(args, capture_output=True, text=True, check=True).stdout
+    j = json.loads(out[out.index("{") :])["jobs"][0]["read" if rw == "randread" else "write"]
+    pct = j["clat_ns"].get("percentile", {})
+    return {
+        "MBps": j["bw_bytes"] / 1e6,
+        "p50_us": pct.get("50.000000", 0) / 1e3,
+        "p99_us": pct.get("99.000000", 0) / 1e3,
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--dir", type=Path, default=Path("bench/out/ssd"))
+    ap.add_argument("--ws", type=int, default=1 << 30, help="bytes stored per size")
+    ap.add_argument("--seconds", type=float, default=2.0)
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--backend", default="auto")
+    ap.add_argument("--quick", action="store_true")
+    a = ap.parse_args()
+    sizes = (256 << 10,) if a.quick else SIZES
+    if a.quick:
+        a.seconds, a.ws = 0.5, 256 << 20
+    have_fio = shutil.which("fio") is not None
+    print(f"# {machine()}; dir {a.dir.resolve()}; fio {'yes' if have_fio else 'NOT INSTALLED'}")
+    rows = []
+    for bs in sizes:
+        ours = Ours(a.dir / f"store-{bs >> 10}k", bs, a.ws, a.backend)
+        fio_file = a.dir / f"fio-{bs >> 10}k"
+        for qd in QDS:
+            runs: dict[str, list[dict[str, float]]] = {}
+
+            def case(name: str, fn):  # collect full results, hand MB/s to the median
+                def run() -> float:
+                    r = fn()
+                    runs.setdefault(name, []).append(r)
+                    return r["MBps"]
+
+                return run
+
+            cases = {
+                "get": case("get", lambda: ours.get(qd, a.seconds)),
+                "put": case("put", lambda: ours.put(qd, a.seconds)),
+            }
+            if have_fio:
+                cases["fio_read"] = case(
+                    "fio_read", lambda: fio(fio_file, "randread", bs, qd, a.ws, a.seconds)
+                )
+                cases["fio_write"] = case(
+                    "fio_write", lambda: fio(fio_file, "randwrite", bs, qd, a.ws, a.seconds)
+                )
+            med = median_interleaved(cases, runs=a.runs)
+            lat = {
+                k: {m: statistics.median(r[m] for r in v) for m in ("p50_us", "p99_us")}
+                for k, v in runs.items()
+            }
+            for op, peer in (("get", "fio_read"), ("put", "fio_write")):
+                row = {
+                    "op": op,
+                    "block": f"{bs >> 10} KiB",
+                    "qd": qd,
+                    "MBps": round(med[op], 1),
+                    "p50_us": round(lat[op]["p50_us"]),
+                    "p99_us": round(lat[op]["p99_us"]),
+                }
+                if have_fio:
+                    row.update(
+                        fio_MBps=round(med[peer], 1),
+                        fio_p50_us=round(lat[peer]["p50_us"]),
+                        fio_p99_us=round(lat[peer]["p99_us"]),
+                        ratio=round(med[op] / med[peer], 2),
+                    )
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+        info = ours.close()
+        print(f"# {bs >> 10} KiB: io_backend={info['io_backend']} direct_io={info['direct_io']}")
+        fio_file.unlink(missing_ok=True)
+    shutil.rmtree(a.dir, ignore_errors=True)
+    print(
+        "\n| op | block | qd | ours MB/s | p50/p99 µs (call) | fio MB/s | fio p50/p99 µs (I/O) | ratio |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(
+            f"| {r['op']} | {r['block']} | {r['qd']} | {r['MBps']} | {r['p50_us']}/{r['p99_us']} "
+            f"| {r.get('fio_MBps', '—')} | {r.get('fio_p50_us', '—')}/{r.get('fio_p99_us', '—')} "
+            f"| {r.get('ratio', '—')} |"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
