@@ -17,11 +17,13 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from clients import codec
+from clients.codec import CHUNK_BYTES
 from clients.config import ClientConfig
 from clients.errors import UNAVAILABLE_CODES, error_for
 from clients.proto import kvstore_pb2 as pb
 from clients.proto import kvstore_pb2_grpc as pb_grpc
 from clients.sync_client import make_channel
+from kvstore.block import encode_block
 from kvstore.errors import BlockError, InvalidArgument, StoreUnavailable
 from kvstore.keys import Key, Namespace
 from kvstore.tier import SizeClassStats, TierStats
@@ -29,6 +31,12 @@ from storage_nodes.cluster.config import ClusterConfig
 from storage_nodes.cluster.errors import NodeUnavailable
 
 SERVICE_NAME = "kvstore.v1.StorageNode"
+
+
+def encode_blocks(ns: Namespace, keys: Sequence[Key], rows: Sequence[memoryview]) -> list[bytes]:
+    """Each row as its encoded block (DESIGN §4), built once however many replicas get it."""
+    fp = ns.fingerprint
+    return [encode_block(fp, k, row) for k, row in zip(keys, rows, strict=True)]
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,17 +78,20 @@ class NodeClient:
     def _req(ns: Namespace, keys: Sequence[Key]) -> pb.NodeKeysRequest:
         return pb.NodeKeysRequest(ns=codec.ns_to_proto(ns), keys=list(keys))
 
-    def put(self, ns: Namespace, keys: Sequence[Key], rows: Sequence[memoryview]) -> bytes:
-        """Store ``rows[i]`` under ``keys[i]``; returns one outcome byte per key
-        (0 not stored, 1 inserted, 2 already present)."""
-        fp = ns.fingerprint
+    def put(self, ns: Namespace, keys: Sequence[Key], blocks: Sequence[bytes]) -> bytes:
+        """Store the encoded ``blocks[i]`` (``encode_blocks``) under ``keys[i]``; returns
+        one outcome byte per key (0 not stored, 1 inserted, 2 already present)."""
 
         def messages() -> Iterator[pb.NodePutRequest]:
             yield pb.NodePutRequest(
                 open=pb.NodePutOpen(ns=codec.ns_to_proto(ns), keys=list(keys), present_ok=True)
             )
-            for i, (k, row) in enumerate(zip(keys, rows, strict=True)):
-                for chunk in codec.iter_chunks(i, fp, k, row):
+            for i, block in enumerate(blocks):
+                mv = memoryview(block)
+                for off in range(0, len(mv), CHUNK_BYTES):
+                    end = min(len(mv), off + CHUNK_BYTES)
+                    data = block if end - off == len(mv) else bytes(mv[off:end])
+                    chunk = pb.BlockChunk(block_index=i, offset=off, data=data, last=end == len(mv))
                     yield pb.NodePutRequest(chunk=chunk)
 
         try:

@@ -30,7 +30,7 @@ from storage_nodes.cluster.config import ClusterConfig
 from storage_nodes.cluster.errors import NodeUnavailable
 from storage_nodes.cluster.fanout import Fanout
 from storage_nodes.cluster.health import HealthTracker, Prober
-from storage_nodes.cluster.node_client import NodeClient
+from storage_nodes.cluster.node_client import NodeClient, encode_blocks
 from storage_nodes.cluster.placement import Rendezvous, balanced_capacity_blocks
 from storage_nodes.cluster.reads import ChainRead
 from storage_nodes.cluster.touches import TouchBatcher
@@ -213,14 +213,13 @@ class ClusterTier(Tier):
             self._touches.add(node, ns, tkeys)
         for node, idx in repair.items():
             rkeys = [keys[i] for i in idx]
-            rows = [
-                memoryview(bytes(out[i * bb : (i + 1) * bb])) for i in idx
-            ]  # dst is the caller's
+            # Encoded now: ``out`` is the caller's buffer, free to change once we return.
+            blocks = encode_blocks(ns, rkeys, [out[i * bb : (i + 1) * bb] for i in idx])
 
             def put(
-                node: int = node, rkeys: list[Key] = rkeys, rows: list[memoryview] = rows
+                node: int = node, rkeys: list[Key] = rkeys, blocks: list[bytes] = blocks
             ) -> None:
-                got = self._nodes[node].put(ns, rkeys, rows)
+                got = self._nodes[node].put(ns, rkeys, blocks)
                 self._add(read_repairs=sum(o == 1 for o in got))
 
             self._fanout.submit(node, put)
@@ -243,12 +242,14 @@ class ClusterTier(Tier):
                     if read.resolve(ns, self._fanout, self._contains_on):
                         raise InvalidArgument("put: key already present and present_ok=False")
             self._touches.flush_all()
-            rows = [data[i * bb : (i + 1) * bb] for i in range(len(keys))]
+            blocks = encode_blocks(
+                ns, keys, [data[i * bb : (i + 1) * bb] for i in range(len(keys))]
+            )
             ranked = [self._candidates(k, healthy, limit=len(self._nodes)) for k in keys]
             res, counts = replicate(
                 ns,
                 keys,
-                rows,
+                blocks,
                 ranked,
                 self.config.replicas,
                 self.config.write_quorum,

@@ -24,7 +24,7 @@ INSERTED, PRESENT = 1, 2
 def replicate(
     ns: Namespace,
     keys: Sequence[Key],
-    rows: Sequence[memoryview],
+    blocks: Sequence[bytes],
     ranked: Sequence[list[int]],
     replicas: int,
     write_quorum: int,
@@ -47,7 +47,7 @@ def replicate(
         calls = {
             node: (
                 lambda node=node, idx=idx: nodes[node].put(
-                    ns, [keys[i] for i in idx], [rows[i] for i in idx]
+                    ns, [keys[i] for i in idx], [blocks[i] for i in idx]
                 )
             )
             for node, idx in groups.items()
