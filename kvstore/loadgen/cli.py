@@ -14,6 +14,7 @@ import math
 import sys
 from typing import Any
 
+from kvstore.errors import StoreUnavailable
 from kvstore.loadgen.errors import LoadgenError
 from kvstore.loadgen.streams import DISPATCHERS
 from kvstore.units import parse_duration, parse_size
@@ -133,6 +134,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         load = LoadRun(config, session)
         report = load.run()
+    except StoreUnavailable as e:
+        raise LoadgenError(f"cannot reach the store at {args.store}: {e}") from None
     finally:
         session.close()
     body = report.to_json()

@@ -109,6 +109,7 @@ class LoadRun:
 
     def run(self) -> LoadReport:
         dispatcher = make_dispatcher(self.streams_mode(), self.config.concurrency, self.config.speed)
+        self.session.stats()  # fail fast, before any request, if the store is not there
         t0 = time.perf_counter()
         dispatcher.run(self.items(), self.replayer)
         wall_s = time.perf_counter() - t0
