@@ -25,6 +25,7 @@ import shutil
 import statistics
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -151,6 +152,57 @@ def fio(path: Path, rw: str, bs: int, qd: int, size: int, seconds: float) -> dic
     }
 
 
+def compare(
+    ours: Ours, fio_file: Path | None, bs: int, qd: int, a: argparse.Namespace
+) -> list[dict]:
+    """Ours and fio at one size and depth, interleaved; one row per operation."""
+    runs: dict[str, list[dict[str, float]]] = {}
+
+    def case(name: str, fn: Callable[[], dict[str, float]]) -> Callable[[], float]:
+        def run() -> float:  # keep full results, hand MB/s to the median
+            r = fn()
+            runs.setdefault(name, []).append(r)
+            return r["MBps"]
+
+        return run
+
+    cases = {
+        "get": case("get", lambda: ours.get(qd, a.seconds)),
+        "put": case("put", lambda: ours.put(qd, a.seconds)),
+    }
+    if fio_file is not None:
+        cases["fio_read"] = case(
+            "fio_read", lambda: fio(fio_file, "randread", bs, qd, a.ws, a.seconds)
+        )
+        cases["fio_write"] = case(
+            "fio_write", lambda: fio(fio_file, "randwrite", bs, qd, a.ws, a.seconds)
+        )
+    med = median_interleaved(cases, runs=a.runs)
+    lat = {
+        k: {m: statistics.median(r[m] for r in v) for m in ("p50_us", "p99_us")}
+        for k, v in runs.items()
+    }
+    rows = []
+    for op, peer in (("get", "fio_read"), ("put", "fio_write")):
+        row = {
+            "op": op,
+            "block": f"{bs >> 10} KiB",
+            "qd": qd,
+            "MBps": round(med[op], 1),
+            "p50_us": round(lat[op]["p50_us"]),
+            "p99_us": round(lat[op]["p99_us"]),
+        }
+        if fio_file is not None:
+            row.update(
+                fio_MBps=round(med[peer], 1),
+                fio_p50_us=round(lat[peer]["p50_us"]),
+                fio_p99_us=round(lat[peer]["p99_us"]),
+                ratio=round(med[op] / med[peer], 2),
+            )
+        rows.append(row)
+    return rows
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--dir", type=Path, default=Path("bench/out/ssd"))
@@ -168,58 +220,19 @@ def main() -> int:
     rows = []
     for bs in sizes:
         ours = Ours(a.dir / f"store-{bs >> 10}k", bs, a.ws, a.backend)
-        fio_file = a.dir / f"fio-{bs >> 10}k"
+        fio_file = a.dir / f"fio-{bs >> 10}k" if have_fio else None
         for qd in QDS:
-            runs: dict[str, list[dict[str, float]]] = {}
-
-            def case(name: str, fn):  # collect full results, hand MB/s to the median
-                def run() -> float:
-                    r = fn()
-                    runs.setdefault(name, []).append(r)
-                    return r["MBps"]
-
-                return run
-
-            cases = {
-                "get": case("get", lambda: ours.get(qd, a.seconds)),
-                "put": case("put", lambda: ours.put(qd, a.seconds)),
-            }
-            if have_fio:
-                cases["fio_read"] = case(
-                    "fio_read", lambda: fio(fio_file, "randread", bs, qd, a.ws, a.seconds)
-                )
-                cases["fio_write"] = case(
-                    "fio_write", lambda: fio(fio_file, "randwrite", bs, qd, a.ws, a.seconds)
-                )
-            med = median_interleaved(cases, runs=a.runs)
-            lat = {
-                k: {m: statistics.median(r[m] for r in v) for m in ("p50_us", "p99_us")}
-                for k, v in runs.items()
-            }
-            for op, peer in (("get", "fio_read"), ("put", "fio_write")):
-                row = {
-                    "op": op,
-                    "block": f"{bs >> 10} KiB",
-                    "qd": qd,
-                    "MBps": round(med[op], 1),
-                    "p50_us": round(lat[op]["p50_us"]),
-                    "p99_us": round(lat[op]["p99_us"]),
-                }
-                if have_fio:
-                    row.update(
-                        fio_MBps=round(med[peer], 1),
-                        fio_p50_us=round(lat[peer]["p50_us"]),
-                        fio_p99_us=round(lat[peer]["p99_us"]),
-                        ratio=round(med[op] / med[peer], 2),
-                    )
+            for row in compare(ours, fio_file, bs, qd, a):
                 rows.append(row)
                 print(json.dumps(row), flush=True)
         info = ours.close()
         print(f"# {bs >> 10} KiB: io_backend={info['io_backend']} direct_io={info['direct_io']}")
-        fio_file.unlink(missing_ok=True)
+        if fio_file is not None:
+            fio_file.unlink(missing_ok=True)
     shutil.rmtree(a.dir, ignore_errors=True)
     print(
-        "\n| op | block | qd | ours MB/s | p50/p99 µs (call) | fio MB/s | fio p50/p99 µs (I/O) | ratio |"
+        "\n| op | block | qd | ours MB/s | p50/p99 µs (call) | fio MB/s "
+        "| fio p50/p99 µs (I/O) | ratio |"
     )
     print("|---|---|---|---|---|---|---|---|")
     for r in rows:

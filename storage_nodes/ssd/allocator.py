@@ -93,13 +93,14 @@ class SlotAllocator:
         return min(_EVICT_AHEAD_MAX, held * self.nslots(block_bytes) // 64)
 
     def top_up(self, txn: Txn, block_bytes: int) -> Counter[str]:
-        """Inside a put's publish transaction: once no slab is left to allocate, keep a
-        watermark of free slots in the class by evicting its least recent blocks in that
-        same transaction — only for a class that already had to evict (so a store that is
-        merely full never loses a block nobody needed room for). The next put then finds committed free slots and skips its own
-        eviction commit (an fsync pair); the price is that a full class holds up to the
-        watermark fewer blocks than it could. Best effort: skipped when another thread holds
-        the allocator, which may itself be waiting for this transaction."""
+        """Inside a put's publish transaction, keep a watermark of free slots in the class
+        by evicting its least recent blocks in that same transaction — only for a class
+        that already had to evict, so a store that is merely full never loses a block
+        nobody needed room for. The next put then finds committed free slots and skips
+        its own eviction commit (an fsync pair); the price is that a class under pressure
+        holds up to the watermark fewer blocks than it could. Best effort: skipped when
+        another thread holds the allocator, which may itself be waiting for this
+        transaction (taking the lock here would invert the lock order)."""
         counts: Counter[str] = Counter()
         if block_bytes not in self._pressure or not self._lock.acquire(blocking=False):
             return counts
