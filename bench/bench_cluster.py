@@ -93,14 +93,14 @@ class Case:
         self.tier = ClusterTier(config)
         self.label = f"{nodes} node{'s' if nodes > 1 else ''}, R={replicas}"
 
-    def run(self, run: int, blocks: int) -> tuple[Phase, Phase]:
+    def run(self, run: int, blocks: int, batch: int) -> tuple[Phase, Phase]:
         ns = ns_for(run)
         self.tier.register(ns)
         rng = np.random.default_rng(run)
         keys = chain_keys(ns, rng.integers(0, 50_000, blocks * ns.block_tokens))
-        src = rng.integers(0, 256, BATCH_BLOCKS * BLOCK_BYTES, dtype=np.uint8)
-        dst = bytearray(BATCH_BLOCKS * BLOCK_BYTES)
-        batches = [keys[i : i + BATCH_BLOCKS] for i in range(0, blocks, BATCH_BLOCKS)]
+        src = rng.integers(0, 256, batch * BLOCK_BYTES, dtype=np.uint8)
+        dst = bytearray(batch * BLOCK_BYTES)
+        batches = [keys[i : i + batch] for i in range(0, blocks, batch)]
         nbytes = blocks * BLOCK_BYTES
 
         def put() -> None:
@@ -136,6 +136,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="16 MiB per phase instead of 64 MiB")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--batch", type=int, default=BATCH_BLOCKS, help="blocks per put/get call")
     args = ap.parse_args()
     blocks = (16 << 20 if args.quick else 64 << 20) // BLOCK_BYTES
     # One node alone, and three nodes: separate processes so "1 node" has no idle peers.
@@ -152,12 +153,13 @@ def main() -> int:
             floors.append(floor_per_gb())
             for c in cases:
                 run += 1
-                results[c.label].append(c.run(run, blocks))
+                results[c.label].append(c.run(run, blocks, args.batch))
         for c in cases:
             c.tier.close()
     floor = statistics.median(floors)
     print(
         f"# cluster CPU cost ({machine()}), {blocks} x 256 KiB blocks per phase, "
+        f"{args.batch} per call, "
         f"median of {max(3, args.rounds)} interleaved rounds"
     )
     print(f"floor (xxh3-64 + memcpy, in process): {floor:.3f} CPU-s/GB\n")

@@ -1,23 +1,26 @@
-"""Finding a chain's longest present prefix across replicas (``contains``/``get_into``).
+"""Finding (and fetching) a chain's longest present prefix across replicas.
 
 Each key has its candidates: its top-R healthy nodes in rendezvous order. A round sends
-every unresolved key to its current candidate, one ``Contains`` per node with that
-node's keys in chain order; a node answers with the prefix of them it holds, which
-settles those keys as present and the next one as absent *there*. An absent or
-failed key moves to its next candidate. The first unresolved key is always the head
-of its node's list, so every round settles it one way or the other: the loop ends in
-at most ``len(keys) × R`` rounds and, when every replica is healthy, in one.
+every unresolved key to its current candidate, one call per node with that node's keys
+in chain order — ``Contains`` to look, ``Get`` to fetch, which then costs no extra round
+trip. A node answers with the prefix of them it holds (fetched and verified, for
+``Get``), which settles those keys as present and the next one as absent *there*; an
+absent or failed key moves to its next candidate. The first unresolved key is always the
+head of its node's list, so every round settles it one way or the other: the loop ends in
+at most ``len(keys) × R`` rounds and, when every replica is healthy and complete, in one.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from kvstore.keys import Key, Namespace
+from kvstore.keys import Key
 from storage_nodes.cluster.errors import NodeUnavailable
 from storage_nodes.cluster.fanout import Fanout
 
-Contains = Callable[[int, Namespace, list[Key]], int]
+#: ``probe(node, chain_indices) -> n``: the node holds (and, for a fetch, delivered)
+#: the first ``n`` of those keys and not the one after them.
+Probe = Callable[[int, list[int]], int]
 
 
 class ChainRead:
@@ -35,7 +38,7 @@ class ChainRead:
     def holder(self, i: int) -> int:
         return self.cands[i][self.ci[i]]
 
-    def resolve(self, ns: Namespace, fanout: Fanout, contains: Contains) -> int:
+    def resolve(self, fanout: Fanout, probe: Probe) -> int:
         n = len(self.keys)
         while self.pos < n and self.ci[self.pos] < len(self.cands[self.pos]):
             groups: dict[int, list[int]] = {}
@@ -46,8 +49,7 @@ class ChainRead:
                     break  # no replica left for i: the prefix cannot pass it
                 groups.setdefault(self.holder(i), []).append(i)
             calls = {
-                node: (lambda node=node, idx=idx: contains(node, ns, [self.keys[i] for i in idx]))
-                for node, idx in groups.items()
+                node: (lambda node=node, idx=idx: probe(node, idx)) for node, idx in groups.items()
             }
             for node, res in fanout.run(calls).items():
                 idx = groups[node]
@@ -64,11 +66,3 @@ class ChainRead:
             while self.pos < n and self.present[self.pos]:
                 self.pos += 1
         return self.pos
-
-    def lost(self, i: int) -> None:
-        """Block ``i`` could not be fetched from its holder (gone meanwhile, corrupt, or
-        the node failed): forget everything from ``i`` on and try its next candidate."""
-        for j in range(i, len(self.keys)):
-            self.present[j] = False
-        self.ci[i] += 1
-        self.pos = min(self.pos, i)

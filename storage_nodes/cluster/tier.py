@@ -32,7 +32,7 @@ from storage_nodes.cluster.fanout import Fanout
 from storage_nodes.cluster.health import HealthTracker, Prober
 from storage_nodes.cluster.node_client import NodeClient, encode_blocks
 from storage_nodes.cluster.placement import Rendezvous, balanced_capacity_blocks
-from storage_nodes.cluster.reads import ChainRead
+from storage_nodes.cluster.reads import ChainRead, Probe
 from storage_nodes.cluster.touches import TouchBatcher
 from storage_nodes.cluster.writes import replicate
 
@@ -122,8 +122,23 @@ class ClusterTier(Tier):
         res = self._fanout.one(node, lambda: self._nodes[node].touch(ns, keys))
         return not isinstance(res, NodeUnavailable)
 
-    def _contains_on(self, node: int, ns: Namespace, keys: list[Key]) -> int:
-        return self._nodes[node].contains(ns, keys)
+    def _contains_probe(self, ns: Namespace, keys: Sequence[Key]) -> Probe:
+        def probe(node: int, idx: list[int]) -> int:
+            return self._nodes[node].contains(ns, [keys[i] for i in idx])
+
+        return probe
+
+    def _fetch_probe(self, ns: Namespace, keys: Sequence[Key], out: memoryview) -> Probe:
+        """Fetch straight into the caller's rows: block ``j`` of the node's answer is
+        chain index ``idx[j]``. Only the verified prefix counts."""
+
+        def probe(node: int, idx: list[int]) -> int:
+            res = self._nodes[node].get(ns, [keys[i] for i in idx], out, dict(enumerate(idx)))
+            if res.corrupt:
+                self._add(corrupt_blocks=res.corrupt)
+            return res.copied
+
+        return probe
 
     def namespaces(self) -> tuple[Namespace, ...]:
         """The namespaces registered through this client."""
@@ -150,7 +165,7 @@ class ClusterTier(Tier):
             keys = self._check_keys(keys)
             healthy = self.health.snapshot()
             read = ChainRead(keys, [self._candidates(k, healthy) for k in keys])
-            return read.resolve(ns, self._fanout, self._contains_on)
+            return read.resolve(self._fanout, self._contains_probe(ns, keys))
 
     def get_into(self, ns: Namespace, keys: Sequence[Key], dst: Any) -> int:
         with self._op():
@@ -160,34 +175,7 @@ class ClusterTier(Tier):
             healthy = self.health.snapshot()
             read = ChainRead(keys, [self._candidates(k, healthy) for k in keys])
             self._touches.flush_all()  # recency must not be reordered against this read
-            start = 0
-            while True:
-                h = read.resolve(ns, self._fanout, self._contains_on)
-                groups: dict[int, list[int]] = {}
-                for i in range(start, h):
-                    groups.setdefault(read.holder(i), []).append(i)
-                calls = {
-                    node: (
-                        lambda node=node, idx=idx: self._nodes[node].get(
-                            ns, [keys[i] for i in idx], out, {j: i for j, i in enumerate(idx)}
-                        )
-                    )
-                    for node, idx in groups.items()
-                }
-                bad = h
-                for node, res in self._fanout.run(calls).items():
-                    idx = groups[node]
-                    if isinstance(res, NodeUnavailable):
-                        bad = min(bad, idx[0])
-                        continue
-                    if res.corrupt:
-                        self._add(corrupt_blocks=1)
-                    if res.copied < len(idx):
-                        bad = min(bad, idx[res.copied])
-                if bad == h:
-                    break
-                read.lost(bad)
-                start = bad
+            h = read.resolve(self._fanout, self._fetch_probe(ns, keys, out))
             self._after_read(ns, keys, out, read, h)
             self._add(gets=1, hits=h, misses=len(keys) - h)
             return h
@@ -239,7 +227,7 @@ class ClusterTier(Tier):
             if not present_ok and keys:
                 for k in keys:
                     read = ChainRead([k], [self._candidates(k, healthy)])
-                    if read.resolve(ns, self._fanout, self._contains_on):
+                    if read.resolve(self._fanout, self._contains_probe(ns, [k])):
                         raise InvalidArgument("put: key already present and present_ok=False")
             self._touches.flush_all()
             blocks = encode_blocks(
