@@ -21,23 +21,33 @@ from kvstore.units import parse_duration, parse_size
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("traces", nargs="+", metavar="TRACE", help="trace files, directories or globs")
+    parser.add_argument(
+        "traces", nargs="+", metavar="TRACE", help="trace files, directories or globs"
+    )
     parser.add_argument(
         "--store",
         default="grpc://127.0.0.1:7420",
         help="grpc://HOST:PORT (the daemon) or 'embedded' (a tier manager in this process)",
     )
-    parser.add_argument("--auth-token-file", default=None, help="token for the daemon (or $KVSTORE_AUTH_TOKEN)")
+    parser.add_argument(
+        "--auth-token-file", default=None, help="token for the daemon (or $KVSTORE_AUTH_TOKEN)"
+    )
     parser.add_argument("--concurrency", default="1", help="concurrent streams (default 1)")
     parser.add_argument(
         "--streams",
         default="auto",
         help=f"auto, {', '.join(DISPATCHERS)}: spread requests over streams (see README)",
     )
-    parser.add_argument("--speed", default="inf", help="pace at SPEED x trace time (default inf: unpaced)")
-    parser.add_argument("--bytes-per-token", default="32", help="payload bytes per token (default 32)")
+    parser.add_argument(
+        "--speed", default="inf", help="pace at SPEED x trace time (default inf: unpaced)"
+    )
+    parser.add_argument(
+        "--bytes-per-token", default="32", help="payload bytes per token (default 32)"
+    )
     parser.add_argument("--verify", action="store_true", help="check every byte read back")
-    parser.add_argument("--durability", default="dram", help="commit durability: dram (default) or ssd")
+    parser.add_argument(
+        "--durability", default="dram", help="commit durability: dram (default) or ssd"
+    )
     parser.add_argument(
         "--audit-durable",
         action="store_true",
@@ -45,9 +55,15 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--requests", default=None, help="replay only the first N requests")
     parser.add_argument("--format", default="auto", help="trace format (default auto-detect)")
-    parser.add_argument("--block-tokens", default=None, help="block size for Mooncake (default 512)")
-    parser.add_argument("--timeout", default="10s", help="deadline of each store call (default 10s)")
-    parser.add_argument("--no-shm", action="store_true", help="never use the shared-memory fast path")
+    parser.add_argument(
+        "--block-tokens", default=None, help="block size for Mooncake (default 512)"
+    )
+    parser.add_argument(
+        "--timeout", default="10s", help="deadline of each store call (default 10s)"
+    )
+    parser.add_argument(
+        "--no-shm", action="store_true", help="never use the shared-memory fast path"
+    )
     parser.add_argument("--dram", default="1GiB", help="embedded store: DRAM tier size")
     parser.add_argument("--ssd-dir", default=None, help="embedded store: SSD directory")
     parser.add_argument("--ssd-capacity", default=None, help="embedded store: SSD capacity")
@@ -104,11 +120,15 @@ def load_config(args: argparse.Namespace) -> Any:
     from kvstore.loadgen.load import LoadConfig
 
     if args.streams != "auto" and args.streams not in DISPATCHERS:
-        raise LoadgenError(f"--streams: unknown mode {args.streams!r}; known: auto, {', '.join(DISPATCHERS)}")
+        raise LoadgenError(
+            f"--streams: unknown mode {args.streams!r}; known: auto, {', '.join(DISPATCHERS)}"
+        )
     return LoadConfig(
         inputs=tuple(args.traces),
         fmt=args.format,
-        block_tokens=None if args.block_tokens is None else _int(args.block_tokens, "--block-tokens"),
+        block_tokens=None
+        if args.block_tokens is None
+        else _int(args.block_tokens, "--block-tokens"),
         bytes_per_token=_int(args.bytes_per_token, "--bytes-per-token"),
         concurrency=_int(args.concurrency, "--concurrency"),
         speed=_speed(args.speed),

@@ -46,7 +46,9 @@ def block_key(ns: Namespace, block_id: Hashable) -> Key:
     return xxhash.xxh3_128_digest(ns.fingerprint + encode_id(block_id))
 
 
-def namespace_for(scope: str, block_tokens: int, bytes_per_token: int, tenant: str = "") -> Namespace:
+def namespace_for(
+    scope: str, block_tokens: int, bytes_per_token: int, tenant: str = ""
+) -> Namespace:
     """One ``mla`` layer of ``bytes_per_token`` uint8 per token: ``block_bytes`` is exactly
     ``block_tokens × bytes_per_token``."""
     return Namespace(
@@ -74,7 +76,9 @@ class KeyMapper:
         self, fmt: str, paths: Sequence[str], bytes_per_token: int, tenant: str = ""
     ) -> None:
         if bytes_per_token < 1:
-            raise LoadgenError(f"--bytes-per-token must be a positive integer, got {bytes_per_token}")
+            raise LoadgenError(
+                f"--bytes-per-token must be a positive integer, got {bytes_per_token}"
+            )
         self.fmt = fmt
         self.per_file = fmt == "kv-cache-tester"
         self.paths = list(paths)

@@ -18,7 +18,7 @@ from kvstore.loadgen.keymap import KeyMapper
 from kvstore.loadgen.ledger import AuditResult, DurableLedger
 from kvstore.loadgen.payload import PayloadMaker
 from kvstore.loadgen.predict import capacities_from_stats, predict
-from kvstore.loadgen.replay import Replayer, ReplayConfig, TraceRequest
+from kvstore.loadgen.replay import ReplayConfig, Replayer, TraceRequest
 from kvstore.loadgen.result import LoadReport, Tally, Throughput
 from kvstore.loadgen.session import StoreSession
 from kvstore.loadgen.streams import make_dispatcher
@@ -108,7 +108,9 @@ class LoadRun:
         return "namespace" if self.mapper.per_file and self.config.concurrency > 1 else "pool"
 
     def run(self) -> LoadReport:
-        dispatcher = make_dispatcher(self.streams_mode(), self.config.concurrency, self.config.speed)
+        dispatcher = make_dispatcher(
+            self.streams_mode(), self.config.concurrency, self.config.speed
+        )
         self.session.stats()  # fail fast, before any request, if the store is not there
         t0 = time.perf_counter()
         dispatcher.run(self.items(), self.replayer)

@@ -82,7 +82,5 @@ class PayloadMaker:
         out = []
         for i in np.flatnonzero(diff.any(axis=1)):
             row = diff[i]
-            out.append(
-                Mismatch(int(i), keys[int(i)], int(row.sum()), int(np.argmax(row)))
-            )
+            out.append(Mismatch(int(i), keys[int(i)], int(row.sum()), int(np.argmax(row))))
         return out

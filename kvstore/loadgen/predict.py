@@ -70,7 +70,9 @@ def capacities_from_stats(stats: StoreStats, block_bytes: int) -> TierCapacities
     return TierCapacities(block_bytes=block_bytes, blocks=blocks, policy=policy)
 
 
-def predict(requests: Iterable[Request], capacities: TierCapacities, block_tokens: int) -> SimResult:
+def predict(
+    requests: Iterable[Request], capacities: TierCapacities, block_tokens: int
+) -> SimResult:
     """Replay ``requests`` (the same stream the load run replayed, in the same order)
     through the model. Retention is off: a replay takes minutes of wall time, far below
     any SSD retention a daemon runs with, so nothing expires in the store either."""

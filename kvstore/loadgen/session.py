@@ -9,6 +9,7 @@ again and retries once. An embedded store is never re-opened (``reopenable=False
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import threading
 import time
@@ -100,7 +101,8 @@ class StoreSession:
         if self._takes_prompt:
             # The access log records the prompt length, so the log replays to the same L.
             return self._call(
-                ns, lambda s: s.lookup(ns, keys, timeout_s=t, prompt_tokens=prompt_tokens)  # type: ignore[call-arg]
+                ns,
+                lambda s: s.lookup(ns, keys, timeout_s=t, prompt_tokens=prompt_tokens),  # type: ignore[call-arg]
             )
         return self._call(ns, lambda s: s.lookup(ns, keys, timeout_s=t))
 
@@ -109,7 +111,11 @@ class StoreSession:
         return self._call(ns, lambda s: s.get_into(ns, keys, dst, timeout_s=t))
 
     def commit(
-        self, ns: Namespace, keys: Sequence[Key], payloads: Mapping[int, Any], durability: Durability
+        self,
+        ns: Namespace,
+        keys: Sequence[Key],
+        payloads: Mapping[int, Any],
+        durability: Durability,
     ) -> CommitResult:
         t = self.timeout_s
         return self._call(
@@ -142,7 +148,6 @@ def _takes_prompt_tokens(store: KVStore) -> bool:
 
 
 def _close_quietly(store: KVStore) -> None:
-    try:
+    # An old client of a dead daemon may fail to close; it is garbage either way.
+    with contextlib.suppress(Exception):
         store.close()
-    except Exception:  # noqa: BLE001 - an old client of a dead daemon may fail to close
-        pass

@@ -126,7 +126,7 @@ class Dispatcher(ABC):
                 continue  # drain so the dispatcher's puts complete
             try:
                 handle(item)
-            except BaseException as e:  # noqa: BLE001 - re-raised by run()
+            except BaseException as e:  # re-raised by run() in the caller's thread
                 if self._error is None:
                     self._error = e
                 self._stop.set()

@@ -40,8 +40,14 @@ def conversation_trace(
             tail = int(rng.integers(1, block_tokens))  # the last block is partial
             length = (len(ids) - 1) * block_tokens + tail
             ts = start + t * conversations * spacing_ms + c
-            rows.append({"timestamp": ts, "input_length": length, "output_length": 10,
-                         "hash_ids": list(ids)})
+            rows.append(
+                {
+                    "timestamp": ts,
+                    "input_length": length,
+                    "output_length": 10,
+                    "hash_ids": list(ids),
+                }
+            )
     rows.sort(key=lambda r: r["timestamp"])
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path
@@ -56,8 +62,15 @@ def session_traces(directory: Path, *, sessions: int = 3, turns: int = 5, seed: 
         reqs = []
         for t in range(turns):
             ids = ids + list(range(len(ids), len(ids) + int(rng.integers(2, 6))))
-            reqs.append({"t": float(t) + 0.1 * s, "in": len(ids) * 64 + int(rng.integers(0, 64)),
-                         "out": 5, "hash_ids": list(ids), "type": "n"})
+            reqs.append(
+                {
+                    "t": float(t) + 0.1 * s,
+                    "in": len(ids) * 64 + int(rng.integers(0, 64)),
+                    "out": 5,
+                    "hash_ids": list(ids),
+                    "type": "n",
+                }
+            )
         doc = {"block_size": 64, "hash_id_scope": "local", "requests": reqs}
         (directory / f"session_{s:02d}.json").write_text(json.dumps(doc))
     return directory

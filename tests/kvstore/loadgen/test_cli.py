@@ -54,8 +54,19 @@ def test_unreachable_daemon_is_errors_not_a_crash(
     with socket.socket() as s:  # a port nothing listens on
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    rc = main(["loadgen", "--json", str(conv_trace), "--store", f"grpc://127.0.0.1:{port}",
-               "--timeout", "0.2s", "--requests", "5"])
+    rc = main(
+        [
+            "loadgen",
+            "--json",
+            str(conv_trace),
+            "--store",
+            f"grpc://127.0.0.1:{port}",
+            "--timeout",
+            "0.2s",
+            "--requests",
+            "5",
+        ]
+    )
     assert rc == 2
     err = capsys.readouterr().err.strip()
     assert f"cannot reach the store at grpc://127.0.0.1:{port}" in err
@@ -65,8 +76,22 @@ def test_unreachable_daemon_is_errors_not_a_crash(
 def test_embedded_text_and_json_output(
     conv_trace: Path, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
-    assert main(["loadgen", str(conv_trace), "--store", "embedded", "--dram", "1MiB",
-                 "--bytes-per-token", "4", "--verify"]) == 0
+    assert (
+        main(
+            [
+                "loadgen",
+                str(conv_trace),
+                "--store",
+                "embedded",
+                "--dram",
+                "1MiB",
+                "--bytes-per-token",
+                "4",
+                "--verify",
+            ]
+        )
+        == 0
+    )
     text = capsys.readouterr().out
     assert "token hit rate" in text and "wrong bytes 0" in text and "p99 ms" in text
     cfg = tmp_path / "lg.toml"

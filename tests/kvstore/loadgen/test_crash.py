@@ -26,8 +26,14 @@ def test_kill_9_mid_replay_loses_no_durable_block(tmp_path: Path) -> None:
         cfg = config_from_url(first.url, default_timeout_s=2.0)
         session = StoreSession(lambda: GrpcStore(cfg), reopenable=True, timeout_s=2.0)
         load = LoadRun(
-            LoadConfig(inputs=(str(trace),), bytes_per_token=4, verify=True, durability="ssd",
-                       speed=2.0, audit=True),
+            LoadConfig(
+                inputs=(str(trace),),
+                bytes_per_token=4,
+                verify=True,
+                durability="ssd",
+                speed=2.0,
+                audit=True,
+            ),
             session,
         )
         box: dict[str, object] = {}

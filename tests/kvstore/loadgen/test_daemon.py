@@ -14,8 +14,13 @@ from kvstore.daemon.process import DaemonProcess
 from tests.conftest import traces_dir
 
 HITRATE_KEYS = (
-    "requests", "input_tokens", "hit_tokens", "token_hit_rate", "mean_request_hit_ratio",
-    "computed_tokens", "tiers",
+    "requests",
+    "input_tokens",
+    "hit_tokens",
+    "token_hit_rate",
+    "mean_request_hit_ratio",
+    "computed_tokens",
+    "tiers",
 )
 
 
@@ -38,8 +43,19 @@ def hitrate_of_log(capsys: pytest.CaptureFixture[str], log_dir: Path, body: dict
     b = body["block_tokens"]
     tiers = body["tiers"]
     size = {n: f"{t['capacity_blocks'] * b}tok" if t["present"] else "0" for n, t in tiers.items()}
-    args = ["hitrate", "--json", str(log_dir), "--hbm", "0", "--dram", size["dram"],
-            "--ssd", size["ssd"], "--retention", "inf"]
+    args = [
+        "hitrate",
+        "--json",
+        str(log_dir),
+        "--hbm",
+        "0",
+        "--dram",
+        size["dram"],
+        "--ssd",
+        size["ssd"],
+        "--retention",
+        "inf",
+    ]
     assert main(args) == 0
     return json.loads(capsys.readouterr().out)
 
@@ -52,12 +68,24 @@ def assert_equals_prediction(body: dict) -> None:
 
 
 def test_dram_and_ssd_hold_the_trace_exactly_and_the_access_log_agrees(
-    tmp_path: Path, conv_trace: Path, daemons: list[DaemonProcess],
+    tmp_path: Path,
+    conv_trace: Path,
+    daemons: list[DaemonProcess],
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     log_dir = tmp_path / "log"
-    d = DaemonProcess(["--dram", "256KiB", "--ssd-dir", str(tmp_path / "ssd"),
-                       "--ssd-capacity", "256MiB", "--access-log", str(log_dir)])
+    d = DaemonProcess(
+        [
+            "--dram",
+            "256KiB",
+            "--ssd-dir",
+            str(tmp_path / "ssd"),
+            "--ssd-capacity",
+            "256MiB",
+            "--access-log",
+            str(log_dir),
+        ]
+    )
     daemons.append(d)
     body = loadgen(capsys, conv_trace, d.url, "--bytes-per-token", "4")
     assert_equals_prediction(body)
@@ -89,11 +117,14 @@ def test_dram_only_daemon_with_evictions_matches_the_model(
 
 
 def test_concurrent_streams_against_the_daemon_verify_clean(
-    tmp_path: Path, conv_trace: Path, daemons: list[DaemonProcess],
+    tmp_path: Path,
+    conv_trace: Path,
+    daemons: list[DaemonProcess],
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    d = DaemonProcess(["--dram", "1MiB", "--ssd-dir", str(tmp_path / "ssd"),
-                       "--ssd-capacity", "256MiB"])
+    d = DaemonProcess(
+        ["--dram", "1MiB", "--ssd-dir", str(tmp_path / "ssd"), "--ssd-capacity", "256MiB"]
+    )
     daemons.append(d)
     body = loadgen(capsys, conv_trace, d.url, "--bytes-per-token", "4", "--concurrency", "4")
     assert body["wrong_bytes"] == 0 and body["errors"] == {}
@@ -108,8 +139,18 @@ def test_real_trace_slices(
     if root is None:
         pytest.skip("sample traces not found: set KVSTORE_TRACES_DIR or provide ../shared/traces")
     log_dir = tmp_path / "log"
-    d = DaemonProcess(["--dram", "2MiB", "--ssd-dir", str(tmp_path / "ssd"),
-                       "--ssd-capacity", "256MiB", "--access-log", str(log_dir)])
+    d = DaemonProcess(
+        [
+            "--dram",
+            "2MiB",
+            "--ssd-dir",
+            str(tmp_path / "ssd"),
+            "--ssd-capacity",
+            "256MiB",
+            "--access-log",
+            str(log_dir),
+        ]
+    )
     daemons.append(d)
     mooncake = root / "mooncake" / "conversation_trace.jsonl"
     body = loadgen(capsys, mooncake, d.url, "--bytes-per-token", "2", "--requests", "400")
@@ -120,8 +161,9 @@ def test_real_trace_slices(
     for k in HITRATE_KEYS:
         assert logged[k] == body[k], k
     # One kv-cache-tester session (its own namespace, 64-token blocks) on a fresh daemon.
-    d2 = DaemonProcess(["--dram", "256KiB", "--ssd-dir", str(tmp_path / "ssd2"),
-                        "--ssd-capacity", "256MiB"])
+    d2 = DaemonProcess(
+        ["--dram", "256KiB", "--ssd-dir", str(tmp_path / "ssd2"), "--ssd-capacity", "256MiB"]
+    )
     daemons.append(d2)
     session = root / "kv-cache-tester" / "trace_0115.json"
     body = loadgen(capsys, session, d2.url, "--bytes-per-token", "2")

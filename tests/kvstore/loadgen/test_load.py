@@ -21,14 +21,31 @@ from kvstore.tier import CommitResult, Durability, KVStore, LookupResult, StoreS
 from tests.kvstore.loadgen.conftest import RunLoad
 
 HITRATE_KEYS = (
-    "requests", "input_tokens", "hit_tokens", "token_hit_rate", "mean_request_hit_ratio",
-    "computed_tokens", "computed_tokens_with_replay", "tiers",
+    "requests",
+    "input_tokens",
+    "hit_tokens",
+    "token_hit_rate",
+    "mean_request_hit_ratio",
+    "computed_tokens",
+    "computed_tokens_with_replay",
+    "tiers",
 )
 
 
 def hitrate_json(capsys: pytest.CaptureFixture[str], trace: Path, dram_blocks: int, b: int) -> dict:
-    args = ["hitrate", "--json", str(trace), "--hbm", "0", "--dram", f"{dram_blocks * b}tok",
-            "--ssd", "0", "--retention", "inf"]
+    args = [
+        "hitrate",
+        "--json",
+        str(trace),
+        "--hbm",
+        "0",
+        "--dram",
+        f"{dram_blocks * b}tok",
+        "--ssd",
+        "0",
+        "--retention",
+        "inf",
+    ]
     assert main(args) == 0
     return json.loads(capsys.readouterr().out)
 
@@ -98,7 +115,9 @@ class FlipOneByte(KVStore):
     def __init__(self, inner: KVStore, nth: int = 3) -> None:
         self.inner, self.nth, self.reads = inner, nth, 0
 
-    def get_into(self, ns: Namespace, keys: Sequence[Key], dst: Any, *, timeout_s: float | None = None) -> int:
+    def get_into(
+        self, ns: Namespace, keys: Sequence[Key], dst: Any, *, timeout_s: float | None = None
+    ) -> int:
         got = self.inner.get_into(ns, keys, dst, timeout_s=timeout_s)
         if got:
             self.reads += 1
@@ -109,14 +128,25 @@ class FlipOneByte(KVStore):
     def register(self, ns: Namespace, *, timeout_s: float | None = None) -> None:
         self.inner.register(ns, timeout_s=timeout_s)
 
-    def lookup(self, ns: Namespace, keys: Sequence[Key], *, timeout_s: float | None = None) -> LookupResult:
+    def lookup(
+        self, ns: Namespace, keys: Sequence[Key], *, timeout_s: float | None = None
+    ) -> LookupResult:
         return self.inner.lookup(ns, keys, timeout_s=timeout_s)
 
-    def commit(self, ns: Namespace, keys: Sequence[Key], payloads: Mapping[int, Any], *,
-               durability: Durability = "dram", timeout_s: float | None = None) -> CommitResult:
+    def commit(
+        self,
+        ns: Namespace,
+        keys: Sequence[Key],
+        payloads: Mapping[int, Any],
+        *,
+        durability: Durability = "dram",
+        timeout_s: float | None = None,
+    ) -> CommitResult:
         return self.inner.commit(ns, keys, payloads, durability=durability, timeout_s=timeout_s)
 
-    def prefetch(self, ns: Namespace, keys: Sequence[Key], *, timeout_s: float | None = None) -> Future[int]:
+    def prefetch(
+        self, ns: Namespace, keys: Sequence[Key], *, timeout_s: float | None = None
+    ) -> Future[int]:
         return self.inner.prefetch(ns, keys, timeout_s=timeout_s)
 
     def flush(self, *, timeout_s: float | None = None) -> None:
@@ -157,8 +187,10 @@ def test_without_verify_nothing_is_checked(conv_trace: Path) -> None:
 
     store = FlipOneByte(open_embedded(16 << 20))
     try:
-        load = LoadRun(LoadConfig(inputs=(str(conv_trace),), bytes_per_token=4),
-                       StoreSession(lambda: store, reopenable=False))
+        load = LoadRun(
+            LoadConfig(inputs=(str(conv_trace),), bytes_per_token=4),
+            StoreSession(lambda: store, reopenable=False),
+        )
         assert load.run().wrong_bytes == 0
     finally:
         store.close()

@@ -87,7 +87,10 @@ def test_any_single_flipped_byte_is_found_and_named(block: int, offset: int, xor
     bad = pm.check(NS, ks, got)
     assert len(bad) == 1
     assert (bad[0].index, bad[0].key, bad[0].wrong_bytes, bad[0].first_offset) == (
-        block, ks[block], 1, offset
+        block,
+        ks[block],
+        1,
+        offset,
     )
 
 

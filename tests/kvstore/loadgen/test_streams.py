@@ -11,16 +11,13 @@ from kvstore.hitrate.request import Request
 from kvstore.loadgen.errors import LoadgenError
 from kvstore.loadgen.keymap import namespace_for
 from kvstore.loadgen.replay import TraceRequest
-from kvstore.loadgen.streams import Paced, make_dispatcher, make_pacer, Unpaced
+from kvstore.loadgen.streams import Paced, Unpaced, make_dispatcher, make_pacer
 
 NS = [namespace_for(f"s{i}", 64, 1) for i in range(5)]
 
 
 def items(n: int, namespaces: int = 1, dt: float = 0.0) -> list[TraceRequest]:
-    return [
-        TraceRequest(i, Request(i * dt, 64, [i], 64), NS[i % namespaces], [])
-        for i in range(n)
-    ]
+    return [TraceRequest(i, Request(i * dt, 64, [i], 64), NS[i % namespaces], []) for i in range(n)]
 
 
 @pytest.mark.parametrize("mode", ["pool", "namespace"])
