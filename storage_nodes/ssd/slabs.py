@@ -11,6 +11,7 @@ from __future__ import annotations
 import errno
 import mmap
 import os
+import resource
 import threading
 from pathlib import Path
 
@@ -49,7 +50,10 @@ class StagingPool:
 class SlabFiles:
     """The open descriptors of ``DIR/slabs/slab-NNNNN``; thread-safe."""
 
-    def __init__(self, directory: Path, slab_bytes: int, direct_io: bool | None) -> None:
+    def __init__(
+        self, directory: Path, slab_bytes: int, direct_io: bool | None, max_slabs: int = 0
+    ) -> None:
+        _allow_open_files(max_slabs + 256)  # every slab keeps its descriptor open
         self.dir = Path(directory) / "slabs"
         self.dir.mkdir(parents=True, exist_ok=True)
         self.slab_bytes = slab_bytes
@@ -117,6 +121,14 @@ class SlabFiles:
             fds, self._fds = list(self._fds.values()), {}
         for fd in fds:
             os.close(fd)
+
+
+def _allow_open_files(n: int) -> None:
+    """Raise the soft RLIMIT_NOFILE towards ``n`` (never above the hard limit)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < n:
+        cap = n if hard == resource.RLIM_INFINITY else min(n, hard)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, cap), hard))
 
 
 def probe_direct_io(directory: Path) -> bool:

@@ -9,6 +9,7 @@ import time
 from collections.abc import Callable
 from itertools import islice
 
+from kvstore.errors import StoreUnavailable
 from storage_nodes.ssd.config import SSDConfig
 from storage_nodes.ssd.index import Index
 from storage_nodes.ssd.recency import Recency
@@ -67,6 +68,8 @@ class Maintenance:
                 if time.monotonic() >= next_sweep:
                     next_sweep = time.monotonic() + (self._config.sweep_interval_s or float("inf"))
                     self._sweep()
+            except StoreUnavailable:
+                return  # the tier is closing
             except Exception:  # the tier degrades and logs; the thread must survive
                 log.exception("ssd maintenance step failed")
 

@@ -78,7 +78,7 @@ class SSDTier(Tier):
         try:
             self._io: IOBackend = make_backend(config.io_backend, config.queue_depth)
             opened.append(self._io)
-            self._files = SlabFiles(config.dir, config.slab_bytes, config.direct_io)
+            self._files = SlabFiles(config.dir, config.slab_bytes, config.direct_io, config.chunks)
             opened.append(self._files)
             self._index = Index(
                 config.dir / "index", map_bytes=config.index_map_bytes, slab_bytes=config.slab_bytes
