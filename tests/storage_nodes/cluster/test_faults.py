@@ -8,8 +8,10 @@ whose disk fills up degrades to read-only without taking the cluster down.
 
 from __future__ import annotations
 
+import os
 import random
 import resource
+import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -161,4 +163,29 @@ def test_full_disk_degrades_one_node_not_the_cluster(cluster: LocalCluster) -> N
     assert tier.health.healthy(0)  # and it still serves reads
     for keys in [early, *chains]:
         assert read_back(tier, NS, keys) == (len(keys), True)
+    tier.close()
+
+
+def test_a_hung_node_costs_a_timeout_not_an_error(cluster: LocalCluster) -> None:
+    tier = ClusterTier(
+        ClusterConfig(
+            nodes=cluster.targets, rpc_timeout_s=1.0, probe_timeout_s=0.5, probe_interval_s=0.1
+        )
+    )
+    tier.register(NS)
+    chains = [make_chain(NS, 8, seed=200 + i) for i in range(6)]
+    for keys in chains:
+        tier.put(NS, keys, rows(NS, keys))
+    hung = cluster.nodes[2]
+    os.kill(hung.pid, signal.SIGSTOP)  # alive, connected, silent
+    try:
+        for keys in chains:
+            assert read_back(tier, NS, keys) == (8, True)
+        assert wait_for(lambda: not tier.health.healthy(2))
+        more = make_chain(NS, 8, seed=300)
+        assert tier.put(NS, more, rows(NS, more)).dropped == 0
+    finally:
+        os.kill(hung.pid, signal.SIGCONT)
+    assert wait_for(lambda: tier.health.healthy(2))
+    assert all(read_back(tier, NS, keys) == (8, True) for keys in [*chains, more])
     tier.close()

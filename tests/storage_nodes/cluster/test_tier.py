@@ -207,3 +207,22 @@ def test_stats_count_blocks_not_copies(
     assert tier.delete_namespace(NS) == 7
     tier.close()
     tier.close()
+
+
+def test_blocks_larger_than_one_chunk(inproc_nodes: InprocNodes, open_cluster: OpenCluster) -> None:
+    big = small_ns(model_id="big", head_dim=8192 + 8)  # 2 MiB + 2 KiB: three 1 MiB chunks
+    assert big.block_bytes > 2 * (1 << 20)
+    tier = open_cluster(inproc_nodes(3, capacity_bytes=48 << 20))
+    tier.register(big)
+    keys = make_chain(big, 3, seed=9)
+    assert tier.put(big, keys, rows(big, keys)).inserted == 3
+    assert read_back(tier, big, keys) == (3, True)
+
+
+def test_a_namespace_too_big_for_the_nodes_is_misuse(
+    inproc_nodes: InprocNodes, open_cluster: OpenCluster
+) -> None:
+    huge = small_ns(model_id="huge", head_dim=8192)  # 2 MiB blocks, nodes have 512 KiB slabs
+    tier = open_cluster(inproc_nodes(2))
+    with pytest.raises(ValueError, match="slab"):
+        tier.register(huge)
