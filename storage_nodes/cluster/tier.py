@@ -147,9 +147,9 @@ class ClusterTier(Tier):
     # -- Tier API ---------------------------------------------------------------------
     def register(self, ns: Namespace) -> None:
         with self._op():
-            self._namespaces[ns.fingerprint] = ns
             # A node registers a namespace on first use; an empty Contains is that use,
-            # so its size class shows in stats now. A node down now registers it later.
+            # so its size class shows in stats now and a namespace no node can hold is
+            # refused here (misuse). A node down now registers it on first use later.
             healthy = self.health.snapshot()
             self._fanout.run(
                 {
@@ -158,6 +158,7 @@ class ClusterTier(Tier):
                     if healthy[i]
                 }
             )
+            self._namespaces[ns.fingerprint] = ns
 
     def contains(self, ns: Namespace, keys: Sequence[Key]) -> int:
         with self._op():
