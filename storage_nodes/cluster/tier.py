@@ -50,6 +50,7 @@ _COUNTERS = (
     "read_fallthroughs",
     "corrupt_blocks",
     "deletes_missed_nodes",
+    "deletes_replayed",
 )
 
 
@@ -72,9 +73,11 @@ class ClusterTier(Tier):
         self._gate = threading.Condition()
         self._inflight = 0
         self._closed = False
-        self._prober = Prober(
-            self.health, lambda i: self._nodes[i].probe(), config.probe_interval_s
-        )
+        # Deletes a node missed (it was down): replayed before it is re-admitted, so a
+        # node that comes back never serves a namespace deleted meanwhile.
+        self._pending_deletes: list[dict[bytes, Namespace]] = [{} for _ in self._nodes]
+        self._pending_lock = threading.Lock()
+        self._prober = Prober(self.health, self._probe, config.probe_interval_s)
 
     # -- plumbing ---------------------------------------------------------------------
     @contextmanager
@@ -270,13 +273,33 @@ class ClusterTier(Tier):
                 i: partial(self._nodes[i].delete, ns) for i in range(len(self._nodes)) if healthy[i]
             }
             results = self._fanout.run(calls)
-            total = sum(r for r in results.values() if not isinstance(r, NodeUnavailable))
-            missed = len(self._nodes) - sum(
-                not isinstance(r, NodeUnavailable) for r in results.values()
-            )
-            self._add(deletes_missed_nodes=missed)
+            total = 0
+            for i in range(len(self._nodes)):
+                r = results.get(i)
+                if r is None or isinstance(r, NodeUnavailable):
+                    with self._pending_lock:
+                        self._pending_deletes[i][ns.fingerprint] = ns
+                    self._add(deletes_missed_nodes=1)
+                else:
+                    total += r
             # Each block lives on R nodes: report blocks, not copies.
             return math.ceil(total / self.config.replicas)
+
+    def _probe(self, i: int) -> bool:
+        """Healthy, and every delete it missed replayed (before it takes traffic again)."""
+        if not self._nodes[i].probe():
+            return False
+        with self._pending_lock:
+            pending = list(self._pending_deletes[i].values())
+        for ns in pending:
+            try:
+                self._nodes[i].delete(ns)
+            except NodeUnavailable:
+                return False
+            with self._pending_lock:
+                self._pending_deletes[i].pop(ns.fingerprint, None)
+            self._add(deletes_replayed=1)
+        return True
 
     def stats(self) -> TierStats:
         with self._op():

@@ -226,3 +226,24 @@ def test_a_namespace_too_big_for_the_nodes_is_misuse(
     tier = open_cluster(inproc_nodes(2))
     with pytest.raises(ValueError, match="slab"):
         tier.register(huge)
+
+
+def test_a_delete_missed_by_a_down_node_is_replayed_before_it_returns(
+    inproc_nodes: InprocNodes, open_cluster: OpenCluster
+) -> None:
+    nodes = inproc_nodes(3)
+    tier = open_cluster(nodes, eject_after_failures=1)
+    tier.register(NS)
+    keys = make_chain(NS, 20, seed=10)
+    tier.put(NS, keys, rows(NS, keys))
+    nodes[2].stop()
+    tier.delete_namespace(NS)
+    assert tier.contains(NS, keys[:1]) == 0
+    nodes[2].start()
+    assert wait_for(lambda: tier.health.healthy(2))
+    direct = node_client(nodes[2].target)
+    assert all(direct.contains(NS, [k]) == 0 for k in keys)  # nothing deleted comes back
+    direct.close()
+    assert tier.contains(NS, keys) == 0
+    st = tier.stats().counters
+    assert st["cluster_deletes_missed_nodes"] == 1 and st["cluster_deletes_replayed"] == 1
