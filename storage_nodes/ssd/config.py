@@ -11,6 +11,7 @@ from storage_nodes.ssd.errors import SSDConfigError
 
 ALIGN_BYTES = 4096
 DEFAULT_RETENTION_S = 72 * 3600.0
+DEFAULT_SLAB_BYTES = 256 << 20
 
 
 def no_crash(point: str) -> None:
@@ -27,6 +28,9 @@ class SSDConfig:
 
     ``direct_io``: ``None`` probes the file system (O_DIRECT where it is accepted,
     buffered I/O + fdatasync where it is refused, e.g. tmpfs); ``True`` requires it.
+    ``slab_bytes``: the unit in which capacity moves between size classes; by default
+    min(256 MiB, capacity / 8) (at least 8 MiB or the capacity), and an existing
+    directory keeps the slab size it was created with.
     ``io_backend``: ``"auto"`` (io_uring where the kernel allows it, else pread),
     ``"uring"``, ``"pread"``, or the test-only ``"crashsim"`` / ``"faulty"``.
     ``clock`` returns seconds since the epoch; retention and block timestamps use it,
@@ -37,7 +41,7 @@ class SSDConfig:
     capacity_bytes: int
     retention_s: float = DEFAULT_RETENTION_S
     queue_depth: int = 32
-    slab_bytes: int = 256 << 20
+    slab_bytes: int = None  # type: ignore[assignment]  # None: chosen from the capacity
     direct_io: bool | None = None
     io_backend: str = "auto"
     bucket_s: float = 60.0
@@ -49,9 +53,19 @@ class SSDConfig:
     io_error_limit: int = 16
     clock: Callable[[], float] = field(default=time.time, compare=False)
     crash_hook: Callable[[str], None] = field(default=no_crash, compare=False, repr=False)
+    #: True when ``slab_bytes`` was left to the default: an existing directory's slab
+    #: size then wins over the one the capacity would choose.
+    slab_auto: bool = field(init=False, default=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "dir", Path(self.dir))
+        if self.slab_bytes is None:
+            object.__setattr__(self, "slab_auto", True)
+            cap = self.capacity_bytes if isinstance(self.capacity_bytes, int) else 0
+            auto = min(DEFAULT_SLAB_BYTES, max(cap // 8, min(cap, 8 << 20)))
+            object.__setattr__(
+                self, "slab_bytes", max(ALIGN_BYTES, auto // ALIGN_BYTES * ALIGN_BYTES)
+            )
         ints = (
             "capacity_bytes",
             "queue_depth",

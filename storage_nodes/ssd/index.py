@@ -58,7 +58,11 @@ class SlabInfo:
 
 
 class Index:
-    def __init__(self, path: Path, *, map_bytes: int, slab_bytes: int) -> None:
+    def __init__(
+        self, path: Path, *, map_bytes: int, slab_bytes: int, adopt_stored: bool = False
+    ) -> None:
+        """``adopt_stored``: an existing index's slab size wins over ``slab_bytes``
+        (which was only a default); otherwise a different one is an ``SSDFormatError``."""
         path.mkdir(parents=True, exist_ok=True)
         try:
             self.env = lmdb.open(
@@ -82,21 +86,30 @@ class Index:
             db(b"quar"),
             db(b"slabs"),
         )
+        try:
+            self.slab_bytes = self._check_format(path, slab_bytes, adopt_stored)
+        except BaseException:
+            self.env.close()
+            raise
+
+    def _check_format(self, path: Path, slab_bytes: int, adopt_stored: bool) -> int:
         with self.env.begin(write=True) as txn:
             fmt = txn.get(b"format", db=self.meta)
             have = txn.get(b"slab_bytes", db=self.meta)
             if fmt is None:
                 txn.put(b"format", FORMAT, db=self.meta)
                 txn.put(b"slab_bytes", str(slab_bytes).encode(), db=self.meta)
-            elif fmt != FORMAT:
-                raise SSDFormatError(
-                    f"SSD index {path} has format {fmt!r}, this build reads {FORMAT!r}"
-                )
-            elif have != str(slab_bytes).encode():
-                raise SSDFormatError(
-                    f"SSD directory was created with slab_bytes={have.decode() if have else '?'}, "
-                    f"not {slab_bytes}"
-                )
+                return slab_bytes
+        if fmt != FORMAT:
+            raise SSDFormatError(
+                f"SSD index {path} has format {fmt!r}, this build reads {FORMAT!r}"
+            )
+        stored = int(have) if have else 0
+        if stored != slab_bytes and not (adopt_stored and stored):
+            raise SSDFormatError(
+                f"SSD directory was created with slab_bytes={stored or '?'}, not {slab_bytes}"
+            )
+        return stored
 
     def begin(self, *, write: bool = False) -> Txn:
         return self.env.begin(write=write)

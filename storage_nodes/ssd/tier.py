@@ -16,6 +16,7 @@ import threading
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import replace
 from typing import Any
 
 import lmdb
@@ -78,12 +79,17 @@ class SSDTier(Tier):
         try:
             self._io: IOBackend = make_backend(config.io_backend, config.queue_depth)
             opened.append(self._io)
-            self._files = SlabFiles(config.dir, config.slab_bytes, config.direct_io, config.chunks)
-            opened.append(self._files)
             self._index = Index(
-                config.dir / "index", map_bytes=config.index_map_bytes, slab_bytes=config.slab_bytes
+                config.dir / "index",
+                map_bytes=config.index_map_bytes,
+                slab_bytes=config.slab_bytes,
+                adopt_stored=config.slab_auto,
             )
             opened.append(self._index)
+            if self._index.slab_bytes != config.slab_bytes:
+                config = self.config = replace(config, slab_bytes=self._index.slab_bytes)
+            self._files = SlabFiles(config.dir, config.slab_bytes, config.direct_io, config.chunks)
+            opened.append(self._files)
             with self._index.begin() as txn:
                 first_seq = self._index.seq_high_water(txn) + 1
             self._recency = Recency(config, first_seq)

@@ -34,7 +34,7 @@ def test_bad_config_is_a_one_line_value_error(tmp_path: Path, kw: dict) -> None:
 def test_defaults(tmp_path: Path) -> None:
     c = SSDConfig(dir=str(tmp_path), capacity_bytes=1 << 30)
     assert c.dir == tmp_path and c.retention_s == 72 * 3600 and c.queue_depth == 32
-    assert c.chunks == 4 and c.direct_io is None and c.io_backend == "auto"
+    assert c.slab_bytes == 128 << 20 and c.chunks == 8 and c.direct_io is None and c.io_backend == "auto"
 
 
 def test_buckets(tmp_path: Path) -> None:
@@ -48,3 +48,22 @@ def test_slot_size() -> None:
     assert slot_bytes_for(4096 - 64) == 4096
     assert slot_bytes_for(4096) == 8192
     assert slot_bytes_for(256 << 10) == (256 << 10) + 4096
+
+
+def test_auto_slab_size(tmp_path: Path) -> None:
+    assert SSDConfig(dir=tmp_path, capacity_bytes=1 << 40).slab_bytes == 256 << 20
+    assert SSDConfig(dir=tmp_path, capacity_bytes=800 << 20).slab_bytes == 100 << 20
+    assert SSDConfig(dir=tmp_path, capacity_bytes=4 << 20).slab_bytes == 4 << 20
+    assert SSDConfig(dir=tmp_path, capacity_bytes=1 << 30, slab_bytes=1 << 20).slab_bytes == 1 << 20
+
+
+def test_directory_keeps_its_slab_size(tmp_path: Path) -> None:
+    from storage_nodes.ssd import SSDFormatError, SSDTier
+
+    SSDTier(SSDConfig(dir=tmp_path, capacity_bytes=64 << 20, sweep_interval_s=None)).close()
+    t = SSDTier(SSDConfig(dir=tmp_path, capacity_bytes=1 << 30, sweep_interval_s=None))
+    assert t.config.slab_bytes == 8 << 20 and t.config.chunks == 128  # kept, not 128 MiB
+    t.close()
+    with pytest.raises(SSDFormatError, match="slab_bytes"):
+        SSDTier(SSDConfig(dir=tmp_path, capacity_bytes=1 << 30, slab_bytes=1 << 20))
+    SSDTier(SSDConfig(dir=tmp_path, capacity_bytes=1 << 30, sweep_interval_s=None)).close()
