@@ -98,9 +98,8 @@ class Dispatcher(ABC):
                 self.pacer.wait_for(item.request.time_s)
                 self._put(queues[self._route(item)], item)
         finally:
-            for q in queues:
-                for _ in range(self._stops_per_queue()):
-                    self._put(q, _STOP)
+            for q in queues:  # one stop per stream (the pool lists its one queue N times)
+                self._put(q, _STOP)
             for t in threads:
                 t.join()
         if self._error is not None:
@@ -132,13 +131,11 @@ class Dispatcher(ABC):
                 self._stop.set()
 
     @abstractmethod
-    def _queues(self) -> list[queue.Queue[TraceRequest | None]]: ...
+    def _queues(self) -> list[queue.Queue[TraceRequest | None]]:
+        """One entry per stream; entries may be the same queue."""
 
     @abstractmethod
     def _route(self, item: TraceRequest) -> int: ...
-
-    @abstractmethod
-    def _stops_per_queue(self) -> int: ...
 
 
 class PoolDispatcher(Dispatcher):
@@ -147,11 +144,6 @@ class PoolDispatcher(Dispatcher):
 
     def _route(self, item: TraceRequest) -> int:
         return 0
-
-    def _stops_per_queue(self) -> int:
-        # The list holds one queue N times: one stop per stream, N × N puts in all would
-        # be too many, so each of the N entries contributes one.
-        return 1
 
 
 class NamespaceDispatcher(Dispatcher):
@@ -168,9 +160,6 @@ class NamespaceDispatcher(Dispatcher):
         if s is None:
             s = self._stream_of[fp] = len(self._stream_of) % self.streams
         return s
-
-    def _stops_per_queue(self) -> int:
-        return 1
 
 
 DISPATCHERS: dict[str, type[Dispatcher]] = {

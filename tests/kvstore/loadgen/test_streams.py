@@ -8,6 +8,7 @@ import time
 import pytest
 
 from kvstore.hitrate.request import Request
+from kvstore.loadgen import streams
 from kvstore.loadgen.errors import LoadgenError
 from kvstore.loadgen.keymap import namespace_for
 from kvstore.loadgen.replay import TraceRequest
@@ -73,17 +74,15 @@ def test_an_escaping_exception_stops_the_run_and_is_raised(mode: str) -> None:
         make_dispatcher(mode, 2, float("inf")).run(items(10_000), handle)
 
 
-def test_paced_dispatch_follows_trace_time() -> None:
+def test_paced_dispatch_follows_trace_time(monkeypatch: pytest.MonkeyPatch) -> None:
     now = [100.0]
     slept: list[float] = []
+    monkeypatch.setattr(streams.time, "sleep", slept.append)
     pacer = Paced(2.0, clock=lambda: now[0])
     pacer.wait_for(50.0)  # the first request sets the origin
-    orig = time.sleep
-    try:
-        time.sleep = lambda s: slept.append(s)  # type: ignore[assignment]
-        pacer.wait_for(54.0)  # 4 s of trace at speed 2 is due 2 s after the origin
-    finally:
-        time.sleep = orig  # type: ignore[assignment]
+    pacer.wait_for(54.0)  # 4 s of trace at speed 2 is due 2 s after the origin
+    now[0] = 103.0
+    pacer.wait_for(55.0)  # due at 102.5: already late, no sleep
     assert slept == [pytest.approx(2.0)]
     assert isinstance(make_pacer(float("inf")), Unpaced)
 
