@@ -178,7 +178,6 @@ class ClusterTier(Tier):
             keys = self._check_keys(keys)
             healthy = self.health.snapshot()
             read = ChainRead(keys, [self._candidates(k, healthy) for k in keys])
-            self._touches.flush_all()  # recency must not be reordered against this read
             h = read.resolve(self._fanout, self._fetch_probe(ns, keys, out))
             self._after_read(ns, keys, out, read, h)
             self._add(gets=1, hits=h, misses=len(keys) - h)
@@ -233,6 +232,8 @@ class ClusterTier(Tier):
                     read = ChainRead([k], [self._candidates(k, healthy)])
                     if read.resolve(self._fanout, self._contains_probe(ns, [k])):
                         raise InvalidArgument("put: key already present and present_ok=False")
+            # Queued touches go out first: this put may make the nodes evict, and their
+            # choice must see every touch that happened before it.
             self._touches.flush_all()
             blocks = encode_blocks(
                 ns, keys, [data[i * bb : (i + 1) * bb] for i in range(len(keys))]

@@ -3,8 +3,8 @@
 A ``get_into`` served by one replica must also refresh the others, or retention would
 silently expire them and turn R=2 into R=1. Touches are queued per node and sent as
 one ``Touch`` per (node, namespace) every ``flush_s``, when a queue grows past
-``max_keys``, and — so that recency is never reordered against data — before any put
-or read reaches that node.
+``max_keys``, and before any put (a put may make a node evict, and its choice must
+see every touch that came before it).
 
 Order: each queued call is a chain slice to apply last→first, and later calls are
 more recent. Sending the calls newest-first, concatenated, makes the node's single
