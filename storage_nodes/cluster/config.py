@@ -20,7 +20,8 @@ class ClusterConfig:
     ``write_quorum`` (W) acknowledgements and falls back to fewer, counted, when
     replicas are down. A node is ejected after ``eject_after_failures`` consecutive
     failed calls or probes and re-admitted after ``readmit_after_successes``
-    consecutive good probes."""
+    consecutive good probes. A node that answers a put but stores none of it (full disk)
+    gets no writes for ``write_backoff_s``; it keeps serving reads."""
 
     nodes: tuple[str, ...]
     replicas: int = 2
@@ -33,6 +34,7 @@ class ClusterConfig:
     touch_flush_s: float = 0.5
     touch_batch_max_keys: int = 16384
     read_repair: bool = True
+    write_backoff_s: float = 5.0
     auth_token: str | None = None
     tls: bool = False
     tls_ca_file: str | None = None
@@ -51,7 +53,13 @@ class ClusterConfig:
             raise ClusterConfigError(
                 f"write_quorum must be in [1, replicas={self.replicas}], got {self.write_quorum}"
             )
-        for name in ("rpc_timeout_s", "probe_interval_s", "probe_timeout_s", "touch_flush_s"):
+        for name in (
+            "rpc_timeout_s",
+            "probe_interval_s",
+            "probe_timeout_s",
+            "touch_flush_s",
+            "write_backoff_s",
+        ):
             if not getattr(self, name) > 0:
                 raise ClusterConfigError(f"{name} must be > 0")
         for name in ("eject_after_failures", "readmit_after_successes", "touch_batch_max_keys"):

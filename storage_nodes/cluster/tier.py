@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -51,6 +52,7 @@ _COUNTERS = (
     "corrupt_blocks",
     "deletes_missed_nodes",
     "deletes_replayed",
+    "write_backoffs",
 )
 
 
@@ -77,6 +79,7 @@ class ClusterTier(Tier):
         # node that comes back never serves a namespace deleted meanwhile.
         self._pending_deletes: list[dict[bytes, Namespace]] = [{} for _ in self._nodes]
         self._pending_lock = threading.Lock()
+        self._no_writes_until = [0.0] * len(self._nodes)
         self._prober = Prober(self.health, self._probe, config.probe_interval_s)
 
     # -- plumbing ---------------------------------------------------------------------
@@ -198,8 +201,10 @@ class ClusterTier(Tier):
                 if node != holder and node not in read.missed[i]:
                     touch.setdefault(node, []).append(keys[i])
             if self.config.read_repair:
+                now = time.monotonic()
                 for node in read.missed[i]:
-                    repair.setdefault(node, []).append(i)
+                    if now >= self._no_writes_until[node]:
+                        repair.setdefault(node, []).append(i)
         for node, tkeys in touch.items():
             self._touches.add(node, ns, tkeys)
         for node, idx in repair.items():
@@ -238,8 +243,15 @@ class ClusterTier(Tier):
             blocks = encode_blocks(
                 ns, keys, [data[i * bb : (i + 1) * bb] for i in range(len(keys))]
             )
-            ranked = [self._candidates(k, healthy, limit=len(self._nodes)) for k in keys]
-            res, counts = replicate(
+            # Nodes that just refused every block (full disk, read-only engine) get no
+            # writes for a while; they still serve reads.
+            now = time.monotonic()
+            writable = tuple(
+                ok and now >= until
+                for ok, until in zip(healthy, self._no_writes_until, strict=True)
+            )
+            ranked = [self._candidates(k, writable, limit=len(self._nodes)) for k in keys]
+            rep = replicate(
                 ns,
                 keys,
                 blocks,
@@ -249,8 +261,17 @@ class ClusterTier(Tier):
                 self._fanout,
                 self._nodes,
             )
+            for node in rep.refused_by:
+                self._no_writes_until[node] = time.monotonic() + self.config.write_backoff_s
+            res = rep.result
             self._add(
-                puts=1, inserted=res.inserted, present=res.present, dropped=res.dropped, **counts
+                puts=1,
+                inserted=res.inserted,
+                present=res.present,
+                dropped=res.dropped,
+                degraded_writes=rep.degraded_writes,
+                extra_replica_writes=rep.extra_replica_writes,
+                write_backoffs=len(rep.refused_by),
             )
             return res
 

@@ -11,6 +11,7 @@ it applies last→first.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from kvstore.keys import Key, Namespace
 from kvstore.tier import PutResult
@@ -19,6 +20,14 @@ from storage_nodes.cluster.fanout import Fanout
 from storage_nodes.cluster.node_client import NodeClient
 
 INSERTED, PRESENT = 1, 2
+
+
+@dataclass(frozen=True, slots=True)
+class Replication:
+    result: PutResult
+    degraded_writes: int  # blocks kept on fewer than W nodes (but at least one)
+    extra_replica_writes: int  # copies sent beyond the first R targets
+    refused_by: frozenset[int]  # nodes that answered but stored none of their blocks
 
 
 def replicate(
@@ -30,7 +39,7 @@ def replicate(
     write_quorum: int,
     fanout: Fanout,
     nodes: Sequence[NodeClient],
-) -> tuple[PutResult, dict[str, int]]:
+) -> Replication:
     n = len(keys)
     acks = [0] * n
     inserted = [False] * n
@@ -38,6 +47,7 @@ def replicate(
     nxt = [min(replicas, len(r)) for r in ranked]
     targets = {i: ranked[i][: nxt[i]] for i in range(n)}
     extra = 0
+    refused: set[int] = set()
     first_round = True
     while targets:
         groups: dict[int, list[int]] = {}
@@ -55,6 +65,8 @@ def replicate(
         for node, got in fanout.run(calls).items():
             if isinstance(got, NodeUnavailable):
                 continue
+            if not any(got):
+                refused.add(node)
             for i, outcome in zip(groups[node], got, strict=True):
                 if outcome in (INSERTED, PRESENT):
                     acks[i] += 1
@@ -75,4 +87,4 @@ def replicate(
         dropped=sum(a == 0 for a in acks),
     )
     degraded = sum(0 < a < write_quorum for a in acks)
-    return res, {"degraded_writes": degraded, "extra_replica_writes": extra}
+    return Replication(res, degraded, extra, frozenset(refused))

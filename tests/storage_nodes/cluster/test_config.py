@@ -33,6 +33,7 @@ def test_parse_nodes_refuses_bad_addresses(bad: str) -> None:
             dict(nodes=("a:1",), replicas=1, write_quorum=1, eject_after_failures=0),
             "eject_after_failures",
         ),
+        (dict(nodes=("a:1",), replicas=1, write_quorum=1, write_backoff_s=0), "write_backoff_s"),
     ],
 )
 def test_bad_configs_are_refused(kw: dict[str, object], message: str) -> None:

@@ -159,6 +159,8 @@ def test_full_disk_degrades_one_node_not_the_cluster(cluster: LocalCluster) -> N
     st = tier.stats().counters
     assert st["node_degraded"] == 1  # node 0 went read-only...
     assert st["cluster_extra_replica_writes"] > 0  # ...its share went to the next node
+    assert st["cluster_write_backoffs"] >= 1  # and it was left alone for writes after that:
+    assert st["cluster_extra_replica_writes"] <= 2 * 8  # at most two puts went to it
     assert st["cluster_degraded_writes"] == 0  # still two copies of everything
     assert tier.health.healthy(0)  # and it still serves reads
     for keys in [early, *chains]:
