@@ -113,16 +113,26 @@ class SlotAllocator:
             self._recency.flush_into(self._index, txn)
             expiry = self._config.expiry_bucket(self._config.clock())
             want = mark - free
-            lru = islice(self._index.iter_lru(txn), 4 * want + _VICTIM_BATCH)
-            for fk in list(lru):
-                loc = self._index.get(txn, fk)
-                if loc is None or self.slab_class[loc.slab] != block_bytes:
-                    continue  # other classes shrink only through whole-slab hand-over
-                self._note_eviction(counts, loc.bucket, expiry)
-                self._index.remove(txn, fk, loc)
-                want -= 1
-                if not want:
+            seen: set[bytes] = set()
+            for _round in range(4):  # a bounded look at the oldest blocks, a window at a time
+                window = [
+                    fk
+                    for fk in islice(self._index.iter_lru(txn), len(seen) + want + 64)
+                    if fk not in seen
+                ]
+                if not window:
                     break
+                for fk in window:
+                    seen.add(fk)
+                    loc = self._index.get(txn, fk)
+                    if loc is None or self.slab_class[loc.slab] != block_bytes:
+                        continue  # other classes shrink only through whole-slab hand-over
+                    self._note_eviction(counts, loc.bucket, expiry)
+                    self._index.remove(txn, fk, loc)
+                    seen.discard(fk)  # gone from the index: no longer in any window
+                    want -= 1
+                    if not want:
+                        return counts
             return counts
         finally:
             self._lock.release()
