@@ -45,9 +45,13 @@ class ClusterConfig:
         object.__setattr__(self, "nodes", nodes)
         if not nodes:
             raise ClusterConfigError("a cluster needs at least one node")
-        if not 1 <= self.replicas <= len(nodes):
+        if self.replicas < 1:
+            raise ClusterConfigError(f"replicas must be >= 1, got {self.replicas}")
+        if self.replicas > len(nodes):
+            n = len(nodes)
             raise ClusterConfigError(
-                f"replicas must be in [1, {len(nodes)}] for {len(nodes)} nodes, got {self.replicas}"
+                f"{n} storage node{'s' if n > 1 else ''} cannot hold {self.replicas} replicas "
+                f"of a block: list at least {self.replicas} nodes"
             )
         if not 1 <= self.write_quorum <= self.replicas:
             raise ClusterConfigError(
