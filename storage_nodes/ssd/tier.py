@@ -15,7 +15,7 @@ import logging
 import threading
 from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import replace
 from typing import Any
 
@@ -209,7 +209,8 @@ class SSDTier(Tier):
             if hits:
                 self._recency.note(fkeys[:hits], self._recency.stamps(hits))
             self._add({"hits": hits, "misses": len(keys) - hits})
-            return hits
+        self._flush_if_due()
+        return hits
 
     def _read_failed(self, fkey: bytes, f: ReadFailure) -> None:
         if f.errno:
@@ -270,6 +271,7 @@ class SSDTier(Tier):
                 raced += rac
             dropped = len(new) - inserted - raced
             self._add({"inserted": inserted, "dropped": dropped})
+            self._flush_if_due()
             return PutResult(inserted=inserted, present=len(old) + raced, dropped=dropped)
 
     def touch(self, ns: Namespace, keys: Sequence[Key]) -> None:
@@ -285,8 +287,13 @@ class SSDTier(Tier):
                 return
             stamps = self._recency.stamps(len(fkeys))
             self._recency.note([fkeys[i] for i in live], [stamps[i] for i in live])
+        self._flush_if_due()
+
+    def _flush_if_due(self) -> None:
+        """Without a maintenance thread, callers flush a due batch of touches themselves."""
         if self._maint is None and self._recency.due():
-            self.flush_touches()
+            with suppress(StoreUnavailable):  # closing: close() flushes what is pending
+                self.flush_touches()
 
     def delete_namespace(self, ns: Namespace) -> int:
         with self._op():
