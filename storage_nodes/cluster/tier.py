@@ -26,14 +26,15 @@ from typing import Any
 from kvstore.buffers import rows_view
 from kvstore.errors import IntegrityError, InvalidArgument, StoreUnavailable, UnknownNamespace
 from kvstore.keys import KEY_BYTES, Key, Namespace
-from kvstore.tier import PutResult, SizeClassStats, Tier, TierStats
+from kvstore.tier import PutResult, Tier, TierStats
 from storage_nodes.cluster.config import ClusterConfig
 from storage_nodes.cluster.errors import NodeUnavailable
 from storage_nodes.cluster.fanout import Fanout
 from storage_nodes.cluster.health import HealthTracker, Prober
 from storage_nodes.cluster.node_client import NodeClient, encode_blocks
-from storage_nodes.cluster.placement import Rendezvous, balanced_capacity_blocks
+from storage_nodes.cluster.placement import Rendezvous
 from storage_nodes.cluster.reads import ChainRead, Probe
+from storage_nodes.cluster.stats import aggregate
 from storage_nodes.cluster.touches import TouchBatcher
 from storage_nodes.cluster.writes import replicate
 
@@ -334,54 +335,16 @@ class ClusterTier(Tier):
         )
 
     def _aggregate_stats(self) -> TierStats:
-        r = self.config.replicas
-        per_node = self._node_stats()
-        cap_bytes = used_bytes = 0
-        classes: dict[int, list[list[int]]] = {}  # block_bytes -> [capacities], [used]
-        counters: Counter[str] = Counter()
-        down = []
-        for i, st in sorted(per_node.items()):
-            if isinstance(st, NodeUnavailable):
-                down.append(self.config.nodes[i])
-                continue
-            cap_bytes += st.capacity_bytes
-            used_bytes += st.used_bytes
-            for c in st.size_classes:
-                acc = classes.setdefault(c.block_bytes, [[], []])
-                acc[0].append(c.capacity_blocks)
-                acc[1].append(c.used_blocks)
-            counters.update({f"node_{k}": v for k, v in st.counters.items()})
-        for ns in self._namespaces.values():
-            classes.setdefault(ns.block_bytes, [[], []])
         with self._counts_lock:
             mine = dict(self._counts)
-        counters.update({f"cluster_{k}": v for k, v in mine.items()})
-        counters.update({f"cluster_{k}": v for k, v in self.health.counters.items()})
-        counters.update({f"cluster_{k}": v for k, v in self._touches.counters.items()})
-        # The names every tier reports, so dashboards and the daemon read one set.
-        for name in ("retention_violations_total", "corrupt_blocks_total", "evictions"):
-            counters[name] = counters.get(f"node_{name}", 0)
-        counters["corrupt_blocks_total"] += mine["corrupt_blocks"]
-        healthy = self.health.snapshot()
-        info = {
-            "nodes": ",".join(self.config.nodes),
-            "healthy_nodes": str(sum(healthy)),
-            "ejected": ",".join(
-                n for n, ok in zip(self.config.nodes, healthy, strict=True) if not ok
-            ),
-            "unreachable": ",".join(down),
-            "replicas": str(r),
-            "write_quorum": str(self.config.write_quorum),
-        }
-        size_classes = tuple(
-            SizeClassStats(bb, balanced_capacity_blocks(caps, r), -(-sum(used) // r))
-            for bb, (caps, used) in sorted(classes.items())
-        )
-        info["raw_capacity_blocks"] = ",".join(
-            f"{bb}:{sum(caps) // r}" for bb, (caps, _) in sorted(classes.items())
-        )
-        return TierStats(
-            self.name, cap_bytes // r, -(-used_bytes // r), size_classes, dict(counters), info
+        mine.update(self.health.counters)
+        mine.update(self._touches.counters)
+        return aggregate(
+            self.config,
+            self._node_stats(),
+            self.health.snapshot(),
+            {ns.block_bytes for ns in self._namespaces.values()},
+            mine,
         )
 
     def check_integrity(self) -> None:
