@@ -19,6 +19,9 @@ class Fanout:
     def __init__(self, health: HealthTracker, workers: int) -> None:
         self._health = health
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="kvstore-cluster")
+        # Background work (read repair) has its own small pool, so it can never queue
+        # ahead of a caller's request.
+        self._background = ThreadPoolExecutor(2, thread_name_prefix="kvstore-cluster-bg")
 
     def one(self, node: int, fn: Callable[[], T]) -> T | NodeUnavailable:
         try:
@@ -37,7 +40,8 @@ class Fanout:
 
     def submit(self, node: int, fn: Callable[[], T]) -> None:
         """Fire and forget (read repair): the outcome only feeds health."""
-        self._pool.submit(self.one, node, fn)
+        self._background.submit(self.one, node, fn)
 
     def close(self) -> None:
+        self._background.shutdown(wait=True)
         self._pool.shutdown(wait=True)

@@ -8,6 +8,11 @@ trip. A node answers with the prefix of them it holds (fetched and verified, for
 absent or failed key moves to its next candidate. The first unresolved key is always the
 head of its node's list, so every round settles it one way or the other: the loop ends in
 at most ``len(keys) × R`` rounds and, when every replica is healthy and complete, in one.
+
+Fetching without looking first has one cost: behind a hole (a block no replica holds),
+blocks a node still has are fetched and touched although the caller gets only the prefix
+before the hole. Holes are rare (uneven eviction across nodes) and a look-then-fetch
+would cost every read a second round trip.
 """
 
 from __future__ import annotations
