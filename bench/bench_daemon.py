@@ -168,7 +168,7 @@ def run_case(
     for op, res in (("put", puts), ("get", gets)):
         wall = (max(r["end_ns"] for r in res) - min(r["start_ns"] for r in res)) / 1e9
         lat = sorted(x for r in res for x in r["lat_ns"])
-        row[f"{op}_MBps"] = per * clients * size / wall / 1e6
+        row[f"{op}_MBps"] = sum(r["bytes"] for r in res) / wall / 1e6
         row[f"{op}_p99_us"] = lat[min(len(lat) - 1, int(0.99 * (len(lat) - 1) + 0.5))] / 1e3
     return row
 

@@ -7,6 +7,7 @@ import importlib
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -142,3 +143,20 @@ def test_tls_end_to_end(spawn_daemon: SpawnDaemon, tmp_path: Path) -> None:
     plain = ClientConfig(target=d.target, shm="off", default_timeout_s=2)
     with GrpcStore(plain) as c, pytest.raises(StoreUnavailable):
         c.register(NS)
+
+
+def test_toml_config_and_non_loopback_warning(spawn_daemon: SpawnDaemon, tmp_path: Path) -> None:
+    cfg = tmp_path / "serve.toml"
+    cfg.write_text('dram = "4MiB"\nworkers = 4\n')
+    d = spawn_daemon("--config", str(cfg), "--listen", "0.0.0.0:0")
+    assert any("without --auth-token-file" in line for line in _stderr(d))
+    with GrpcStore(ClientConfig(target=d.target)) as c:
+        assert c.stats().tiers[0].capacity_bytes == 4 << 20
+
+
+def _stderr(d: DaemonProcess) -> list[str]:
+    """The daemon's stderr so far (read by a thread: give it a moment)."""
+    deadline = time.monotonic() + 5
+    while not d.stderr_lines and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return d.stderr_lines
