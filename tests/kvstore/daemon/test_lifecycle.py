@@ -145,13 +145,13 @@ def test_tls_end_to_end(spawn_daemon: SpawnDaemon, tmp_path: Path) -> None:
         c.register(NS)
 
 
-def test_toml_config_and_non_loopback_warning(spawn_daemon: SpawnDaemon, tmp_path: Path) -> None:
+def test_toml_config_and_non_loopback_warning(tmp_path: Path) -> None:
     cfg = tmp_path / "serve.toml"
     cfg.write_text('dram = "4MiB"\nworkers = 4\n')
-    d = spawn_daemon("--config", str(cfg), "--listen", "0.0.0.0:0")
-    assert any("without --auth-token-file" in line for line in _stderr(d))
-    with GrpcStore(ClientConfig(target=d.target)) as c:
-        assert c.stats().tiers[0].capacity_bytes == 4 << 20
+    with DaemonProcess(["--config", str(cfg), "--listen", "0.0.0.0:0"]) as d:
+        assert any("without --auth-token-file" in line for line in _stderr(d))
+        with GrpcStore(ClientConfig(target=d.target)) as c:
+            assert c.stats().tiers[0].capacity_bytes == 4 << 20
 
 
 def _stderr(d: DaemonProcess) -> list[str]:
