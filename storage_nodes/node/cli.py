@@ -21,7 +21,12 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dir", default=None, help="directory of this node's SSD engine (required)")
     p.add_argument("--capacity", default="1TiB", help="SSD capacity of this node")
     p.add_argument("--retention", default="72h", help="drop blocks idle longer than this")
-    p.add_argument("--slab", default=None, help="SSD slab size (default: min(256MiB, capacity/8))")
+    p.add_argument(
+        "--slab",
+        default=None,
+        help="SSD slab size (default: the engine's choice from the capacity; "
+        "an existing directory keeps its own)",
+    )
     p.add_argument(
         "--io-backend",
         default="auto",

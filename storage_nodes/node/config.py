@@ -9,12 +9,6 @@ from pathlib import Path
 from kvstore.daemon.config import ServerLimits
 from kvstore.errors import InvalidArgument
 from storage_nodes.ssd import SSDConfig
-from storage_nodes.ssd.config import ALIGN_BYTES
-
-#: The SSD engine's default slab; small nodes (tests, laptops) get smaller slabs so
-#: that capacity still buys several of them and size classes can share it.
-MAX_SLAB_BYTES = 256 << 20
-MIN_SLABS = 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,7 +17,7 @@ class NodeConfig:
     capacity_bytes: int
     listen: str = "127.0.0.1:7431"
     retention_s: float = 72 * 3600.0
-    slab_bytes: int | None = None  # None: min(256 MiB, capacity / 8), 4 KiB aligned
+    slab_bytes: int | None = None  # None: the SSD engine's choice (an existing dir keeps its own)
     io_backend: str = "auto"
     metrics_listen: str | None = None
     auth_token_file: str | None = None
@@ -46,17 +40,7 @@ class NodeConfig:
             raise InvalidArgument("--tls-cert and --tls-key go together")
         if self.workers < 1:
             raise InvalidArgument("--workers must be >= 1")
-        if self.resolved_slab_bytes() > self.capacity_bytes:
-            raise InvalidArgument(
-                f"--capacity {self.capacity_bytes} is smaller than one slab "
-                f"({self.resolved_slab_bytes()} bytes)"
-            )
-
-    def resolved_slab_bytes(self) -> int:
-        if self.slab_bytes is not None:
-            return self.slab_bytes
-        per = min(MAX_SLAB_BYTES, self.capacity_bytes // MIN_SLABS)
-        return max(ALIGN_BYTES, per // ALIGN_BYTES * ALIGN_BYTES)
+        self.ssd_config()  # the engine's own checks (sizes, slab), before anything is created
 
     def ssd_config(self) -> SSDConfig:
         # An infinite retention is "never expire": the engine wants a finite number.
@@ -65,7 +49,7 @@ class NodeConfig:
             dir=self.dir,
             capacity_bytes=self.capacity_bytes,
             retention_s=retention,
-            slab_bytes=self.resolved_slab_bytes(),
+            slab_bytes=self.slab_bytes,  # type: ignore[arg-type]  # None: the engine chooses
             io_backend=self.io_backend,
         )
 

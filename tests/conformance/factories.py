@@ -118,7 +118,7 @@ STORE_FACTORIES["manager-dram+ssd"] = _manager_dram_ssd
 def _cluster_tier(tmp: Path, capacity_bytes: int) -> tuple[Tier, Callable[[], None]]:
     from storage_nodes.cluster.local import LocalCluster
 
-    cluster = LocalCluster(tmp / "cluster", 3, capacity_bytes)
+    cluster = LocalCluster(tmp / "cluster", 3, capacity_bytes, ("--slab", str(capacity_bytes // 8)))
     tier = cluster.tier(replicas=2, write_quorum=2)
 
     def cleanup() -> None:

@@ -21,7 +21,14 @@ from tests.conftest import payload_for
 
 class InprocNode:
     def __init__(self, directory: Path, capacity_bytes: int = 4 << 20) -> None:
-        self.config = NodeConfig(dir=directory, capacity_bytes=capacity_bytes, listen="127.0.0.1:0")
+        # Eight slabs, so size classes can share the capacity (the engine's default for
+        # a few MiB would be a single slab).
+        self.config = NodeConfig(
+            dir=directory,
+            capacity_bytes=capacity_bytes,
+            listen="127.0.0.1:0",
+            slab_bytes=capacity_bytes // 8 // 4096 * 4096,
+        )
         self.server: NodeServer | None = None
         self.port = 0
         self.start()
@@ -33,7 +40,10 @@ class InprocNode:
     def start(self) -> None:
         listen = f"127.0.0.1:{self.port}"
         cfg = NodeConfig(
-            dir=self.config.dir, capacity_bytes=self.config.capacity_bytes, listen=listen
+            dir=self.config.dir,
+            capacity_bytes=self.config.capacity_bytes,
+            listen=listen,
+            slab_bytes=self.config.slab_bytes,
         )
         self.server = NodeServer(cfg)
         self.port = self.server.start().port
