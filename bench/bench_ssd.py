@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import shutil
 import statistics
@@ -64,7 +65,6 @@ class Ours:
                 slab_bytes=slab,
                 io_backend=backend,
                 staging_max_bytes=160 << 20,
-                sweep_interval_s=None,
             )
         )
         self.ns = ns_for(block_bytes)
@@ -216,7 +216,10 @@ def main() -> int:
     if a.quick:
         a.seconds, a.ws = 0.5, 256 << 20
     have_fio = shutil.which("fio") is not None
-    print(f"# {machine()}; dir {a.dir.resolve()}; fio {'yes' if have_fio else 'NOT INSTALLED'}")
+    print(
+        f"# {machine()}; dir {a.dir.resolve()}; fio {'yes' if have_fio else 'NOT INSTALLED'}; "
+        f"load average at start {os.getloadavg()[0]:.1f}"
+    )
     rows = []
     for bs in sizes:
         ours = Ours(a.dir / f"store-{bs >> 10}k", bs, a.ws, a.backend)
