@@ -39,6 +39,10 @@ def _manager_dram(tmp: Path, capacity_bytes: int) -> tuple[KVStore, Callable[[],
     return store, store.close
 
 
+#: Tiers spread over independent shards: each shard keeps DESIGN §6's last→first order,
+#: so a chain's served prefix only shrinks, but not every block leaves in chain order.
+SHARDED_TIERS: set[str] = set()
+
 TIER_FACTORIES: dict[str, TierFactory] = {
     "dram": _dram,
 }
@@ -129,3 +133,4 @@ def _cluster_tier(tmp: Path, capacity_bytes: int) -> tuple[Tier, Callable[[], No
 
 
 TIER_FACTORIES["cluster-3x-r2"] = _cluster_tier
+SHARDED_TIERS.add("cluster-3x-r2")
