@@ -114,6 +114,7 @@ class SlotAllocator:
             expiry = self._config.expiry_bucket(self._config.clock())
             want = mark - free
             seen: set[bytes] = set()
+            used = self._index.deltas()
             for _round in range(4):  # a bounded look at the oldest blocks, a window at a time
                 window = [
                     fk
@@ -128,11 +129,14 @@ class SlotAllocator:
                     if loc is None or self.slab_class[loc.slab] != block_bytes:
                         continue  # other classes shrink only through whole-slab hand-over
                     self._note_eviction(counts, loc.bucket, expiry)
-                    self._index.remove(txn, fk, loc)
+                    self._index.remove(txn, fk, loc, used=used)
                     seen.discard(fk)  # gone from the index: no longer in any window
                     want -= 1
                     if not want:
-                        return counts
+                        break
+                if not want:
+                    break
+            used.flush(txn)
             return counts
         finally:
             self._lock.release()

@@ -122,9 +122,10 @@ class Index:
         v = txn.get(fkey, db=self.keys)
         return None if v is None else Location(*_LOC.unpack(v))
 
-    def insert(self, txn: Txn, fkey: bytes, loc: Location) -> None:
-        """Publish ``fkey`` at a slot that must be free (the data is already durable)."""
-        bb = self._add_used(txn, loc.slab, +1)
+    def insert(self, txn: Txn, fkey: bytes, loc: Location, used: SlabDeltas | None = None) -> None:
+        """Publish ``fkey`` at a slot that must be free (the data is already durable).
+        With ``used``, slab use counts are batched there (flush it before commit)."""
+        bb = self._add_used(txn, loc.slab, +1) if used is None else used.bump(txn, loc.slab, +1)
         if not txn.delete(_FREE.pack(bb, loc.slab, loc.slot), db=self.free):
             raise IntegrityError(
                 f"publishing {fkey.hex()} into slot {loc.slab}/{loc.slot}, which is not free"
@@ -133,13 +134,21 @@ class Index:
         txn.put(_LRU.pack(loc.bucket, loc.seq) + fkey, b"", db=self.lru)
         txn.put(_SLOT.pack(loc.slab, loc.slot), fkey, db=self.slots)
 
-    def remove(self, txn: Txn, fkey: bytes, loc: Location, *, reason: bytes = b"") -> None:
+    def remove(
+        self,
+        txn: Txn,
+        fkey: bytes,
+        loc: Location,
+        *,
+        reason: bytes = b"",
+        used: SlabDeltas | None = None,
+    ) -> None:
         """Drop ``fkey``; its slot becomes free — or quarantined when ``reason`` is given.
         The slot is reusable only once this transaction commits."""
         txn.delete(fkey, db=self.keys)
         txn.delete(_LRU.pack(loc.bucket, loc.seq) + fkey, db=self.lru)
         txn.delete(_SLOT.pack(loc.slab, loc.slot), db=self.slots)
-        bb = self._add_used(txn, loc.slab, -1)
+        bb = self._add_used(txn, loc.slab, -1) if used is None else used.bump(txn, loc.slab, -1)
         if reason:
             txn.put(_SLOT.pack(loc.slab, loc.slot), reason, db=self.quar)
         else:
@@ -158,6 +167,9 @@ class Index:
         bb, used = _SLAB.unpack(v)
         txn.put(k, _SLAB.pack(bb, used + delta), db=self.slabs)
         return int(bb)
+
+    def deltas(self) -> SlabDeltas:
+        return SlabDeltas(self)
 
     def seq_high_water(self, txn: Txn) -> int:
         v = txn.get(b"seq", db=self.meta)
@@ -293,3 +305,26 @@ class Index:
                     f"slab {s}: {used[s]} used + {free[s]} free + {quar[s]} quarantined "
                     f"!= {nslots[s]} slots"
                 )
+
+
+class SlabDeltas:
+    """Slab use-count changes of many inserts/removes in one transaction, written once
+    per slab by ``flush`` instead of once per block."""
+
+    def __init__(self, index: Index) -> None:
+        self._index = index
+        self._class: dict[int, int] = {}
+        self._delta: Counter[int] = Counter()
+
+    def bump(self, txn: Txn, slab: int, delta: int) -> int:
+        bb = self._class.get(slab)
+        if bb is None:
+            bb = self._class[slab] = self._index._add_used(txn, slab, 0)
+        self._delta[slab] += delta
+        return bb
+
+    def flush(self, txn: Txn) -> None:
+        for slab, d in self._delta.items():
+            if d:
+                self._index._add_used(txn, slab, d)
+        self._delta.clear()

@@ -96,7 +96,7 @@ class UringBackend(IOBackend):
         synced = [0] * len(sync_fds)
         done = [0] * n  # bytes transferred so far per request (short transfers resume)
         pending = deque(range(n))
-        keep: dict[int, lu.Iovec] = {}  # iovecs must outlive their requests
+        keep: list[lu.Iovec | None] = [None] * n  # iovecs must outlive their requests
         slot = self._acquire()
         ring, cqe = slot.ring, slot.cqe
         inflight = unsubmitted = 0
@@ -169,7 +169,6 @@ class UringBackend(IOBackend):
                     if i >= n:
                         synced[i - n] = min(res, 0)
                         continue
-                    keep.pop(i, None)
                     if res > 0:
                         done[i] += res
                         if done[i] < len(reqs[i].buf):

@@ -92,6 +92,7 @@ class GroupCommit:
         expiry = self._view.expiry()
         published: set[int] = set()
         raced = 0
+        used = self._index.deltas()
         for j, i in enumerate(idx):
             fk = fkeys[i]
             cur = self._index.get(txn, fk)
@@ -99,9 +100,10 @@ class GroupCommit:
                 if self._view.live(fk, cur, expiry):
                     raced += 1  # another put published it first; our slot stays free
                     continue
-                self._index.remove(txn, fk, cur)  # replace the expired copy
+                self._index.remove(txn, fk, cur, used=used)  # replace the expired copy
             bucket, seq = stamps[i]
             slab, slot = slots[j]
-            self._index.insert(txn, fk, Location(slab, slot, bucket, seq, seq))
+            self._index.insert(txn, fk, Location(slab, slot, bucket, seq, seq), used)
             published.add(j)
+        used.flush(txn)
         return published, raced
