@@ -99,6 +99,12 @@ def test_dram_and_ssd_hold_the_trace_exactly_and_the_access_log_agrees(
     logged = hitrate_of_log(capsys, log_dir, body)
     for k in HITRATE_KEYS:
         assert logged[k] == body[k], k
+    # The access log is itself a trace: replayed into an embedded store of the same DRAM
+    # size (no SSD), it is served exactly as the model predicts.
+    again = loadgen(capsys, log_dir, "embedded", "--dram", "256KiB", "--bytes-per-token", "4")
+    assert again["requests"] == body["requests"]
+    assert again["input_tokens"] == body["input_tokens"]
+    assert_equals_prediction(again)
 
 
 def test_dram_only_daemon_with_evictions_matches_the_model(
