@@ -115,10 +115,10 @@ class SlotAllocator:
             want = mark - free
             seen: set[bytes] = set()
             used = self._index.deltas()
-            for _round in range(4):  # a bounded look at the oldest blocks, a window at a time
+            for extra in (8, 32, 128, 512):  # a bounded look at the oldest blocks
                 window = [
                     fk
-                    for fk in islice(self._index.iter_lru(txn), len(seen) + want + 64)
+                    for fk in islice(self._index.iter_lru(txn), len(seen) + want + extra)
                     if fk not in seen
                 ]
                 if not window:
