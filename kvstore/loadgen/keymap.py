@@ -23,6 +23,7 @@ from collections.abc import Hashable, Sequence
 
 import xxhash
 
+from kvstore.errors import IntegrityError
 from kvstore.keys import Key, Namespace
 from kvstore.loadgen.errors import LoadgenError
 
@@ -114,6 +115,19 @@ class KeyMapper:
     def namespaces(self) -> list[Namespace]:
         with self._lock:
             return list(self._namespaces.values())
+
+    def check_integrity(self) -> None:
+        """Every namespace handed out has the block size its key says, and no two scopes
+        share a namespace (which would merge blocks the model keeps apart)."""
+        with self._lock:
+            items = list(self._namespaces.items())
+        for (scope, b), ns in items:
+            if ns.block_tokens != b or ns.block_bytes != b * self.bytes_per_token:
+                raise IntegrityError(f"keymap: namespace {ns.model_id} has the wrong block size")
+            if ns.model_id != MODEL_PREFIX + self._scopes[scope]:
+                raise IntegrityError(f"keymap: scope {scope} maps to {ns.model_id}")
+        if len({ns.fingerprint for _, ns in items}) != len(items):
+            raise IntegrityError("keymap: two scopes share a namespace")
 
     def keys(self, ns: Namespace, ids: Sequence[Hashable]) -> list[Key]:
         fp = ns.fingerprint

@@ -122,6 +122,8 @@ class LoadRun:
     def report(self, wall_s: float) -> LoadReport:
         tally = self.tally
         tally.check_integrity()
+        self.mapper.check_integrity()
+        self.ledger.check_integrity()
         namespaces = self.mapper.namespaces()
         if not namespaces or tally.requests == 0:
             raise LoadgenError("the input holds no requests with blocks to replay")

@@ -59,3 +59,15 @@ def test_one_namespace_for_all_mooncake_files() -> None:
 def test_bad_bytes_per_token() -> None:
     with pytest.raises(LoadgenError):
         KeyMapper("mooncake", ["a"], 0)
+
+
+def test_check_integrity_catches_a_shared_namespace() -> None:
+    from kvstore.errors import IntegrityError
+
+    m = KeyMapper("kv-cache-tester", ["s0.json", "s1.json"], 2)
+    m.namespace(0, 64)
+    m.namespace(1, 64)
+    m.check_integrity()
+    m._namespaces[(1, 64)] = m.namespace(0, 64)  # two sessions merged: a bug to catch
+    with pytest.raises(IntegrityError):
+        m.check_integrity()
