@@ -124,7 +124,9 @@ class ThreadWriteBack(WriteBack):
         self._reserved = 0
         self._next_seq = 1
         self._done_seq = 0  # every batch with seq <= this is durable (or failed, counted)
-        self._touches: dict[bytes, tuple[Namespace, dict[Key, None]]] = {}
+        # Hits per namespace, in the order they happened (each a chain prefix).
+        self._touches: dict[bytes, tuple[Namespace, list[tuple[Key, ...]]]] = {}
+        self._touch_keys = 0
         self._cond = threading.Condition()
         self._stop = False
         self.counters = Counter()
@@ -170,12 +172,11 @@ class ThreadWriteBack(WriteBack):
 
     def note_hits(self, ns: Namespace, keys: Sequence[Key]) -> None:
         with self._cond:
-            if sum(len(d) for _, d in self._touches.values()) >= self._max_touches:
+            if self._touch_keys + len(keys) > self._max_touches:
                 self.counters["touches_dropped_total"] += len(keys)
                 return
-            entry = self._touches.setdefault(ns.fingerprint, (ns, {}))
-            for key in keys:
-                entry[1][key] = None
+            self._touches.setdefault(ns.fingerprint, (ns, []))[1].append(tuple(keys))
+            self._touch_keys += len(keys)
 
     def dirty_bytes(self) -> int:
         with self._cond:
@@ -210,7 +211,7 @@ class ThreadWriteBack(WriteBack):
                 batches = self._take()
                 touches = None
                 if time.monotonic() - last_touch >= self._touch_interval_s and self._touches:
-                    touches, self._touches = self._touches, {}
+                    touches, self._touches, self._touch_keys = self._touches, {}, 0
             for b in batches:
                 self._write(b)
             if touches is not None:
@@ -232,11 +233,16 @@ class ThreadWriteBack(WriteBack):
                 log.exception("write-back to %s failed", tier.name)
                 self.counters["writeback_errors_total"] += len(b.keys)
 
-    def _refresh(self, touches: dict[bytes, tuple[Namespace, dict[Key, None]]]) -> None:
-        for ns, keys in touches.values():
+    def _refresh(self, touches: dict[bytes, tuple[Namespace, list[tuple[Key, ...]]]]) -> None:
+        for ns, hits in touches.values():
+            # One touch call replaying every hit in order: ``touch`` applies last→first,
+            # so the newest hit goes first in the list, and a key keeps only its newest
+            # position — the lower tier ends with the recency it would have had if each
+            # hit had been forwarded at once.
+            keys = list(dict.fromkeys(k for hit in reversed(hits) for k in hit))
             for tier in self._lower:
                 try:
-                    tier.touch(ns, list(keys))
+                    tier.touch(ns, keys)
                 except Exception:
                     log.exception("retention touch on %s failed", tier.name)
                     self.counters["touch_errors_total"] += 1

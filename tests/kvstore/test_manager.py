@@ -168,3 +168,25 @@ def test_commits_longer_than_dram_keep_a_shared_head() -> None:
             assert top.contains(NS, keys[:4]) == 4
     m.check_integrity()
     m.close()
+
+
+def test_batched_refresh_replays_hits_in_order() -> None:
+    # Hits on a, then b: after the batched refresh the lower tier must hold b as more
+    # recent than a, exactly as if each hit had been forwarded at once.
+    m, _, low = make(low_blocks=16, retention_touch_interval_s=3600)
+    a, b, c = chain(4, seed=20), chain(4, seed=21), chain(8, seed=22)
+    m.commit(NS, c, pl(c), durability="ssd")
+    m.commit(NS, a, pl(a), durability="ssd")
+    m.commit(NS, b, pl(b), durability="ssd")
+    for keys in (c, a, b):  # oldest in the lower tier first: c, a, b
+        m.get_into(NS, keys, bytearray(len(keys) * BB))
+    wb = m._wb
+    with wb._cond:
+        pending = wb._touches
+        wb._touches, wb._touch_keys = {}, 0
+    wb._refresh(pending)
+    d = chain(4, seed=23)
+    low.put(NS, d, b"".join(pl(d).values()))  # evicts the 4 least recent: c's tail
+    assert low.contains(NS, a) == 4 and low.contains(NS, b) == 4
+    assert low.contains(NS, c) == 4 and low.contains(NS, c[4:]) == 0
+    m.close()
