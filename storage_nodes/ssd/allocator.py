@@ -106,8 +106,10 @@ class SlotAllocator:
             return counts
         try:
             mark = self._watermark(block_bytes)
-            scan = islice(self._index.iter_free(txn, block_bytes), mark + len(self._reserved))
-            free = sum(1 for s in scan if s not in self._reserved)
+            cache = self._cache.setdefault(block_bytes, [])
+            if len(cache) < mark:
+                self._refill(block_bytes)  # committed free slots only (a read transaction)
+            free = len(cache)
             if free >= mark:
                 return counts
             self._recency.flush_into(self._index, txn)
