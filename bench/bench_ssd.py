@@ -152,6 +152,10 @@ def fio(path: Path, rw: str, bs: int, qd: int, size: int, seconds: float) -> dic
     }
 
 
+def _pairs(ours: list[dict[str, float]], peer: list[dict[str, float]]) -> list[float]:
+    return [o["MBps"] / p["MBps"] for o, p in zip(ours, peer, strict=True)]
+
+
 def compare(
     ours: Ours, fio_file: Path | None, bs: int, qd: int, a: argparse.Namespace
 ) -> list[dict]:
@@ -198,6 +202,13 @@ def compare(
                 fio_p50_us=round(lat[peer]["p50_us"]),
                 fio_p99_us=round(lat[peer]["p99_us"]),
                 ratio=round(med[op] / med[peer], 2),
+                # the same ratio taken round by round (ours and fio ran seconds apart):
+                # the median and range say how much the shared disk moved under us
+                round_ratio=round(statistics.median(_pairs(runs[op], runs[peer])), 2),
+                round_range=[
+                    round(min(_pairs(runs[op], runs[peer])), 2),
+                    round(max(_pairs(runs[op], runs[peer])), 2),
+                ],
             )
         rows.append(row)
     return rows
@@ -207,8 +218,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--dir", type=Path, default=Path("bench/out/ssd"))
     ap.add_argument("--ws", type=int, default=1 << 30, help="bytes stored per size")
-    ap.add_argument("--seconds", type=float, default=2.0)
-    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--seconds", type=float, default=1.5)
+    ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--backend", default="auto")
     ap.add_argument("--quick", action="store_true")
     a = ap.parse_args()
@@ -235,14 +246,15 @@ def main() -> int:
     shutil.rmtree(a.dir, ignore_errors=True)
     print(
         "\n| op | block | qd | ours MB/s | p50/p99 µs (call) | fio MB/s "
-        "| fio p50/p99 µs (I/O) | ratio |"
+        "| fio p50/p99 µs (I/O) | ratio | per-round ratio, median [min–max] |"
     )
-    print("|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(
             f"| {r['op']} | {r['block']} | {r['qd']} | {r['MBps']} | {r['p50_us']}/{r['p99_us']} "
             f"| {r.get('fio_MBps', '—')} | {r.get('fio_p50_us', '—')}/{r.get('fio_p99_us', '—')} "
-            f"| {r.get('ratio', '—')} |"
+            f"| {r.get('ratio', '—')} | {r.get('round_ratio', '—')} "
+            f"[{'–'.join(str(x) for x in r.get('round_range', ['—']))}] |"
         )
     return 0
 
