@@ -34,7 +34,8 @@ def test_bad_config_is_a_one_line_value_error(tmp_path: Path, kw: dict) -> None:
 def test_defaults(tmp_path: Path) -> None:
     c = SSDConfig(dir=str(tmp_path), capacity_bytes=1 << 30)
     assert c.dir == tmp_path and c.retention_s == 72 * 3600 and c.queue_depth == 32
-    assert c.slab_bytes == 128 << 20 and c.chunks == 8 and c.direct_io is None and c.io_backend == "auto"
+    assert c.slab_bytes == 128 << 20 and c.chunks == 8
+    assert c.direct_io is None and c.io_backend == "auto"
 
 
 def test_buckets(tmp_path: Path) -> None:
