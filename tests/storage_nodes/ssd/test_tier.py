@@ -182,3 +182,51 @@ def test_payload_is_exact_per_key(open_tier) -> None:
     dst = bytearray(ns.block_bytes)
     assert t.get_into(ns, [keys[1]], dst) == 1
     assert bytes(dst) == payload_for(ns, keys[1])
+
+
+@pytest.mark.parametrize("qd", [1, 4])
+def test_batches_larger_than_staging_and_queue(open_tier, qd: int) -> None:
+    """200 blocks with a 256 KiB staging limit: 4 group commits and 4 read batches, each
+    deeper than the queue."""
+    ns = small_ns()
+    t = open_tier(staging_max_bytes=256 << 10, queue_depth=qd)
+    t.register(ns)
+    keys = chain(ns, 200)
+    assert t.put(ns, keys, rows(ns, keys)).inserted == 200
+    dst = bytearray(200 * ns.block_bytes)
+    assert t.get_into(ns, keys, dst) == 200 and bytes(dst) == rows(ns, keys)
+    t.close()
+    t = open_tier(staging_max_bytes=256 << 10, queue_depth=qd)
+    t.register(ns)
+    assert verify_all(t, ns) == 200
+    t.check_integrity()
+
+
+def test_close_waits_for_calls_in_flight(open_tier) -> None:
+    import threading
+
+    ns = small_ns()
+    t = open_tier()
+    t.register(ns)
+    keys = chain(ns, 50)
+    t.put(ns, keys, rows(ns, keys))
+    results: list[object] = []
+
+    def reader() -> None:
+        dst = bytearray(50 * ns.block_bytes)
+        for _ in range(200):
+            try:
+                n = t.get_into(ns, keys, dst)
+            except StoreUnavailable:
+                results.append("closed")
+                return
+            if bytes(dst[: n * ns.block_bytes]) != rows(ns, keys[:n]):
+                results.append("wrong bytes")
+                return
+        results.append("done")
+
+    th = threading.Thread(target=reader)
+    th.start()
+    t.close()
+    th.join()
+    assert results and results[0] in ("closed", "done")
