@@ -124,3 +124,20 @@ def test_unknown_backend_is_a_config_error(tmp_path: Path, backend_name: str) ->
         SSDTier(make_config(tmp_path / "ssd", io_backend=backend_name))
     # the failed open released the directory
     SSDTier(make_config(tmp_path / "ssd")).close()
+
+
+def test_index_full_turns_read_only(open_tier) -> None:
+    """A real LMDB MapFullError (a tiny index map) is ENOSPC for the index: read-only."""
+    ns = small_ns()
+    t = open_tier(index_map_bytes=192 << 10)
+    t.register(ns)
+    stored = 0
+    for salt in range(40):
+        k = chain(ns, 24, salt=salt)
+        r = t.put(ns, k, rows(ns, k))
+        stored += r.inserted
+        if r.dropped:
+            break
+    assert t.mode == "read-only" and t.stats().counters["degraded"] == 1
+    assert verify_all(t, ns) == stored  # what was acknowledged is all there
+    t.check_integrity()
