@@ -15,7 +15,7 @@ import time
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -91,7 +91,7 @@ class DramTier(Tier):
                 cs.stamp[key] = self._tick
 
     def _evict(self, cs: _ClassState) -> bool:
-        victim = cs.policy.pop_victim()
+        victim = cast(Key | None, cs.policy.pop_victim())
         if victim is None:
             return False
         cs.sc.free.append(cs.slot.pop(victim))
@@ -102,7 +102,7 @@ class DramTier(Tier):
     def _oldest_class(self) -> _ClassState | None:
         best, best_stamp = None, math.inf
         for cs in self._classes.values():
-            victim = cs.policy.peek_victim()
+            victim = cast(Key | None, cs.policy.peek_victim())
             if victim is not None and cs.stamp[victim] < best_stamp:
                 best, best_stamp = cs, cs.stamp[victim]
         return best
@@ -183,17 +183,18 @@ class DramTier(Tier):
             fp = ns.fingerprint
             slots = [cs.slot[k] if cs.owner.get(k) == fp else None for k in keys]
             n = slots.index(None) if None in slots else len(slots)
+            held = cast(list[int], slots[:n])
             view, sc, i = self._pool.view, cs.sc, 0
             while i < n:
                 # Coalesce runs of adjacent slots in one chunk into a single copy.
                 j = i + 1
                 while (
                     j < n
-                    and slots[j] == slots[j - 1] + 1
-                    and sc.chunk_of(slots[j]) == sc.chunk_of(slots[i])
+                    and held[j] == held[j - 1] + 1
+                    and sc.chunk_of(held[j]) == sc.chunk_of(held[i])
                 ):
                     j += 1
-                off = self._pool.offset(sc, slots[i])  # type: ignore[arg-type]
+                off = self._pool.offset(sc, held[i])
                 out[i * bb : j * bb] = view[off : off + (j - i) * bb]
                 i = j
             self._touch_locked(cs, fp, keys[:n])

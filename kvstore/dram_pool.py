@@ -49,7 +49,7 @@ class DramPool:
         self.pinned = pin_memory
         self.tensor = torch.empty(self.capacity_bytes, dtype=torch.uint8, pin_memory=pin_memory)
         self._np = self.tensor.numpy() if self.capacity_bytes else np.empty(0, np.uint8)
-        self.view = memoryview(self._np)
+        self.view = self._np.data
         self.free_chunks: list[int] = list(range(self.n_chunks - 1, -1, -1))
         self.classes: dict[int, SizeClass] = {}
 

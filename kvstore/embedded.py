@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 from kvstore.dram import DramConfig, DramTier
 from kvstore.manager import ManagerConfig, TierManager
@@ -33,7 +34,9 @@ def open_embedded(
             raise ValueError("retention must be positive")
         tiers.append(
             SSDTier(
-                SSDConfig(dir=ssd_dir, capacity_bytes=ssd_capacity_bytes, retention_s=retention_s)
+                SSDConfig(
+                    dir=Path(ssd_dir), capacity_bytes=ssd_capacity_bytes, retention_s=retention_s
+                )
             )
         )
     return TierManager(tiers, ManagerConfig(max_dirty_bytes=max_dirty_bytes))

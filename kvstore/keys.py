@@ -190,14 +190,12 @@ def tokens_to_le_u32(tokens: Any) -> memoryview:
     if arr.dtype != np.dtype("<u4"):
         # A single min/max pass is far cheaper than hashing, and it is what makes an
         # out-of-range id an error instead of a silent wrap-around.
-        if (
-            arr.min() < 0
-            or ((arr.dtype.itemsize > 4 or arr.dtype.kind == "i")
-            and arr.max() > MAX_TOKEN_ID)
+        if arr.min() < 0 or (
+            (arr.dtype.itemsize > 4 or arr.dtype.kind == "i") and arr.max() > MAX_TOKEN_ID
         ):
             raise InvalidTokens("token ids must be integers in [0, 2**32)")
         arr = arr.astype("<u4")
-    return memoryview(np.ascontiguousarray(arr)).cast("B")
+    return np.ascontiguousarray(arr).data.cast("B")
 
 
 def chain_keys(ns: Namespace, tokens: Any, *, secret: bytes | None = None) -> list[Key]:
