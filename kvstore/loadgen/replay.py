@@ -94,7 +94,8 @@ class Replayer:
         s, tally = self.session, self.tally
         bb = ns.block_bytes
         clock = time.perf_counter
-        hit, tiers = 0, ()
+        hit = 0
+        tiers: tuple[str, ...] = ()
         t0 = clock()
         try:
             res = s.lookup(ns, keys, req.input_tokens)
