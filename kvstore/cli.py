@@ -29,6 +29,22 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+class _HelpFormatter(argparse.HelpFormatter):
+    """Shows each flag's default, except where there is none to show."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        default = action.default
+        if (
+            "default" in text
+            or default in (None, False, argparse.SUPPRESS)
+            or (isinstance(default, list) and not default)
+            or not action.option_strings
+        ):
+            return text
+        return f"{text} (default: %(default)s)"
+
+
 class UsageError(Exception):
     """Bad command-line input: printed as one line, exit status 2."""
 
@@ -72,7 +88,7 @@ def build_parser(
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     subparsers: dict[str, argparse.ArgumentParser] = {}
     for name, (mod, help_) in _available().items():
-        p = sub.add_parser(name, help=help_, description=help_)
+        p = sub.add_parser(name, help=help_, description=help_, formatter_class=_HelpFormatter)
         p.add_argument("--json", action="store_true", help="machine-readable output")
         p.add_argument("--config", metavar="FILE.toml", help="read flag defaults from a TOML file")
         if name == command:
