@@ -143,13 +143,17 @@ def main() -> int:
     ap.add_argument("--dram", default="512MiB")
     ap.add_argument("--block-bytes", default="64KiB")
     ap.add_argument("--warmup", default="60s")
+    ap.add_argument(
+        "--no-ssd", action="store_true", help="DRAM tier only (attributes growth to the SSD engine)"
+    )
     a = ap.parse_args()
     duration, warmup = parse_duration(a.duration), parse_duration(a.warmup)
     dram, bb = parse_size(a.dram), parse_size(a.block_bytes)
     with (
         tempfile.TemporaryDirectory(prefix="kvstore-soak-") as tmp,
         DaemonProcess(
-            ["--dram", str(dram), "--ssd-dir", tmp, "--ssd-capacity", "1GiB", "--workers", "32"]
+            ["--dram", str(dram), "--workers", "32"]
+            + ([] if a.no_ssd else ["--ssd-dir", tmp, "--ssd-capacity", "1GiB"])
         ) as d,
     ):
         pid = d.proc.pid
@@ -181,6 +185,7 @@ def main() -> int:
     growth = last["VmRSS"] - warm["VmRSS"]
     summary = {
         "duration_s": duration,
+        "ssd": not a.no_ssd,
         "clients": a.procs * a.threads,
         "dram_bytes": dram,
         "block_bytes": bb,
