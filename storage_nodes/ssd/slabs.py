@@ -22,13 +22,14 @@ from storage_nodes.ssd.errors import SSDConfigError, SSDIOError
 class StagingPool:
     """Page-aligned anonymous buffers (mmap), reused between calls.
 
-    O_DIRECT needs aligned memory; anonymous mmaps are page aligned. Buffers are kept
-    small in number: at most ``keep`` idle ones, the largest first.
+    O_DIRECT needs aligned memory; anonymous mmaps are page aligned. Buffers are never
+    unmapped: the io_uring binding pins every buffer it is handed (see
+    ``uring._IovecCache``), so a dropped buffer would only leak. Their number is bounded
+    by the calls in flight at once, times the distinct power-of-two sizes asked for.
     """
 
-    def __init__(self, keep: int = 4) -> None:
+    def __init__(self) -> None:
         self._idle: list[mmap.mmap] = []
-        self._keep = keep
         self._lock = threading.Lock()
 
     def acquire(self, nbytes: int) -> mmap.mmap:
@@ -43,8 +44,6 @@ class StagingPool:
         with self._lock:
             self._idle.append(m)
             self._idle.sort(key=len)
-            while len(self._idle) > self._keep:
-                self._idle.pop(0)
 
 
 class SlabFiles:
