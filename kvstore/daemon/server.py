@@ -8,11 +8,8 @@ flushes its write-back to SSD and closes; the process exits 0.
 from __future__ import annotations
 
 import logging
-import signal
-import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -23,6 +20,7 @@ from kvstore.daemon.access_log import make_access_log
 from kvstore.daemon.auth import Authenticator, OpenAuth, load_token_file
 from kvstore.daemon.config import DaemonConfig
 from kvstore.daemon.metrics import DaemonMetrics
+from kvstore.daemon.runner import Bound, run_until_signalled
 from kvstore.daemon.servicer import KVStoreServicer
 from kvstore.daemon.staging import StagingArea, StagingConfig
 from kvstore.daemon.store_factory import open_store
@@ -30,12 +28,6 @@ from kvstore.tier import KVStore
 
 log = logging.getLogger(__name__)
 SERVICE_NAME = "kvstore.v1.KVStore"
-
-
-@dataclass(frozen=True, slots=True)
-class Bound:
-    port: int
-    metrics_port: int | None
 
 
 class Daemon:
@@ -131,28 +123,13 @@ def _server_credentials(config: DaemonConfig) -> grpc.ServerCredentials | None:
 
 def run_daemon(config: DaemonConfig) -> int:
     """Run until SIGTERM/SIGINT; print the bound addresses as the first lines."""
-    logging.basicConfig(
-        level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(message)s"
+    return run_until_signalled(
+        Daemon(config),
+        command="kvstore serve",
+        host=config.host,
+        listen=config.listen,
+        loopback=config.loopback,
+        authenticated=config.auth_token_file is not None,
+        metrics_listen=config.metrics_listen,
+        exposure="read and write the cache",
     )
-    if not config.loopback and config.auth_token_file is None:
-        print(
-            f"kvstore serve: warning: listening on {config.listen} without --auth-token-file: "
-            "any host that can reach it can read and write the cache",
-            file=sys.stderr,
-        )
-    daemon = Daemon(config)
-    bound = daemon.start()
-    print(f"listening on {config.host}:{bound.port}", flush=True)
-    if bound.metrics_port is not None:
-        host = config.metrics_listen.rpartition(":")[0] if config.metrics_listen else "127.0.0.1"
-        print(f"metrics on {host}:{bound.metrics_port}", flush=True)
-
-    def on_signal(signum: int, _frame: object) -> None:
-        # Stop in another thread: the handler runs in the main thread, which waits below.
-        threading.Thread(target=daemon.stop, name="kvstore-shutdown").start()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
-    daemon.wait()
-    print("stopped", flush=True)
-    return 0

@@ -9,11 +9,8 @@ the batched touches: every acknowledged put was synced before it was acknowledge
 from __future__ import annotations
 
 import logging
-import signal
-import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -21,6 +18,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from clients.codec import MAX_MESSAGE_BYTES
 from clients.proto import kvstore_pb2_grpc as pb_grpc
 from kvstore.daemon.metrics import DaemonMetrics
+from kvstore.daemon.runner import Bound, run_until_signalled
 from kvstore.daemon.server import _server_credentials
 from kvstore.tier import StoreStats, Tier
 from storage_nodes.node.auth import make_node_auth
@@ -29,12 +27,6 @@ from storage_nodes.node.servicer import StorageNodeServicer
 
 log = logging.getLogger(__name__)
 SERVICE_NAME = "kvstore.v1.StorageNode"
-
-
-@dataclass(frozen=True, slots=True)
-class Bound:
-    port: int
-    metrics_port: int | None
 
 
 class NodeServer:
@@ -102,27 +94,13 @@ class NodeServer:
 
 def run_node(config: NodeConfig) -> int:
     """Run until SIGTERM/SIGINT; print the bound addresses as the first lines."""
-    logging.basicConfig(
-        level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(message)s"
+    return run_until_signalled(
+        NodeServer(config),
+        command="kvstore node",
+        host=config.host,
+        listen=config.listen,
+        loopback=config.loopback,
+        authenticated=config.auth_token_file is not None,
+        metrics_listen=config.metrics_listen,
+        exposure="read and write its blocks",
     )
-    if not config.loopback and config.auth_token_file is None:
-        print(
-            f"kvstore node: warning: listening on {config.listen} without --auth-token-file: "
-            "any host that can reach it can read and write its blocks",
-            file=sys.stderr,
-        )
-    node = NodeServer(config)
-    bound = node.start()
-    print(f"listening on {config.host}:{bound.port}", flush=True)
-    if bound.metrics_port is not None:
-        host = config.metrics_listen.rpartition(":")[0] if config.metrics_listen else "127.0.0.1"
-        print(f"metrics on {host}:{bound.metrics_port}", flush=True)
-
-    def on_signal(signum: int, _frame: object) -> None:
-        threading.Thread(target=node.stop, name="kvstore-node-shutdown").start()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
-    node.wait()
-    print("stopped", flush=True)
-    return 0

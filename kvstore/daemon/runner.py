@@ -1,0 +1,71 @@
+"""Run a gRPC server process until SIGTERM/SIGINT: what `kvstore serve` and `kvstore node`
+share at the top of their main loop."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+import threading
+from dataclasses import dataclass
+from typing import Protocol
+
+
+@dataclass(frozen=True, slots=True)
+class Bound:
+    """The ports a server actually bound (port 0 in a flag means any free one)."""
+
+    port: int
+    metrics_port: int | None
+
+
+class Serving(Protocol):
+    """A server that binds in ``start``, stops (draining) in ``stop``, and blocks in ``wait``."""
+
+    def start(self) -> Bound: ...
+
+    def stop(self) -> None: ...
+
+    def wait(self) -> None: ...
+
+
+def run_until_signalled(
+    server: Serving,
+    *,
+    command: str,
+    host: str,
+    listen: str,
+    loopback: bool,
+    authenticated: bool,
+    metrics_listen: str | None,
+    exposure: str,
+) -> int:
+    """Start ``server``, print the bound addresses as the first lines, stop on a signal.
+
+    ``exposure`` completes the warning printed for a non-loopback bind without auth:
+    "any host that can reach it can {exposure}".
+    """
+    logging.basicConfig(
+        level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(message)s"
+    )
+    if not loopback and not authenticated:
+        print(
+            f"{command}: warning: listening on {listen} without --auth-token-file: "
+            f"any host that can reach it can {exposure}",
+            file=sys.stderr,
+        )
+    bound = server.start()
+    print(f"listening on {host}:{bound.port}", flush=True)
+    if bound.metrics_port is not None:
+        mhost = metrics_listen.rpartition(":")[0] if metrics_listen else "127.0.0.1"
+        print(f"metrics on {mhost}:{bound.metrics_port}", flush=True)
+
+    def on_signal(signum: int, _frame: object) -> None:
+        # Stop in another thread: the handler runs in the main thread, which waits below.
+        threading.Thread(target=server.stop, name=f"{command}-shutdown").start()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    server.wait()
+    print("stopped", flush=True)
+    return 0
