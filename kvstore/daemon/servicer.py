@@ -12,27 +12,26 @@ else (DESIGN §7).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator, Sequence
-from typing import Any, TypeVar
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 import grpc
 
 from clients import codec
-from clients.errors import status_for
 from clients.proto import kvstore_pb2 as pb
 from clients.proto import kvstore_pb2_grpc as pb_grpc
 from kvstore.block import now_us
 from kvstore.daemon.access_log import AccessLog, LookupRecord
-from kvstore.daemon.auth import Authenticator, AuthError
+from kvstore.daemon.auth import Authenticator
 from kvstore.daemon.config import ServerLimits
 from kvstore.daemon.metrics import DaemonMetrics
+from kvstore.daemon.rpc_plumbing import RpcPlumbing
 from kvstore.daemon.staging import DATA_OFFSET, StagingArea
 from kvstore.errors import BlockError, InvalidArgument
 from kvstore.keys import Key, Namespace
 from kvstore.tier import KVStore, StoreStats
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
 
 
 def stats_to_proto(st: StoreStats) -> pb.StatsResponse:
@@ -59,7 +58,7 @@ def stats_to_proto(st: StoreStats) -> pb.StatsResponse:
     )
 
 
-class KVStoreServicer(pb_grpc.KVStoreServicer):
+class KVStoreServicer(RpcPlumbing, pb_grpc.KVStoreServicer):
     def __init__(
         self,
         store: KVStore,
@@ -77,30 +76,6 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
         self.limits = limits if limits is not None else ServerLimits()
 
     # -- plumbing -------------------------------------------------------------------
-    def _tenant(self, ctx: grpc.ServicerContext, method: str) -> str | None:
-        try:
-            return self.auth.tenant_of(ctx.invocation_metadata())
-        except AuthError as e:
-            self.metrics.rpc_errors.labels(method, "UNAUTHENTICATED").inc()
-            ctx.abort(grpc.StatusCode.UNAUTHENTICATED, str(e))
-            raise  # unreachable: abort raises
-
-    def _fail(self, ctx: grpc.ServicerContext, method: str, exc: Exception) -> None:
-        code, details = status_for(exc)
-        if code == grpc.StatusCode.INTERNAL:
-            log.exception("%s failed", method)
-        self.metrics.rpc_errors.labels(method, code.name).inc()
-        ctx.abort(code, details)
-
-    def _unary(self, ctx: grpc.ServicerContext, method: str, fn: Callable[[str | None], T]) -> T:
-        with self.metrics.timed(method):
-            tenant = self._tenant(ctx, method)
-            try:
-                return fn(tenant)
-            except Exception as e:
-                self._fail(ctx, method, e)
-                raise  # unreachable
-
     def _ns(self, tenant: str | None, spec: pb.NamespaceSpec) -> Namespace:
         ns = codec.ns_from_proto(spec)
         self.auth.check_namespace(tenant, ns)

@@ -11,24 +11,23 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Iterator
-from typing import Any, TypeVar
+from collections.abc import Iterator
+from typing import Any
 
 import grpc
 
 from clients import codec
-from clients.errors import status_for
 from clients.proto import kvstore_pb2 as pb
 from clients.proto import kvstore_pb2_grpc as pb_grpc
-from kvstore.daemon.auth import Authenticator, AuthError
+from kvstore.daemon.auth import Authenticator
 from kvstore.daemon.config import ServerLimits
 from kvstore.daemon.metrics import DaemonMetrics
+from kvstore.daemon.rpc_plumbing import RpcPlumbing
 from kvstore.errors import BlockError, InvalidArgument
 from kvstore.keys import Key, Namespace
 from kvstore.tier import Tier, TierStats
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
 
 NOT_STORED, INSERTED, PRESENT = 0, 1, 2
 
@@ -51,7 +50,7 @@ def tier_stats_to_proto(t: TierStats) -> pb.TierStats:
     )
 
 
-class StorageNodeServicer(pb_grpc.StorageNodeServicer):
+class StorageNodeServicer(RpcPlumbing, pb_grpc.StorageNodeServicer):
     def __init__(
         self,
         tier: Tier,
@@ -67,30 +66,6 @@ class StorageNodeServicer(pb_grpc.StorageNodeServicer):
         self._reg_lock = threading.Lock()
 
     # -- plumbing ---------------------------------------------------------------------
-    def _tenant(self, ctx: grpc.ServicerContext, method: str) -> str | None:
-        try:
-            return self.auth.tenant_of(ctx.invocation_metadata())
-        except AuthError as e:
-            self.metrics.rpc_errors.labels(method, "UNAUTHENTICATED").inc()
-            ctx.abort(grpc.StatusCode.UNAUTHENTICATED, str(e))
-            raise  # unreachable: abort raises
-
-    def _fail(self, ctx: grpc.ServicerContext, method: str, exc: Exception) -> None:
-        code, details = status_for(exc)
-        if code == grpc.StatusCode.INTERNAL:
-            log.exception("%s failed", method)
-        self.metrics.rpc_errors.labels(method, code.name).inc()
-        ctx.abort(code, details)
-
-    def _unary(self, ctx: grpc.ServicerContext, method: str, fn: Callable[[str | None], T]) -> T:
-        with self.metrics.timed(method):
-            tenant = self._tenant(ctx, method)
-            try:
-                return fn(tenant)
-            except Exception as e:
-                self._fail(ctx, method, e)
-                raise  # unreachable
-
     def _ns(self, tenant: str | None, spec: pb.NamespaceSpec) -> Namespace:
         ns = codec.ns_from_proto(spec)
         self.auth.check_namespace(tenant, ns)

@@ -1,0 +1,52 @@
+"""Authentication, error mapping and timing shared by every servicer (daemon and node)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import TypeVar
+
+import grpc
+
+from clients.errors import status_for
+from kvstore.daemon.auth import Authenticator, AuthError
+from kvstore.daemon.metrics import DaemonMetrics
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+class RpcPlumbing:
+    """Mixin: ``auth`` and ``metrics`` are set by the servicer's constructor.
+
+    Every RPC runs through ``_unary`` (or calls ``_tenant``/``_fail`` itself for streams):
+    it is timed, authenticated first, and any exception becomes a gRPC status — a misuse
+    a client error, an unexpected one INTERNAL and logged — never a stack in the caller.
+    """
+
+    auth: Authenticator
+    metrics: DaemonMetrics
+
+    def _tenant(self, ctx: grpc.ServicerContext, method: str) -> str | None:
+        try:
+            return self.auth.tenant_of(ctx.invocation_metadata())
+        except AuthError as e:
+            self.metrics.rpc_errors.labels(method, "UNAUTHENTICATED").inc()
+            ctx.abort(grpc.StatusCode.UNAUTHENTICATED, str(e))
+            raise  # unreachable: abort raises
+
+    def _fail(self, ctx: grpc.ServicerContext, method: str, exc: Exception) -> None:
+        code, details = status_for(exc)
+        if code == grpc.StatusCode.INTERNAL:
+            log.exception("%s failed", method)
+        self.metrics.rpc_errors.labels(method, code.name).inc()
+        ctx.abort(code, details)
+
+    def _unary(self, ctx: grpc.ServicerContext, method: str, fn: Callable[[str | None], T]) -> T:
+        with self.metrics.timed(method):
+            tenant = self._tenant(ctx, method)
+            try:
+                return fn(tenant)
+            except Exception as e:
+                self._fail(ctx, method, e)
+                raise  # unreachable
