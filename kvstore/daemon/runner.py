@@ -7,8 +7,14 @@ import logging
 import signal
 import sys
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Protocol
+
+import grpc
+from grpc_health.v1 import health, health_pb2_grpc
+
+from clients.codec import MAX_MESSAGE_BYTES
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,6 +33,24 @@ class Serving(Protocol):
     def stop(self) -> None: ...
 
     def wait(self) -> None: ...
+
+
+def grpc_server(workers: int, thread_name_prefix: str) -> tuple[grpc.Server, health.HealthServicer]:
+    """A server with ``workers`` RPC threads, the block-sized message limit and the standard
+    health service. ``so_reuseport`` is off so that a second process on the same port fails
+    to bind instead of silently sharing it."""
+    server = grpc.server(
+        ThreadPoolExecutor(workers, thread_name_prefix=thread_name_prefix),
+        options=[
+            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.so_reuseport", 0),
+        ],
+        maximum_concurrent_rpcs=workers * 4,
+    )
+    checker = health.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(checker, server)
+    return server, checker
 
 
 def run_until_signalled(

@@ -9,18 +9,16 @@ from __future__ import annotations
 
 import logging
 import threading
-from concurrent.futures import ThreadPoolExecutor
 
 import grpc
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2
 
-from clients.codec import MAX_MESSAGE_BYTES
 from clients.proto import kvstore_pb2_grpc as pb_grpc
 from kvstore.daemon.access_log import make_access_log
 from kvstore.daemon.auth import Authenticator, OpenAuth, load_token_file
 from kvstore.daemon.config import DaemonConfig
 from kvstore.daemon.metrics import DaemonMetrics
-from kvstore.daemon.runner import Bound, run_until_signalled
+from kvstore.daemon.runner import Bound, grpc_server, run_until_signalled
 from kvstore.daemon.servicer import KVStoreServicer
 from kvstore.daemon.staging import StagingArea, StagingConfig
 from kvstore.daemon.store_factory import open_store
@@ -57,18 +55,8 @@ class Daemon:
         self.servicer = KVStoreServicer(
             self.store, self.auth, self.access_log, self.metrics, self.staging, lim
         )
-        self.server = grpc.server(
-            ThreadPoolExecutor(config.workers, thread_name_prefix="kvstore-rpc"),
-            options=[
-                ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-                ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-                ("grpc.so_reuseport", 0),
-            ],
-            maximum_concurrent_rpcs=config.workers * 4,
-        )
+        self.server, self.health = grpc_server(config.workers, "kvstore-rpc")
         pb_grpc.add_KVStoreServicer_to_server(self.servicer, self.server)
-        self.health = health.HealthServicer()
-        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         if tls is None:
             port = self.server.add_insecure_port(config.listen)
         else:

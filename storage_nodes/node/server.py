@@ -10,15 +10,12 @@ from __future__ import annotations
 
 import logging
 import threading
-from concurrent.futures import ThreadPoolExecutor
 
-import grpc
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2
 
-from clients.codec import MAX_MESSAGE_BYTES
 from clients.proto import kvstore_pb2_grpc as pb_grpc
 from kvstore.daemon.metrics import DaemonMetrics
-from kvstore.daemon.runner import Bound, run_until_signalled
+from kvstore.daemon.runner import Bound, grpc_server, run_until_signalled
 from kvstore.daemon.server import _server_credentials
 from kvstore.tier import StoreStats, Tier
 from storage_nodes.node.auth import make_node_auth
@@ -42,18 +39,8 @@ class NodeServer:
         self.metrics = DaemonMetrics()
         self.metrics.attach_store(lambda: StoreStats(tiers=(self.tier.stats(),)))
         self.servicer = StorageNodeServicer(tier, self.auth, self.metrics, config.limits)
-        self.server = grpc.server(
-            ThreadPoolExecutor(config.workers, thread_name_prefix="kvstore-node-rpc"),
-            options=[
-                ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-                ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-                ("grpc.so_reuseport", 0),
-            ],
-            maximum_concurrent_rpcs=config.workers * 4,
-        )
+        self.server, self.health = grpc_server(config.workers, "kvstore-node-rpc")
         pb_grpc.add_StorageNodeServicer_to_server(self.servicer, self.server)
-        self.health = health.HealthServicer()
-        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         try:
             port = (
                 self.server.add_insecure_port(config.listen)
