@@ -20,6 +20,7 @@ import grpc
 from clients import codec
 from clients.proto import kvstore_pb2 as pb
 from clients.proto import kvstore_pb2_grpc as pb_grpc
+from clients.requests import stats_to_proto
 from kvstore.block import now_us
 from kvstore.daemon.access_log import AccessLog, LookupRecord
 from kvstore.daemon.auth import Authenticator
@@ -29,33 +30,9 @@ from kvstore.daemon.rpc_plumbing import RpcPlumbing
 from kvstore.daemon.staging import DATA_OFFSET, StagingArea
 from kvstore.errors import BlockError, InvalidArgument
 from kvstore.keys import Key, Namespace
-from kvstore.tier import KVStore, StoreStats
+from kvstore.tier import KVStore
 
 log = logging.getLogger(__name__)
-
-
-def stats_to_proto(st: StoreStats) -> pb.StatsResponse:
-    return pb.StatsResponse(
-        tiers=[
-            pb.TierStats(
-                name=t.name,
-                capacity_bytes=t.capacity_bytes,
-                used_bytes=t.used_bytes,
-                size_classes=[
-                    pb.SizeClassStats(
-                        block_bytes=c.block_bytes,
-                        capacity_blocks=c.capacity_blocks,
-                        used_blocks=c.used_blocks,
-                    )
-                    for c in t.size_classes
-                ],
-                counters={k: int(v) for k, v in t.counters.items()},
-                info={k: str(v) for k, v in t.info.items()},
-            )
-            for t in st.tiers
-        ],
-        counters={k: int(v) for k, v in st.counters.items()},
-    )
 
 
 class KVStoreServicer(RpcPlumbing, pb_grpc.KVStoreServicer):

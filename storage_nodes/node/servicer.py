@@ -19,35 +19,18 @@ import grpc
 from clients import codec
 from clients.proto import kvstore_pb2 as pb
 from clients.proto import kvstore_pb2_grpc as pb_grpc
+from clients.requests import tier_stats_to_proto
 from kvstore.daemon.auth import Authenticator
 from kvstore.daemon.config import ServerLimits
 from kvstore.daemon.metrics import DaemonMetrics
 from kvstore.daemon.rpc_plumbing import RpcPlumbing
 from kvstore.errors import BlockError, InvalidArgument
 from kvstore.keys import Key, Namespace
-from kvstore.tier import Tier, TierStats
+from kvstore.tier import Tier
 
 log = logging.getLogger(__name__)
 
 NOT_STORED, INSERTED, PRESENT = 0, 1, 2
-
-
-def tier_stats_to_proto(t: TierStats) -> pb.TierStats:
-    return pb.TierStats(
-        name=t.name,
-        capacity_bytes=t.capacity_bytes,
-        used_bytes=t.used_bytes,
-        size_classes=[
-            pb.SizeClassStats(
-                block_bytes=c.block_bytes,
-                capacity_blocks=c.capacity_blocks,
-                used_blocks=c.used_blocks,
-            )
-            for c in t.size_classes
-        ],
-        counters={k: int(v) for k, v in t.counters.items()},
-        info={k: str(v) for k, v in t.info.items()},
-    )
 
 
 class StorageNodeServicer(RpcPlumbing, pb_grpc.StorageNodeServicer):
