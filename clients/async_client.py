@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-import time
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from concurrent.futures import Future
 from typing import Any, TypeVar
@@ -22,9 +21,9 @@ from grpc import aio
 
 from clients import codec
 from clients import requests as rq
+from clients.attempts import Attempts
 from clients.breaker import CircuitBreaker
 from clients.config import ClientConfig
-from clients.errors import RETRYABLE, UNAVAILABLE_CODES, CircuitOpen, error_for
 from clients.proto import kvstore_pb2 as pb
 from clients.proto import kvstore_pb2_grpc as pb_grpc
 from clients.shm import Staging, map_segment
@@ -64,37 +63,15 @@ class AsyncGrpcStore:
     async def _call(self, fn: Callable[[float], Awaitable[T]], timeout_s: float | None) -> T:
         if self._closed:
             raise StoreUnavailable("client is closed")
-        deadline = time.monotonic() + (
-            self.config.default_timeout_s if timeout_s is None else timeout_s
-        )
-        backoff = self.config.retry_initial_backoff_s
-        last: KVStoreError | None = None
+        attempts = Attempts(self.breaker, self.config, timeout_s)
         while True:
-            try:
-                self.breaker.before_call()
-            except CircuitOpen:
-                if last is not None:  # our own retries opened it: report the real cause
-                    raise last from None
-                raise
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                self.breaker.on_failure()
-                raise StoreUnavailable("deadline exceeded before the call could be made")
+            remaining = attempts.start()
             try:
                 out = await fn(remaining)
             except aio.AioRpcError as e:
-                code = e.code()
-                if code in UNAVAILABLE_CODES:
-                    self.breaker.on_failure()
-                else:
-                    self.breaker.on_success()
-                last = error_for(code, e.details())
-                if code in RETRYABLE and deadline - time.monotonic() > backoff:
-                    await asyncio.sleep(backoff)
-                    backoff = min(backoff * 2, self.config.retry_max_backoff_s)
-                    continue
-                raise last from None
-            self.breaker.on_success()
+                await asyncio.sleep(attempts.failed(e.code(), e.details()))
+                continue
+            attempts.succeeded()
             return out
 
     async def _staging_area(self) -> Staging | None:

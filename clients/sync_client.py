@@ -22,9 +22,10 @@ import grpc
 
 from clients import codec
 from clients import requests as rq
+from clients.attempts import Attempts
 from clients.breaker import CircuitBreaker
 from clients.config import ClientConfig, config_from_url
-from clients.errors import RETRYABLE, UNAVAILABLE_CODES, CircuitOpen, error_for
+from clients.errors import UNAVAILABLE_CODES, error_for
 from clients.proto import kvstore_pb2 as pb
 from clients.proto import kvstore_pb2_grpc as pb_grpc
 from clients.shm import Staging, map_segment
@@ -69,37 +70,15 @@ class GrpcStore(KVStore):
         """Run ``fn(remaining_s)`` under the deadline, the retry policy and the breaker."""
         if self._closed:
             raise StoreUnavailable("client is closed")
-        deadline = time.monotonic() + (
-            self.config.default_timeout_s if timeout_s is None else timeout_s
-        )
-        backoff = self.config.retry_initial_backoff_s
-        last: KVStoreError | None = None
+        attempts = Attempts(self.breaker, self.config, timeout_s)
         while True:
-            try:
-                self.breaker.before_call()
-            except CircuitOpen:
-                if last is not None:  # our own retries opened it: report the real cause
-                    raise last from None
-                raise
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                self.breaker.on_failure()
-                raise StoreUnavailable("deadline exceeded before the call could be made")
+            remaining = attempts.start()
             try:
                 out = fn(remaining)
             except grpc.RpcError as e:
-                code = e.code()
-                if code in UNAVAILABLE_CODES:
-                    self.breaker.on_failure()
-                else:
-                    self.breaker.on_success()  # the daemon answered; the request was bad
-                last = error_for(code, e.details())
-                if code in RETRYABLE and deadline - time.monotonic() > backoff:
-                    time.sleep(backoff)
-                    backoff = min(backoff * 2, self.config.retry_max_backoff_s)
-                    continue
-                raise last from None
-            self.breaker.on_success()
+                time.sleep(attempts.failed(e.code(), e.details()))
+                continue
+            attempts.succeeded()
             return out
 
     def _staging_area(self) -> Staging | None:

@@ -1,0 +1,63 @@
+"""One call's deadline, retries and circuit-breaker bookkeeping.
+
+The sync and asyncio clients differ only in how they call and how they wait; the policy
+— retry only retryable codes, only while the deadline leaves room for the backoff, tell
+the breaker about every outcome, and report the real error rather than the breaker
+when our own retries opened it — lives here once.
+"""
+
+from __future__ import annotations
+
+import time
+
+import grpc
+
+from clients.breaker import CircuitBreaker
+from clients.config import ClientConfig
+from clients.errors import RETRYABLE, UNAVAILABLE_CODES, CircuitOpen, error_for
+from kvstore.errors import KVStoreError, StoreUnavailable
+
+
+class Attempts:
+    def __init__(
+        self, breaker: CircuitBreaker, config: ClientConfig, timeout_s: float | None
+    ) -> None:
+        self._breaker = breaker
+        self._max_backoff_s = config.retry_max_backoff_s
+        self._backoff_s = config.retry_initial_backoff_s
+        self._deadline = time.monotonic() + (
+            config.default_timeout_s if timeout_s is None else timeout_s
+        )
+        self._last: KVStoreError | None = None
+
+    def start(self) -> float:
+        """Before each attempt: the seconds left. Raises when the breaker is open or the
+        deadline has passed."""
+        try:
+            self._breaker.before_call()
+        except CircuitOpen:
+            if self._last is not None:  # our own retries opened it: report the real cause
+                raise self._last from None
+            raise
+        remaining = self._deadline - time.monotonic()
+        if remaining <= 0:
+            self._breaker.on_failure()
+            raise StoreUnavailable("deadline exceeded before the call could be made")
+        return remaining
+
+    def failed(self, code: grpc.StatusCode, details: str | None) -> float:
+        """After an RPC error: the seconds to wait before the next attempt. Raises the
+        mapped ``KVStoreError`` when the call must not be retried."""
+        if code in UNAVAILABLE_CODES:
+            self._breaker.on_failure()
+        else:
+            self._breaker.on_success()  # the daemon answered; the request was bad
+        self._last = error_for(code, details)
+        if code in RETRYABLE and self._deadline - time.monotonic() > self._backoff_s:
+            wait_s = self._backoff_s
+            self._backoff_s = min(self._backoff_s * 2, self._max_backoff_s)
+            return wait_s
+        raise self._last from None
+
+    def succeeded(self) -> None:
+        self._breaker.on_success()
