@@ -24,6 +24,11 @@ class AuthenticationFailed(ClientError, kv.StoreUnavailable):
     """The daemon refused the token; to an engine that is an unavailable store."""
 
 
+class StagingLost(ClientError, kv.InvalidArgument):
+    """The daemon does not know the staging segment a request named: it restarted since
+    the segment was mapped. Clients drop the mapping and fall back to the gRPC path."""
+
+
 class CircuitOpen(ClientError, kv.StoreUnavailable):
     """The store failed repeatedly; calls are skipped until the cool-down ends."""
 
@@ -31,7 +36,13 @@ class CircuitOpen(ClientError, kv.StoreUnavailable):
 # Misuse classes a daemon may name; anything else INVALID_ARGUMENT is InvalidArgument.
 _MISUSE = {
     cls.__name__: cls
-    for cls in (kv.InvalidArgument, kv.InvalidTokens, kv.UnknownNamespace, kv.BufferSizeError)
+    for cls in (
+        kv.InvalidArgument,
+        kv.InvalidTokens,
+        kv.UnknownNamespace,
+        kv.BufferSizeError,
+        StagingLost,
+    )
 }
 
 #: Codes after which a retry (within the deadline) may succeed.

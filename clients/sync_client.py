@@ -25,11 +25,11 @@ from clients import requests as rq
 from clients.attempts import Attempts
 from clients.breaker import CircuitBreaker
 from clients.config import ClientConfig, config_from_url
-from clients.errors import UNAVAILABLE_CODES, error_for
+from clients.errors import UNAVAILABLE_CODES, StagingLost, error_for
 from clients.proto import kvstore_pb2 as pb
 from clients.proto import kvstore_pb2_grpc as pb_grpc
 from clients.shm import Staging, map_segment
-from kvstore.errors import KVStoreError, StoreUnavailable
+from kvstore.errors import KVStoreError, StoreUnavailable, UnknownNamespace
 from kvstore.keys import Key, Namespace
 from kvstore.tier import CommitResult, Durability, KVStore, LookupResult, StoreStats
 
@@ -57,6 +57,7 @@ class GrpcStore(KVStore):
         self.breaker = CircuitBreaker(config.breaker)
         self._staging: Staging | None = None
         self._staging_tried = config.shm == "off"
+        self._registered: dict[bytes, Namespace] = {}
         self._staging_lock = threading.Lock()
         self._closed = False
         self.corrupt_blocks = 0
@@ -103,6 +104,28 @@ class GrpcStore(KVStore):
                 self._staging_tried = True
         return self._staging
 
+    def _drop_staging(self, st: Staging) -> None:
+        """The daemon restarted and forgot ``st``: map a fresh segment on the next call.
+
+        The old mapping is not closed here (other threads may still hold views of it); it
+        goes when the last of them does.
+        """
+        with self._staging_lock:
+            if self._staging is st:
+                self._staging = None
+                self._staging_tried = self.config.shm == "off"
+
+    def _reregistering(self, ns: Namespace, fn: Callable[[], T]) -> T:
+        """Run ``fn``; if the daemon no longer knows a namespace this client registered (it
+        restarted), register it again and retry once instead of calling it misuse."""
+        try:
+            return fn()
+        except UnknownNamespace:
+            if self._registered.get(ns.fingerprint) != ns:
+                raise
+            self.register(ns)
+            return fn()
+
     def _close_segment(self, staging_id: int) -> None:
         with contextlib.suppress(grpc.RpcError):
             self._stub.CloseStaging(
@@ -130,6 +153,7 @@ class GrpcStore(KVStore):
         self._call(
             lambda t: self._stub.RegisterNamespace(req, timeout=t, metadata=self._md), timeout_s
         )
+        self._registered[ns.fingerprint] = ns
 
     def lookup(
         self,
@@ -144,7 +168,12 @@ class GrpcStore(KVStore):
             keys=codec.check_keys(keys),
             prompt_tokens=prompt_tokens,
         )
-        resp = self._call(lambda t: self._stub.Lookup(req, timeout=t, metadata=self._md), timeout_s)
+        resp = self._reregistering(
+            ns,
+            lambda: self._call(
+                lambda t: self._stub.Lookup(req, timeout=t, metadata=self._md), timeout_s
+            ),
+        )
         return LookupResult(hit_blocks=resp.hit_blocks, tiers=tuple(resp.tiers))
 
     def get_into(
@@ -155,6 +184,11 @@ class GrpcStore(KVStore):
         rows = rq.dst_rows(ns, keys, dst)
         if not keys:
             return 0
+        return self._reregistering(ns, lambda: self._get_once(ns, keys, rows, timeout_s))
+
+    def _get_once(
+        self, ns: Namespace, keys: list[Key], rows: memoryview, timeout_s: float | None
+    ) -> int:
         st = self._staging_area()
         if st is not None:
             got = self._get_staged(st, ns, keys, rows, timeout_s)
@@ -191,7 +225,11 @@ class GrpcStore(KVStore):
                 staging=pb.StagingRef(staging_id=st.staging_id, offset=off),
             )
             call = lambda t: self._stub.GetStaged(req, timeout=t, metadata=self._md).hit_blocks  # noqa: E731
-            hit = self._call(call, timeout_s)
+            try:
+                hit = self._call(call, timeout_s)
+            except StagingLost:
+                self._drop_staging(st)
+                return None
             if owned and hit:
                 n = hit * ns.block_bytes
                 rows[:n] = st.rows(off, n)
@@ -213,6 +251,18 @@ class GrpcStore(KVStore):
         keys = codec.check_keys(keys)
         views = rq.payload_views(ns, keys, payloads)
         codec.durability_to_proto(durability)
+        return self._reregistering(
+            ns, lambda: self._commit_once(ns, keys, views, durability, timeout_s)
+        )
+
+    def _commit_once(
+        self,
+        ns: Namespace,
+        keys: list[Key],
+        views: dict[int, memoryview],
+        durability: str,
+        timeout_s: float | None,
+    ) -> CommitResult:
         st = self._staging_area() if views else None
         if st is not None:
             res = self._commit_staged(st, ns, keys, views, durability, timeout_s)
@@ -256,9 +306,13 @@ class GrpcStore(KVStore):
             req = rq.staged_commit(
                 ns, keys, views, durability, pb.StagingRef(staging_id=st.staging_id, offset=off)
             )
-            resp = self._call(
-                lambda t: self._stub.CommitStaged(req, timeout=t, metadata=self._md), timeout_s
-            )
+            try:
+                resp = self._call(
+                    lambda t: self._stub.CommitStaged(req, timeout=t, metadata=self._md), timeout_s
+                )
+            except StagingLost:
+                self._drop_staging(st)
+                return None
             return rq.commit_result(resp)
         finally:
             if owned:

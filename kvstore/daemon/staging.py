@@ -21,6 +21,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from clients.errors import StagingLost
 from kvstore.errors import IntegrityError, InvalidArgument
 
 NONCE_BYTES = 16
@@ -102,7 +103,7 @@ class StagingArea:
         with self._lock:
             seg = self._segments.get(staging_id)
             if seg is None or seg.tenant != tenant:
-                raise InvalidArgument(f"unknown staging segment {staging_id}")
+                raise StagingLost(f"unknown staging segment {staging_id}")
             start = DATA_OFFSET + offset
             if offset < 0 or nbytes < 0 or start + nbytes > seg.size_bytes:
                 raise InvalidArgument(
@@ -118,7 +119,7 @@ class StagingArea:
         with self._lock:
             seg = self._segments.get(staging_id)
             if seg is None or seg.tenant != tenant:
-                raise InvalidArgument(f"unknown staging segment {staging_id}")
+                raise StagingLost(f"unknown staging segment {staging_id}")
             del self._segments[staging_id]
         self._release(seg)
 
