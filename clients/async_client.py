@@ -16,7 +16,6 @@ from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from concurrent.futures import Future
 from typing import Any, TypeVar
 
-import grpc
 from grpc import aio
 
 from clients import codec
@@ -35,15 +34,10 @@ T = TypeVar("T")
 
 
 def _aio_channel(config: ClientConfig) -> aio.Channel:
-    if config.tls:
-        root = None
-        if config.tls_ca_file:
-            with open(config.tls_ca_file, "rb") as f:
-                root = f.read()
-        return aio.secure_channel(
-            config.target, grpc.ssl_channel_credentials(root), config.channel_options()
-        )
-    return aio.insecure_channel(config.target, config.channel_options())
+    creds = config.channel_credentials()
+    if creds is None:
+        return aio.insecure_channel(config.target, config.channel_options())
+    return aio.secure_channel(config.target, creds, config.channel_options())
 
 
 class AsyncGrpcStore:

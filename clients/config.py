@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
+import grpc
+
 from clients.breaker import BreakerConfig
 from clients.codec import MAX_MESSAGE_BYTES
 from kvstore.errors import InvalidArgument
@@ -35,6 +37,17 @@ class ClientConfig:
             raise InvalidArgument(f"shm must be 'auto' or 'off', got {self.shm!r}")
         if self.default_timeout_s <= 0:
             raise InvalidArgument("default_timeout_s must be positive")
+
+    def channel_credentials(self) -> grpc.ChannelCredentials | None:
+        """TLS credentials (with ``tls_ca_file`` as the root, else the system roots), or
+        ``None`` for a plaintext channel."""
+        if not self.tls:
+            return None
+        root = None
+        if self.tls_ca_file:
+            with open(self.tls_ca_file, "rb") as f:
+                root = f.read()
+        return grpc.ssl_channel_credentials(root)
 
     def channel_options(self) -> list[tuple[str, int]]:
         return [

@@ -37,15 +37,10 @@ T = TypeVar("T")
 
 
 def make_channel(config: ClientConfig) -> grpc.Channel:
-    if config.tls:
-        root = None
-        if config.tls_ca_file:
-            with open(config.tls_ca_file, "rb") as f:
-                root = f.read()
-        return grpc.secure_channel(
-            config.target, grpc.ssl_channel_credentials(root), config.channel_options()
-        )
-    return grpc.insecure_channel(config.target, config.channel_options())
+    creds = config.channel_credentials()
+    if creds is None:
+        return grpc.insecure_channel(config.target, config.channel_options())
+    return grpc.secure_channel(config.target, creds, config.channel_options())
 
 
 class GrpcStore(KVStore):
