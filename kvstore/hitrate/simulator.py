@@ -12,13 +12,13 @@ import math
 from collections.abc import Container, Hashable, Iterable
 from dataclasses import dataclass
 
-from kvstore.errors import IntegrityError
 from kvstore.eviction import EvictionPolicy, make_policy
 from kvstore.hitrate.config import TIER_NAMES, SimConfig, is_absent
 from kvstore.hitrate.errors import ConfigError
 from kvstore.hitrate.request import Request
-from kvstore.hitrate.result import SimResult, TierResult
+from kvstore.hitrate.result import SimResult
 from kvstore.hitrate.retention import IdleExpiry, NoRetention, Retention
+from kvstore.hitrate.tally import HitTally
 
 _NOTHING: frozenset[Hashable] = frozenset()
 """Stands in for an absent tier in membership tests: C-speed ``in``, always False."""
@@ -52,14 +52,7 @@ class Simulator:
         self._block_tokens = 0
         self._tiers: list[SimTier | None] = [None, None, None]
         self._now_s = -math.inf
-        self.requests = 0
-        self.input_tokens = 0
-        self.hit_tokens = 0
-        self.ratio_sum = 0.0
-        self.ratio_requests = 0
-        self.replay_extra_tokens = 0
-        self.tier_hit_blocks = [0, 0, 0]
-        self.tier_hit_tokens = [0, 0, 0]
+        self.tally = HitTally()
 
     # -- set-up -------------------------------------------------------------------------
 
@@ -166,22 +159,7 @@ class Simulator:
             k = keys[i]
             ti = 0 if k in p0 else 1 if k in p1 else 2
             tok[ti] -= b - max(0, big_l - i * b)
-        hit = tok[0] + tok[1] + tok[2]
-        blocks, tokens = self.tier_hit_blocks, self.tier_hit_tokens
-        blocks[0] += c0
-        blocks[1] += c1
-        blocks[2] += c2
-        tokens[0] += tok[0]
-        tokens[1] += tok[1]
-        tokens[2] += tok[2]
-        self.requests += 1
-        self.input_tokens += big_l
-        self.hit_tokens += hit
-        if big_l > 0:
-            self.ratio_sum += hit / big_l
-            self.ratio_requests += 1
-        if hit > 0:
-            self.replay_extra_tokens += min(self.config.replay_keep_tokens, hit)
+        hit = self.tally.add(big_l, (c0, c1, c2), tok, self.config.replay_keep_tokens)
         self.commit(keys, now)
         return hit
 
@@ -189,36 +167,16 @@ class Simulator:
 
     def result(self) -> SimResult:
         b = self._block_tokens
-        tiers = []
+        capacity: list[float] = []
         for i, name in enumerate(TIER_NAMES):
             t = self._tiers[i]
-            present = not is_absent(self.config.capacity(name))
             cap = self.config.capacity_blocks(name, b) if b else 0
-            tiers.append(
-                TierResult(
-                    name=name,
-                    hit_tokens=self.tier_hit_tokens[i],
-                    hit_blocks=self.tier_hit_blocks[i],
-                    capacity_blocks=t.capacity_blocks if t is not None else cap,
-                    present=present,
-                )
-            )
-        return SimResult(
-            requests=self.requests,
-            input_tokens=self.input_tokens,
-            hit_tokens=self.hit_tokens,
-            ratio_sum=self.ratio_sum,
-            ratio_requests=self.ratio_requests,
-            replay_extra_tokens=self.replay_extra_tokens,
-            block_tokens=b,
-            tiers=tuple(tiers),
-        )
+            capacity.append(t.capacity_blocks if t is not None else cap)
+        present = [not is_absent(self.config.capacity(name)) for name in TIER_NAMES]
+        return self.tally.result(b, capacity, present)
 
     def check_integrity(self) -> None:
         for t in self.tiers:
             t.policy.check_integrity()
             t.retention.check_integrity()
-        if sum(self.tier_hit_tokens) != self.hit_tokens:
-            raise IntegrityError("tier hit tokens do not add up to the total")
-        if self.hit_tokens > self.input_tokens:
-            raise IntegrityError("more hit tokens than input tokens")
+        self.tally.check_integrity("simulator")

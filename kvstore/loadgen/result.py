@@ -15,7 +15,8 @@ import numpy as np
 from kvstore.errors import IntegrityError
 from kvstore.hitrate.config import TIER_NAMES
 from kvstore.hitrate.request import Request
-from kvstore.hitrate.result import SimResult, TierResult
+from kvstore.hitrate.result import SimResult
+from kvstore.hitrate.tally import HitTally
 
 CALLS = ("lookup", "get", "commit")
 _TIER_INDEX = {name: i for i, name in enumerate(TIER_NAMES)}
@@ -68,16 +69,9 @@ class Tally:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self.requests = 0
-        self.input_tokens = 0
-        self.hit_tokens = 0
-        self.ratio_sum = 0.0
-        self.ratio_requests = 0
-        self.replay_extra_tokens = 0
+        self.hits = HitTally()
         self.replay_keep_tokens = 140
         self.block_tokens = 0
-        self.tier_hit_blocks = [0, 0, 0]
-        self.tier_hit_tokens = [0, 0, 0]
         self.latency = {c: LatencySamples() for c in CALLS}
         self.errors: Counter[str] = Counter()
         self.wrong_bytes = 0
@@ -98,22 +92,13 @@ class Tally:
             t = _TIER_INDEX.get(tiers[i] if i < len(tiers) else "dram", 1)
             blocks[t] += 1
             tok[t] += req.block_weight(i)
-        hit = tok[0] + tok[1] + tok[2]
-        big_l = req.input_tokens
         with self._lock:
             self.block_tokens = self.block_tokens or req.block_tokens
-            self.requests += 1
-            self.input_tokens += big_l
-            self.hit_tokens += hit
-            if big_l > 0:
-                self.ratio_sum += hit / big_l
-                self.ratio_requests += 1
-            if hit > 0:
-                self.replay_extra_tokens += min(self.replay_keep_tokens, hit)
-            for t in range(3):
-                self.tier_hit_blocks[t] += blocks[t]
-                self.tier_hit_tokens[t] += tok[t]
-        return hit
+            return self.hits.add(req.input_tokens, blocks, tok, self.replay_keep_tokens)
+
+    @property
+    def requests(self) -> int:
+        return self.hits.requests
 
     def latency_of(self, call: str, seconds: float) -> None:
         with self._lock:
@@ -144,33 +129,15 @@ class Tally:
     def measured(self, capacity_blocks: dict[str, float]) -> SimResult:
         """The served figures as a ``SimResult``; ``capacity_blocks`` per present tier."""
         with self._lock:
-            tiers = tuple(
-                TierResult(
-                    name=name,
-                    hit_tokens=self.tier_hit_tokens[i],
-                    hit_blocks=self.tier_hit_blocks[i],
-                    capacity_blocks=capacity_blocks.get(name, 0),
-                    present=name in capacity_blocks,
-                )
-                for i, name in enumerate(TIER_NAMES)
-            )
-            return SimResult(
-                requests=self.requests,
-                input_tokens=self.input_tokens,
-                hit_tokens=self.hit_tokens,
-                ratio_sum=self.ratio_sum,
-                ratio_requests=self.ratio_requests,
-                replay_extra_tokens=self.replay_extra_tokens,
-                block_tokens=self.block_tokens,
-                tiers=tiers,
+            return self.hits.result(
+                self.block_tokens,
+                [capacity_blocks.get(name, 0) for name in TIER_NAMES],
+                [name in capacity_blocks for name in TIER_NAMES],
             )
 
     def check_integrity(self) -> None:
         with self._lock:
-            if sum(self.tier_hit_tokens) != self.hit_tokens:
-                raise IntegrityError("loadgen: tier hit tokens do not add up to the total")
-            if self.hit_tokens > self.input_tokens:
-                raise IntegrityError("loadgen: more hit tokens than input tokens")
+            self.hits.check_integrity("loadgen")
             if self.wrong_block_count < len(self.wrong_blocks):
                 raise IntegrityError("loadgen: more wrong blocks listed than counted")
             counts = {c: len(s) for c, s in self.latency.items()}
