@@ -59,3 +59,33 @@ def payload_for(ns: Namespace, key: bytes) -> bytes:
 @pytest.fixture
 def ns() -> Namespace:
     return small_ns()
+
+
+def self_signed_cert(directory: Path) -> tuple[Path, Path]:
+    """A throwaway certificate for 127.0.0.1/localhost (needs the openssl binary)."""
+    import subprocess
+
+    cert, key = directory / "cert.pem", directory / "key.pem"
+    subprocess.run(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
+            "-days",
+            "1",
+            "-subj",
+            "/CN=localhost",
+            "-addext",
+            "subjectAltName=IP:127.0.0.1,DNS:localhost",
+        ],
+        check=True,
+        capture_output=True,
+    )
+    return cert, key

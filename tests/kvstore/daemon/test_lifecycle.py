@@ -16,7 +16,7 @@ from clients.config import ClientConfig
 from clients.sync_client import GrpcStore
 from kvstore.daemon.process import REPO, DaemonProcess
 from kvstore.errors import StoreUnavailable
-from tests.conftest import small_ns
+from tests.conftest import self_signed_cert, small_ns
 from tests.kvstore.daemon.conftest import SpawnDaemon, make_chain, payloads
 
 NS = small_ns()
@@ -109,29 +109,7 @@ def test_toml_config(tmp_path: Path) -> None:
 
 @pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl not installed")
 def test_tls_end_to_end(spawn_daemon: SpawnDaemon, tmp_path: Path) -> None:
-    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
-    subprocess.run(
-        [
-            "openssl",
-            "req",
-            "-x509",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-keyout",
-            str(key),
-            "-out",
-            str(cert),
-            "-days",
-            "1",
-            "-subj",
-            "/CN=localhost",
-            "-addext",
-            "subjectAltName=IP:127.0.0.1,DNS:localhost",
-        ],
-        check=True,
-        capture_output=True,
-    )
+    cert, key = self_signed_cert(tmp_path)
     d = spawn_daemon("--tls-cert", str(cert), "--tls-key", str(key))
     keys = make_chain(NS, 2, seed=3)
     cfg = ClientConfig(target=d.target, tls=True, tls_ca_file=str(cert), shm="off")

@@ -13,7 +13,7 @@ from kvstore.errors import StoreUnavailable
 from storage_nodes.cluster.config import ClusterConfig
 from storage_nodes.cluster.node_client import NodeClient
 from storage_nodes.node.process import REPO, NodeProcess
-from tests.conftest import payload_for, small_ns
+from tests.conftest import payload_for, self_signed_cert, small_ns
 from tests.storage_nodes.node.conftest import blocks, make_chain
 
 NS = small_ns()
@@ -96,29 +96,7 @@ def test_config_file_supplies_flags(tmp_path: Path) -> None:
 
 @pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl not installed")
 def test_tls_end_to_end(tmp_path: Path) -> None:
-    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
-    subprocess.run(
-        [
-            "openssl",
-            "req",
-            "-x509",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-keyout",
-            str(key),
-            "-out",
-            str(cert),
-            "-days",
-            "1",
-            "-subj",
-            "/CN=localhost",
-            "-addext",
-            "subjectAltName=IP:127.0.0.1,DNS:localhost",
-        ],
-        check=True,
-        capture_output=True,
-    )
+    cert, key = self_signed_cert(tmp_path)
     keys = make_chain(NS, 2, seed=2)
     with NodeProcess(
         tmp_path / "n", "1MiB", ["--tls-cert", str(cert), "--tls-key", str(key)]
