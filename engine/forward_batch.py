@@ -1,0 +1,54 @@
+"""What one engine step hands the model: the contract between the runner and the model.
+
+A step packs prefill chunks first and decode tokens after them (as vLLM v1 does), so one
+forward pass serves both; every attention layer reads its metadata from here and calls the
+kernels with it (``kernels.paged_prefill_attention`` for rows ``[0, num_prefill_tokens)``,
+``kernels.paged_decode_attention`` for the rest) after writing the step's K/V to
+``slot_mapping``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from kernels import AttentionBackend
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillMeta:
+    """Ragged prefill chunks: chunk ``b`` is rows ``cu_seqlens_q[b] … cu_seqlens_q[b+1]``,
+    the last tokens of a sequence now ``seq_lens[b]`` tokens long."""
+
+    cu_seqlens_q: torch.Tensor  # [P + 1] int32
+    block_tables: torch.Tensor  # [P, width] int32, −1 padded
+    seq_lens: torch.Tensor  # [P] int32, KV length including this chunk
+    # Positions before which the sliding-window layers hold no KV (bounded replay); the
+    # full-attention layers always see the whole sequence. None: every layer has all KV.
+    sliding_kv_start: torch.Tensor | None = None  # [P] int32
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeMeta:
+    """One new token per sequence, at position ``seq_lens[b] − 1``."""
+
+    block_tables: torch.Tensor  # [D, width] int32
+    seq_lens: torch.Tensor  # [D] int32
+    sliding_kv_start: torch.Tensor | None = None  # [D] int32
+
+
+@dataclass(frozen=True, slots=True)
+class ForwardBatch:
+    input_ids: torch.Tensor  # [T] int64
+    positions: torch.Tensor  # [T] int64, absolute positions (RoPE)
+    slot_mapping: torch.Tensor  # [T] int64 flat pool slot of each token's K/V
+    num_prefill_tokens: int
+    prefill: PrefillMeta | None
+    decode: DecodeMeta | None
+    logits_indices: torch.Tensor  # [N] int64 rows whose next-token logits are needed
+    backend: AttentionBackend
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.input_ids.shape[0])
