@@ -19,15 +19,21 @@ from kvstore.errors import KVStoreError, StoreUnavailable
 
 
 class Attempts:
+    """``deadline_s`` is on the ``time.monotonic`` clock; ``retry=False`` allows one attempt."""
+
     def __init__(
-        self, breaker: CircuitBreaker, config: ClientConfig, timeout_s: float | None
+        self,
+        breaker: CircuitBreaker,
+        config: ClientConfig,
+        deadline_s: float,
+        *,
+        retry: bool = True,
     ) -> None:
         self._breaker = breaker
         self._max_backoff_s = config.retry_max_backoff_s
         self._backoff_s = config.retry_initial_backoff_s
-        self._deadline = time.monotonic() + (
-            config.default_timeout_s if timeout_s is None else timeout_s
-        )
+        self._deadline = deadline_s
+        self._retry = retry
         self._last: KVStoreError | None = None
 
     def start(self) -> float:
@@ -53,7 +59,8 @@ class Attempts:
         else:
             self._breaker.on_success()  # the daemon answered; the request was bad
         self._last = error_for(code, details)
-        if code in RETRYABLE and self._deadline - time.monotonic() > self._backoff_s:
+        room_s = self._deadline - time.monotonic()
+        if self._retry and code in RETRYABLE and room_s > self._backoff_s:
             wait_s = self._backoff_s
             self._backoff_s = min(self._backoff_s * 2, self._max_backoff_s)
             return wait_s

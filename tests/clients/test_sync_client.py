@@ -207,36 +207,3 @@ def test_urls_and_tokens(tmp_path, monkeypatch) -> None:  # type: ignore[no-unty
     f.write_text("# nothing\n")
     with pytest.raises(InvalidArgument):
         config_from_url("grpc://h:1", token_file=str(f))
-
-
-def test_a_restarted_daemon_is_transparent_to_a_shm_client(spawn_daemon: SpawnDaemon) -> None:
-    # The new daemon knows neither the client's staging segment nor its namespaces: the
-    # client must map a fresh segment and register again, never report misuse.
-    d = spawn_daemon()
-    port = d.port
-    cfg = ClientConfig(
-        target=d.target,
-        default_timeout_s=2,
-        shm="auto",
-        breaker=BreakerConfig(failure_threshold=50, cooldown_s=0.1),
-    )
-    with GrpcStore(cfg) as s:
-        s.register(NS)
-        assert s.uses_shm
-        old_segment = s._staging
-        keys = make_chain(NS, 3, seed=40)
-        s.commit(NS, keys, payloads(NS, keys))
-        d.kill()
-        spawn_daemon("--listen", f"127.0.0.1:{port}")
-        for _ in range(100):
-            try:
-                s.stats(timeout_s=2)
-                break
-            except StoreUnavailable:
-                threading.Event().wait(0.1)
-        assert s.lookup(NS, keys).hit_blocks == 0  # DRAM-only daemon: the data died with it
-        assert s.commit(NS, keys, payloads(NS, keys)).inserted == 3
-        dst = bytearray(3 * NS.block_bytes)
-        assert s.get_into(NS, keys, dst) == 3
-        assert bytes(dst) == b"".join(payloads(NS, keys).values())
-        assert s.uses_shm and s._staging is not old_segment

@@ -1,0 +1,325 @@
+"""``ClientCore``: everything both daemon clients decide, written once as plans.
+
+State shared by a client's calls lives here: the circuit breaker, the namespaces this
+client registered (so a daemon that restarted and forgot one gets it again instead of
+the engine seeing misuse), and the same-host staging segment (dropped and remapped when
+the daemon no longer knows it). Each public method returns a ``Plan`` (see
+``clients.plan``); ``GrpcStore`` runs it with blocking stubs, ``AsyncGrpcStore`` with
+``grpc.aio`` ones. Every operation has one deadline, shared by all the calls it makes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from clients import codec
+from clients import requests as rq
+from clients.attempts import Attempts
+from clients.breaker import CircuitBreaker
+from clients.config import ClientConfig
+from clients.errors import StagingLost
+from clients.plan import Call, Plan, T
+from clients.proto import kvstore_pb2 as pb
+from clients.shm import Staging, map_segment
+from kvstore.errors import KVStoreError, StoreUnavailable, UnknownNamespace
+from kvstore.keys import Key, Namespace
+from kvstore.tier import CommitResult, LookupResult, StoreStats
+
+_CLOSE_SEGMENT_S = 2.0
+
+
+class ClientCore:
+    """Thread-safe; a plan never holds a lock across a ``yield``, so coroutines of one
+    event loop can interleave plans freely."""
+
+    def __init__(self, config: ClientConfig) -> None:
+        self.config = config
+        self.breaker = CircuitBreaker(config.breaker)
+        self.corrupt_blocks = 0
+        self.closed = False
+        self._registered: dict[bytes, Namespace] = {}
+        self._lock = threading.Lock()
+        self._staging: Staging | None = None
+        # "untried" -> "opening" -> "done"; back to "untried" when the segment is lost or
+        # the daemon could not be asked. Calls racing the first open use the gRPC path.
+        self._staging_state = "done" if config.shm == "off" else "untried"
+
+    # -- plumbing -------------------------------------------------------------------
+    def deadline(self, timeout_s: float | None) -> float:
+        t = self.config.default_timeout_s if timeout_s is None else timeout_s
+        return time.monotonic() + t
+
+    def attempts(self, call: Call) -> Attempts:
+        """The retry bookkeeping of one call (raises at once when the client is closed)."""
+        if self.closed:
+            raise StoreUnavailable("client is closed")
+        return Attempts(self.breaker, self.config, call.deadline_s, retry=call.retry)
+
+    def _reregistering(
+        self, ns: Namespace, deadline: float, make: Callable[[], Plan[T]]
+    ) -> Plan[T]:
+        """Run ``make()``; if the daemon no longer knows a namespace this client registered
+        (it restarted), register it again and run it once more instead of calling it misuse."""
+        try:
+            return (yield from make())
+        except UnknownNamespace:
+            if self._registered.get(ns.fingerprint) != ns:
+                raise
+            yield from self._register(ns, deadline)
+        return (yield from make())
+
+    # -- staging --------------------------------------------------------------------
+    @property
+    def staging(self) -> Staging | None:
+        """The mapped segment, if any (without trying to map one)."""
+        return self._staging
+
+    def staging_area(self) -> Plan[Staging | None]:
+        """The mapped segment, mapping one first if none was tried yet."""
+        with self._lock:
+            if self._staging_state != "untried":
+                return self._staging
+            self._staging_state = "opening"
+        st: Staging | None = None
+        state = "done"
+        try:
+            req = pb.OpenStagingRequest(size_bytes=self.config.shm_bytes)
+            resp = yield Call("OpenStaging", self.deadline(None), req)
+            st = map_segment(resp)
+            if st is None:  # another host: hand the segment back
+                yield from self._close_segment(resp.staging_id)
+        except StoreUnavailable:
+            state = "untried"  # the daemon did not answer: ask again on a later call
+        except KVStoreError:
+            pass  # the daemon offers no staging: the gRPC path from now on
+        finally:
+            with self._lock:
+                if self.closed and st is not None:
+                    st.close()
+                    st = None
+                self._staging, self._staging_state = st, state
+        return st
+
+    def _drop_staging(self, st: Staging) -> None:
+        """The daemon restarted and forgot ``st``: map a fresh segment on the next call.
+        The old mapping is not closed here (other calls may still hold views of it); it
+        goes when the last of them does."""
+        with self._lock:
+            if self._staging is st:
+                self._staging = None
+                self._staging_state = "untried"
+
+    def _close_segment(self, staging_id: int) -> Plan[None]:
+        with contextlib.suppress(KVStoreError):  # the daemon reaps idle segments itself
+            yield Call(
+                "CloseStaging",
+                time.monotonic() + _CLOSE_SEGMENT_S,
+                pb.CloseStagingRequest(staging_id=staging_id),
+                retry=False,
+            )
+
+    def close(self) -> Plan[None]:
+        """Hand the staging segment back; later calls raise ``StoreUnavailable``."""
+        with self._lock:
+            if self.closed:
+                return
+            st, self._staging, self._staging_state = self._staging, None, "done"
+        try:
+            if st is not None:
+                yield from self._close_segment(st.staging_id)
+                st.close()
+        finally:
+            self.closed = True
+
+    # -- KVStore --------------------------------------------------------------------
+    def register(self, ns: Namespace, timeout_s: float | None) -> Plan[None]:
+        return self._register(rq.check_ns(ns), self.deadline(timeout_s))
+
+    def _register(self, ns: Namespace, deadline: float) -> Plan[None]:
+        req = pb.RegisterNamespaceRequest(ns=codec.ns_to_proto(ns))
+        yield Call("RegisterNamespace", deadline, req)
+        self._registered[ns.fingerprint] = ns
+
+    def lookup(
+        self, ns: Namespace, keys: Sequence[Key], timeout_s: float | None, prompt_tokens: int
+    ) -> Plan[LookupResult]:
+        req = pb.LookupRequest(
+            ns=codec.ns_to_proto(rq.check_ns(ns)),
+            keys=codec.check_keys(keys),
+            prompt_tokens=prompt_tokens,
+        )
+        deadline = self.deadline(timeout_s)
+
+        def once() -> Plan[LookupResult]:
+            resp = yield Call("Lookup", deadline, req)
+            return LookupResult(hit_blocks=resp.hit_blocks, tiers=tuple(resp.tiers))
+
+        return self._reregistering(ns, deadline, once)
+
+    def get_into(
+        self, ns: Namespace, keys: Sequence[Key], dst: Any, timeout_s: float | None
+    ) -> Plan[int]:
+        rq.check_ns(ns)
+        keys = codec.check_keys(keys)
+        rows = rq.dst_rows(ns, keys, dst)
+        deadline = self.deadline(timeout_s)
+        if not keys:
+            return _const(0)
+        return self._reregistering(ns, deadline, lambda: self._get_once(ns, keys, rows, deadline))
+
+    def _get_once(
+        self, ns: Namespace, keys: list[Key], rows: memoryview, deadline: float
+    ) -> Plan[int]:
+        st = yield from self.staging_area()
+        if st is not None:
+            got = yield from self._get_staged(st, ns, keys, rows, deadline)
+            if got is not None:
+                return got
+        req = pb.GetRequest(ns=codec.ns_to_proto(ns), keys=keys)
+        reader = yield Call("Get", deadline, req, reader=lambda: rq.GetReader(ns, keys, rows))
+        if reader.corrupt_blocks:
+            with self._lock:
+                self.corrupt_blocks += reader.corrupt_blocks
+        return int(reader.hit)
+
+    def _get_staged(
+        self, st: Staging, ns: Namespace, keys: list[Key], rows: memoryview, deadline: float
+    ) -> Plan[int | None]:
+        """None: this call cannot use the segment (full, or lost): take the gRPC path."""
+        off = st.offset_of(rows)
+        owned = off is None
+        if off is None:
+            off = st.allocator.alloc(len(rows))
+            if off is None:
+                return None
+        try:
+            req = pb.GetStagedRequest(
+                ns=codec.ns_to_proto(ns),
+                keys=keys,
+                staging=pb.StagingRef(staging_id=st.staging_id, offset=off),
+            )
+            try:
+                done = yield Call("GetStaged", deadline, req)
+            except StagingLost:
+                self._drop_staging(st)
+                return None
+            hit = int(done.hit_blocks)
+            if owned and hit:
+                n = hit * ns.block_bytes
+                rows[:n] = st.rows(off, n)
+            return hit
+        finally:
+            if owned:
+                st.allocator.free(off)
+
+    def commit(
+        self,
+        ns: Namespace,
+        keys: Sequence[Key],
+        payloads: Mapping[int, Any],
+        durability: str,
+        timeout_s: float | None,
+    ) -> Plan[CommitResult]:
+        rq.check_ns(ns)
+        keys = codec.check_keys(keys)
+        views = rq.payload_views(ns, keys, payloads)
+        codec.durability_to_proto(durability)
+        deadline = self.deadline(timeout_s)
+        return self._reregistering(
+            ns, deadline, lambda: self._commit_once(ns, keys, views, durability, deadline)
+        )
+
+    def _commit_once(
+        self,
+        ns: Namespace,
+        keys: list[Key],
+        views: dict[int, memoryview],
+        durability: str,
+        deadline: float,
+    ) -> Plan[CommitResult]:
+        st = (yield from self.staging_area()) if views else None
+        if st is not None:
+            res = yield from self._commit_staged(st, ns, keys, views, durability, deadline)
+            if res is not None:
+                return res
+        resp = yield Call(
+            "Commit", deadline, stream=lambda: rq.commit_chunks(ns, keys, views, durability)
+        )
+        return rq.commit_result(resp)
+
+    def _commit_staged(
+        self,
+        st: Staging,
+        ns: Namespace,
+        keys: list[Key],
+        views: dict[int, memoryview],
+        durability: str,
+        deadline: float,
+    ) -> Plan[CommitResult | None]:
+        """None: this call cannot use the segment (full, or lost): take the gRPC path."""
+        bb = ns.block_bytes
+        nbytes = len(views) * bb
+        off = st.offset_of(next(iter(views.values())))
+        contiguous = off is not None and all(
+            st.offset_of(v) == off + j * bb for j, v in enumerate(views.values())
+        )
+        owned = not contiguous
+        if owned:
+            off = st.allocator.alloc(nbytes)
+            if off is None:
+                return None
+        assert off is not None
+        try:
+            if owned:
+                area = st.rows(off, nbytes)
+                for j, v in enumerate(views.values()):
+                    area[j * bb : (j + 1) * bb] = v
+            ref = pb.StagingRef(staging_id=st.staging_id, offset=off)
+            req = rq.staged_commit(ns, keys, views, durability, ref)
+            try:
+                resp = yield Call("CommitStaged", deadline, req)
+            except StagingLost:
+                self._drop_staging(st)
+                return None
+            return rq.commit_result(resp)
+        finally:
+            if owned:
+                st.allocator.free(off)
+
+    def prefetch(self, ns: Namespace, keys: Sequence[Key], timeout_s: float | None) -> Plan[int]:
+        req = pb.PrefetchRequest(ns=codec.ns_to_proto(rq.check_ns(ns)), keys=codec.check_keys(keys))
+        deadline = self.deadline(timeout_s)
+
+        def once() -> Plan[int]:
+            resp = yield Call("Prefetch", deadline, req)
+            return int(resp.top_tier_blocks)
+
+        return self._reregistering(ns, deadline, once)
+
+    def flush(self, timeout_s: float | None) -> Plan[None]:
+        yield Call("Flush", self.deadline(timeout_s), pb.FlushRequest())
+
+    def delete_namespace(self, ns: Namespace, timeout_s: float | None) -> Plan[int]:
+        req = pb.DeleteNamespaceRequest(ns=codec.ns_to_proto(rq.check_ns(ns)))
+        deadline = self.deadline(timeout_s)
+
+        def once() -> Plan[int]:
+            resp = yield Call("DeleteNamespace", deadline, req)
+            return int(resp.deleted_blocks)
+
+        return self._reregistering(ns, deadline, once)
+
+    def stats(self, timeout_s: float | None) -> Plan[StoreStats]:
+        resp = yield Call("Stats", self.deadline(timeout_s), pb.StatsRequest())
+        return rq.stats_from_proto(resp)
+
+
+def _const(value: T) -> Plan[T]:
+    """A plan that makes no call."""
+    if False:
+        yield  # makes this a generator
+    return value
