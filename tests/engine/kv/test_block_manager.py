@@ -1,0 +1,79 @@
+"""Block tables, owners and their references; the pool reported as tier hbm."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine.errors import EngineIntegrityError
+from engine.kv.block_manager import BlockManager
+
+
+def chain(n: int) -> list[bytes]:
+    return [i.to_bytes(16, "big") for i in range(1, n + 1)]
+
+
+def test_full_hit_is_capped_so_the_last_token_is_computed() -> None:
+    bm = BlockManager(8, block_tokens=4, bytes_per_block=64)
+    bm.open("a", [])
+    assert bm.grow("a", 8)
+    bm.cache("a", chain(2), 0, 2)
+    bm.release("a")
+    # 8 tokens = 2 full blocks, but a hit may cover at most (8 - 1) // 4 = 1 of them.
+    assert len(bm.longest_prefix(chain(2), 8)) == 1
+    assert len(bm.longest_prefix(chain(2), 9)) == 2
+    bm.check_integrity()
+
+
+def test_grow_is_all_or_nothing() -> None:
+    bm = BlockManager(3, block_tokens=4, bytes_per_block=64)
+    bm.open("a", [])
+    assert bm.grow("a", 8)
+    assert not bm.grow("a", 13)  # needs 4 blocks, the pool has 3
+    assert len(bm.table("a")) == 2
+    bm.check_integrity()
+
+
+def test_a_held_block_is_not_reused_after_its_sequence_frees_it() -> None:
+    bm = BlockManager(2, block_tokens=4, bytes_per_block=64)
+    bm.open("seq", [])
+    assert bm.grow("seq", 8)
+    held = bm.table("seq")[1:]
+    bm.hold("commit", held)
+    bm.release("seq")
+    assert bm.take("other", 2) is None  # one block is still being copied out
+    other = bm.take("other2", 1)
+    assert other is not None and other[0] is not held[0]
+    bm.release("commit")
+    assert bm.take("third", 1) == held
+    bm.check_integrity()
+
+
+def test_hand_over_moves_references() -> None:
+    bm = BlockManager(4, block_tokens=4, bytes_per_block=64)
+    bm.open("seq", [])
+    loaded = bm.take("load", 2)
+    assert loaded is not None
+    bm.hand_over("load", "seq")
+    assert bm.table("seq") == loaded and not bm.holds("load")
+    bm.check_integrity()
+
+
+def test_integrity_catches_a_reference_without_owner() -> None:
+    bm = BlockManager(2, block_tokens=4, bytes_per_block=64)
+    bm.open("a", [])
+    bm.grow("a", 4)
+    bm.pool.touch(bm.table("a"))  # taken behind the manager's back
+    with pytest.raises(EngineIntegrityError):
+        bm.check_integrity()
+
+
+def test_stats_report_tier_hbm() -> None:
+    bm = BlockManager(4, block_tokens=4, bytes_per_block=100)
+    bm.open("a", [])
+    bm.grow("a", 8)
+    bm.cache("a", chain(2), 0, 2)
+    bm.release("a")
+    bm.open("b", bm.longest_prefix(chain(2), 9), lookup_blocks=2)
+    s = bm.stats()
+    assert s.name == "hbm" and s.capacity_bytes == 400 and s.used_bytes == 200
+    assert s.counters["hit_blocks_total"] == 2 and s.counters["lookup_blocks_total"] == 2
