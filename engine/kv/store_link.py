@@ -1,0 +1,198 @@
+"""The engine's side of a KV store: every store failure is a miss, never an engine error.
+
+``StoreLink`` wraps one ``KVStore`` (DESIGN §5) for one namespace. A store that is
+unreachable, dies mid-run or returns a corrupt block costs misses: the call returns "nothing
+found" (or "nothing stored"), the failure is counted, and the first one of each kind is
+logged as a warning. ``NullStoreLink`` is the ``--kv-store none`` null object: it finds
+nothing and stores nothing, without ever being asked. Methods are called from the loader's
+and the committer's threads; the counters are guarded.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from abc import ABC, abstractmethod
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
+
+from kvstore.errors import BlockError, KVStoreError, StoreUnavailable
+from kvstore.keys import Key, Namespace
+from kvstore.tier import CommitResult, KVStore, LookupResult, StoreStats
+
+log = logging.getLogger("engine.store")
+T = TypeVar("T")
+
+
+class StoreLink(ABC):
+    """Store calls that cannot fail: misses are the only bad news."""
+
+    name: str
+    ns: Namespace
+
+    @property
+    @abstractmethod
+    def enabled(self) -> bool:
+        """Whether admission should ask this store at all."""
+
+    @abstractmethod
+    def lookup(self, keys: Sequence[Key], timeout_s: float) -> LookupResult:
+        """Longest prefix of ``keys`` the store holds (0 when it cannot say)."""
+
+    @abstractmethod
+    def get_into(self, keys: Sequence[Key], dst: Any, timeout_s: float) -> int:
+        """Copy the longest present prefix into ``dst`` rows; blocks copied (0 on failure)."""
+
+    @abstractmethod
+    def commit(
+        self, keys: Sequence[Key], payloads: Mapping[int, Any], timeout_s: float
+    ) -> CommitResult:
+        """Store the given blocks of the chain ``keys``; a failure stores nothing."""
+
+    @abstractmethod
+    def counters(self) -> dict[str, int]:
+        """Calls failed and blocks moved, for the output."""
+
+    def stats(self, timeout_s: float = 2.0) -> StoreStats | None:
+        return None
+
+    @abstractmethod
+    def close(self) -> None:
+        """Flush what the store accepted and release it (idempotent)."""
+
+
+class NullStoreLink(StoreLink):
+    name = "none"
+
+    def __init__(self, ns: Namespace) -> None:
+        self.ns = ns
+
+    @property
+    def enabled(self) -> bool:
+        return False
+
+    def lookup(self, keys: Sequence[Key], timeout_s: float) -> LookupResult:
+        return LookupResult(hit_blocks=0)
+
+    def get_into(self, keys: Sequence[Key], dst: Any, timeout_s: float) -> int:
+        return 0
+
+    def commit(
+        self, keys: Sequence[Key], payloads: Mapping[int, Any], timeout_s: float
+    ) -> CommitResult:
+        return CommitResult(dropped=len(payloads))
+
+    def counters(self) -> dict[str, int]:
+        return {}
+
+    def close(self) -> None:
+        pass
+
+
+class KVStoreLink(StoreLink):
+    def __init__(self, store: KVStore, ns: Namespace, name: str, *, timeout_s: float = 5.0):
+        self.store = store
+        self.ns = ns
+        self.name = name
+        self._lock = threading.Lock()
+        self._counters: Counter[str] = Counter()
+        self._warned: set[str] = set()
+        self._registered = False
+        self._closed = False
+        self._register(timeout_s)
+
+    @property
+    def enabled(self) -> bool:
+        return True
+
+    def _register(self, timeout_s: float) -> bool:
+        """Register the namespace once; a store that cannot take it now is retried before
+        the next call (a daemon that comes back later still gets used)."""
+        if self._registered:
+            return True
+        try:
+            self.store.register(self.ns, timeout_s=timeout_s)
+        except KVStoreError as e:
+            self._failed("register", e)
+            return False
+        self._registered = True
+        return True
+
+    def _failed(self, call: str, err: Exception) -> None:
+        kind = type(err).__name__
+        with self._lock:
+            self._counters["store_errors_total"] += 1
+            self._counters[f"store_errors_{call}"] += 1
+            first = kind not in self._warned
+            self._warned.add(kind)
+        if first:
+            what = "unreachable" if isinstance(err, StoreUnavailable) else "failing"
+            log.warning("kv store %s is %s (%s: %s); its blocks count as misses from now on "
+                        "while it fails", self.name, what, kind, err)
+
+    def _guarded(self, call: str, fn: Callable[[], T], miss: T, timeout_s: float) -> T:
+        if self._closed or not self._register(timeout_s):
+            return miss
+        try:
+            return fn()
+        except BlockError as e:  # a corrupt block: a miss, like any other lost block
+            with self._lock:
+                self._counters["corrupt_blocks_total"] += 1
+            self._failed(call, e)
+            return miss
+        except KVStoreError as e:
+            self._failed(call, e)
+            return miss
+
+    def lookup(self, keys: Sequence[Key], timeout_s: float) -> LookupResult:
+        if not keys:
+            return LookupResult(hit_blocks=0)
+        return self._guarded(
+            "lookup",
+            lambda: self.store.lookup(self.ns, keys, timeout_s=timeout_s),
+            LookupResult(hit_blocks=0),
+            timeout_s,
+        )
+
+    def get_into(self, keys: Sequence[Key], dst: Any, timeout_s: float) -> int:
+        if not keys:
+            return 0
+        got = self._guarded(
+            "get", lambda: self.store.get_into(self.ns, keys, dst, timeout_s=timeout_s), 0,
+            timeout_s,
+        )
+        with self._lock:
+            self._counters["loaded_blocks_total"] += got
+        return got
+
+    def commit(
+        self, keys: Sequence[Key], payloads: Mapping[int, Any], timeout_s: float
+    ) -> CommitResult:
+        res = self._guarded(
+            "commit",
+            lambda: self.store.commit(self.ns, keys, payloads, timeout_s=timeout_s),
+            CommitResult(dropped=len(payloads)),
+            timeout_s,
+        )
+        with self._lock:
+            self._counters["committed_blocks_total"] += res.inserted
+            self._counters["commit_dropped_blocks_total"] += res.dropped
+        return res
+
+    def counters(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self._counters)
+
+    def stats(self, timeout_s: float = 2.0) -> StoreStats | None:
+        return self._guarded("stats", lambda: self.store.stats(timeout_s=timeout_s), None,
+                             timeout_s)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self.store.close()
+        except KVStoreError as e:
+            self._failed("close", e)

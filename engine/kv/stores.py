@@ -1,0 +1,87 @@
+"""``--kv-store`` values to store links: a registry of schemes.
+
+- ``none``: no store; prefix caching in the pool only (``NullStoreLink``).
+- ``embedded[:DIR]``: DRAM plus the SSD engine in this process
+  (``kvstore.embedded.open_embedded``); DIR defaults to a directory under the user's
+  cache dir. One process at a time may open a directory (the SSD engine's lock).
+- ``grpc://HOST:PORT`` / ``grpcs://HOST:PORT``: a running ``kvstore serve``
+  (``clients.sync_client.GrpcStore``).
+
+The namespace is built after the store is open, because its tenant is the one the store's
+token maps to.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from engine.errors import EngineInputError
+from engine.kv.store_link import KVStoreLink, NullStoreLink, StoreLink
+from kvstore.keys import Namespace
+from kvstore.tier import KVStore
+
+
+@dataclass(frozen=True, slots=True)
+class StoreOptions:
+    dram_bytes: int = 1 << 30  # embedded: the DRAM tier
+    ssd_capacity_bytes: int = 8 << 30  # embedded: the SSD tier
+    auth_token_file: str | None = None  # grpc: the bearer token (else $KVSTORE_AUTH_TOKEN)
+    call_timeout_s: float = 5.0
+
+
+def default_store_dir() -> Path:
+    """``$XDG_CACHE_HOME/kvengine/store`` (``~/.cache/kvengine/store``)."""
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "kvengine" / "store"
+
+
+def _open_embedded(arg: str, opts: StoreOptions) -> KVStore:
+    from kvstore.embedded import open_embedded
+
+    path = Path(arg) if arg else default_store_dir()
+    path.mkdir(parents=True, exist_ok=True)
+    return open_embedded(
+        dram_bytes=opts.dram_bytes,
+        ssd_dir=str(path),
+        ssd_capacity_bytes=opts.ssd_capacity_bytes,
+    )
+
+
+def _open_grpc(url: str, opts: StoreOptions) -> KVStore:
+    from clients.sync_client import GrpcStore
+
+    return GrpcStore.from_url(
+        url, token_file=opts.auth_token_file, default_timeout_s=opts.call_timeout_s
+    )
+
+
+def store_tenant(store: KVStore) -> str:
+    """The tenant the store's credentials map to ("" for an embedded store or a daemon
+    without auth). Uses the store's ``tenant()`` call when it has one."""
+    ask: Callable[[], str] | None = getattr(store, "tenant", None)
+    return ask() if callable(ask) else ""
+
+
+def open_store_link(
+    url: str, make_ns: Callable[[str], Namespace], opts: StoreOptions = StoreOptions()
+) -> StoreLink:
+    """Open the store ``url`` names and its link for the namespace ``make_ns(tenant)``."""
+    if url == "none":
+        return NullStoreLink(make_ns(""))
+    if url == "embedded" or url.startswith("embedded:"):
+        name, store = "embedded", _open_embedded(url.partition(":")[2], opts)
+    elif url.startswith(("grpc://", "grpcs://")):
+        name, store = "grpc", _open_grpc(url, opts)
+    else:
+        raise EngineInputError(
+            f"--kv-store {url!r}: expected none, embedded[:DIR] or grpc://HOST:PORT"
+        )
+    try:
+        ns = make_ns(store_tenant(store))
+    except BaseException:
+        store.close()
+        raise
+    return KVStoreLink(store, ns, name, timeout_s=opts.call_timeout_s)

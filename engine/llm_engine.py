@@ -1,0 +1,144 @@
+"""The engine: a model, its paged KV pool, the scheduler and the store behind them.
+
+``LLMEngine`` owns everything a step needs and runs steps on the calling thread; only
+the store transfers run on their own threads (``engine.kv.loader``,
+``engine.kv.committer``). ``close()`` waits for the pending commits, so what one process
+computed is in the store when the next one starts.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterable
+
+import torch
+
+import kernels
+from engine.config import EngineConfig
+from engine.kv.block_manager import BlockManager
+from engine.kv.cache import KVCache, KVCacheShape
+from engine.kv.committer import KVCommitter
+from engine.kv.loader import KVLoader
+from engine.kv.namespace import cached_layers
+from engine.kv.store_link import StoreLink
+from engine.model.base import CausalLM
+from engine.model_runner import ModelRunner
+from engine.sampling_params import SamplingParams
+from engine.scheduler import Scheduler
+from engine.sequence import Sequence
+from kvstore.tier import TierStats
+
+
+def model_device(model: CausalLM) -> torch.device:
+    for p in model.parameters():
+        return p.device
+    return torch.device("cpu")
+
+
+class LLMEngine:
+    def __init__(self, model: CausalLM, config: EngineConfig, link: StoreLink) -> None:
+        spec = model.spec
+        self.model = model
+        self.config = config
+        self.link = link
+        self.ns = link.ns
+        if self.ns.block_tokens != config.block_tokens:
+            raise ValueError("the namespace and the engine disagree on block_tokens")
+        device = model_device(model)
+        self.cache = KVCache(
+            KVCacheShape(
+                num_layers=spec.num_layers,
+                num_blocks=config.num_blocks,
+                block_tokens=config.block_tokens,
+                kv_heads=spec.num_kv_heads,
+                head_dim=spec.head_dim,
+                dtype=spec.dtype,
+            ),
+            device,
+        )
+        self.backend = kernels.resolve_backend(config.attention_backend, device)
+        self.blocks = BlockManager(
+            config.num_blocks, config.block_tokens, self.cache.shape.bytes_per_block
+        )
+        self._progress = threading.Event()
+        layers = cached_layers(spec)
+        self.loader = KVLoader(
+            link, self.cache, layers, self.backend, self._progress, config.store_call_timeout_s
+        )
+        self.committer = KVCommitter(
+            link, self.cache, layers, self.backend, self._progress, config.commit_timeout_s
+        )
+        self.scheduler = Scheduler(
+            config,
+            self.blocks,
+            self.ns,
+            link,
+            self.loader,
+            self.committer,
+            max_context_tokens=spec.max_context_tokens,
+            eos_token_ids=spec.eos_token_ids,
+        )
+        self.runner = ModelRunner(model, self.cache, self.blocks, self.backend)
+        self._closed = False
+
+    # -- requests ---------------------------------------------------------------------
+    def add_request(self, token_ids: Iterable[int], params: SamplingParams) -> Sequence:
+        seq = Sequence(list(token_ids), params)
+        self.scheduler.add(seq)
+        return seq
+
+    @property
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished
+
+    def step(self) -> list[Sequence]:
+        """Run one batch (or, when every admitted request waits on the store, wait for the
+        store briefly). Returns the requests that finished in this step."""
+        self._progress.clear()
+        batch = self.scheduler.schedule()
+        if batch.is_empty:
+            if self.scheduler.has_unfinished:
+                # Loads in flight, or copies out holding the blocks a request needs.
+                self._progress.wait(timeout=0.05)
+            return []
+        sampled = self.runner.run(batch)
+        return self.scheduler.update(batch, sampled)
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Sequence]:
+        """Run ``prompts`` together to completion (continuous batching)."""
+        seqs = [self.add_request(p, params) for p in prompts]
+        while any(not s.is_finished for s in seqs):
+            self.step()
+        return seqs
+
+    def drain(self, timeout_s: float | None = None) -> bool:
+        """Wait until every finished request's commit has reached the store."""
+        ok = self.committer.wait_idle(timeout_s)
+        self.scheduler.poll()
+        return ok
+
+    # -- introspection ----------------------------------------------------------------
+    def hbm_stats(self) -> TierStats:
+        return self.blocks.stats()
+
+    def check_integrity(self) -> None:
+        self.scheduler.check_integrity()
+
+    def close(self) -> None:
+        """Finish pending commits (bounded by ``close_timeout_s``), then stop the threads
+        and close the store (which flushes what it accepted)."""
+        if self._closed:
+            return
+        self._closed = True
+        deadline = time.monotonic() + self.config.close_timeout_s
+        self.drain(max(0.0, deadline - time.monotonic()))
+        self.loader.close()
+        self.committer.close()
+        self.link.close()
+
+    def __enter__(self) -> LLMEngine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,360 @@
+"""Continuous batching over the paged pool, with the store behind it.
+
+Each step the scheduler packs one batch under a token budget: first one token for every
+running sequence that is decoding, then prefill chunks for those still prefilling, then
+new admissions (first come, first served). A sequence that cannot get the blocks for its
+tokens preempts the most recently admitted one (its blocks are freed and it starts over
+later; what it computed stays cached in the pool and is usually a hit then).
+
+Admission takes the pool's longest cached prefix (tier ``hbm``). With a store, the rest
+of the cacheable prefix goes to the background loader (``engine.kv.loader``): the request
+waits in ``loading`` holding the blocks the store's part will land in, while running
+requests keep computing. When the loader is done the request runs from where the copied
+blocks end (only blocks actually copied count); when its deadline passes first, the
+request recomputes instead. A hit never covers the last prompt token (``hit_cap``).
+
+When a request finishes, the blocks of its sequence (prompt and generated tokens) that the
+store is not known to hold go to the background committer (``engine.kv.committer``), which
+keeps them referenced until their bytes are out of the pool.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections import Counter, deque
+from dataclasses import dataclass
+
+from engine.config import EngineConfig
+from engine.errors import ContextTooLong, EngineInputError, EngineIntegrityError, PoolTooSmall
+from engine.kv.block_manager import BlockManager
+from engine.kv.committer import CommitJob, KVCommitter
+from engine.kv.loader import KVLoader, LoadJob
+from engine.kv.store_link import StoreLink
+from engine.sequence import Sequence, SequenceStatus
+from kvstore.keys import Namespace
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduledBatch:
+    """One step's work: prefill chunks (sequence, tokens this step) first, then decodes
+    (one token each), as the model's ``ForwardBatch`` packs them."""
+
+    prefills: tuple[tuple[Sequence, int], ...]
+    decodes: tuple[Sequence, ...]
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(n for _, n in self.prefills) + len(self.decodes)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.prefills and not self.decodes
+
+
+def _owner(seq: Sequence) -> tuple[str, int]:
+    return ("seq", seq.seq_id)
+
+
+class Scheduler:
+    def __init__(
+        self,
+        config: EngineConfig,
+        blocks: BlockManager,
+        ns: Namespace,
+        link: StoreLink,
+        loader: KVLoader,
+        committer: KVCommitter,
+        max_context_tokens: int,
+        eos_token_ids: tuple[int, ...] = (),
+    ) -> None:
+        self.config = config
+        self.blocks = blocks
+        self.ns = ns
+        self.link = link
+        self.loader = loader
+        self.committer = committer
+        self.max_context_tokens = max_context_tokens
+        self.eos_token_ids = frozenset(eos_token_ids)
+        self.waiting: deque[Sequence] = deque()
+        self.loading: dict[int, tuple[Sequence, LoadJob]] = {}
+        self.running: list[Sequence] = []
+        self._job_ids = itertools.count()
+        self.counters: Counter[str] = Counter()
+
+    # -- requests ---------------------------------------------------------------------
+    def add(self, seq: Sequence) -> None:
+        """Queue a request; refuse one that could never run (bad input, exit 2)."""
+        n = seq.num_tokens
+        if n == 0:
+            raise EngineInputError("empty prompt: nothing to generate from")
+        if n > self.max_context_tokens:
+            raise ContextTooLong(
+                f"prompt of {n} tokens exceeds the model's context of "
+                f"{self.max_context_tokens} tokens"
+            )
+        # The last token sampled is never computed: it needs no slot.
+        longest = min(n + seq.params.max_new_tokens - 1, self.max_context_tokens)
+        need = self.blocks.blocks_for(longest)
+        if need > self.blocks.pool.num_blocks:
+            raise PoolTooSmall(
+                f"a prompt of {n} tokens plus {seq.params.max_new_tokens} new ones needs a "
+                f"pool of {need * self.blocks.block_tokens} tokens; it holds "
+                f"{self.blocks.pool.num_blocks * self.blocks.block_tokens} (--pool-tokens)"
+            )
+        self.waiting.append(seq)
+
+    @property
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.loading or self.running)
+
+    @property
+    def waits_on_background(self) -> bool:
+        """Nothing to compute now, but a load or a copy-out will change that."""
+        return bool(self.loading) or self.committer.busy
+
+    # -- one step ---------------------------------------------------------------------
+    def schedule(self) -> ScheduledBatch:
+        self.poll()
+        budget = self.config.max_batched_tokens
+        prefills: list[tuple[Sequence, int]] = []
+        decodes: list[Sequence] = []
+        scheduled: set[int] = set()
+        preemptions = self.counters["preemptions_total"]
+        # Decodes first: a token each keeps every running answer moving while long prompts
+        # prefill in chunks behind them.
+        order = sorted(self.running, key=lambda s: s.num_tokens - s.num_computed_tokens > 1)
+        for seq in order:
+            if budget == 0:
+                break
+            if seq.status is not SequenceStatus.RUNNING:  # preempted earlier in this loop
+                continue
+            n = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            if not self._make_room(seq, seq.num_computed_tokens + n, scheduled):
+                continue
+            scheduled.add(seq.seq_id)
+            budget -= n
+            if n == 1:
+                decodes.append(seq)
+            else:
+                prefills.append((seq, n))
+        # After a preemption this step the pool is short: admitting now would only thrash.
+        preempted = self.counters["preemptions_total"] != preemptions
+        while self.waiting and budget > 0 and not preempted:
+            if len(self.running) + len(self.loading) >= self.config.max_num_seqs:
+                break
+            seq = self.waiting[0]
+            chunk = self._admit(seq, budget)
+            if chunk is None:
+                break  # first come, first served: later requests wait behind this one
+            self.waiting.popleft()
+            if chunk:
+                scheduled.add(seq.seq_id)
+                budget -= chunk
+                if chunk == 1:
+                    decodes.append(seq)
+                else:
+                    prefills.append((seq, chunk))
+        return ScheduledBatch(tuple(prefills), tuple(decodes))
+
+    def _make_room(self, seq: Sequence, num_tokens: int, scheduled: set[int]) -> bool:
+        """Grow ``seq``'s table to ``num_tokens``, preempting the most recently admitted
+        unscheduled sequences as needed. False: it waits this step."""
+        while not self.blocks.grow(_owner(seq), num_tokens):
+            victims = [s for s in self.running if s is not seq and s.seq_id not in scheduled]
+            if not victims:
+                return False
+            self._preempt(victims[-1])
+        return True
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.blocks.release(_owner(seq))
+        self.running.remove(seq)
+        seq.status = SequenceStatus.WAITING
+        seq.num_computed_tokens = 0
+        seq.num_cached_blocks = 0
+        seq.stats.preemptions += 1
+        self.counters["preemptions_total"] += 1
+        seq.stats.reset_admission()
+        self.waiting.appendleft(seq)
+
+    def _admit(self, seq: Sequence, budget: int) -> int | None:
+        """Take the pool's hit and start the store load or the first chunk. Returns the
+        chunk scheduled now (0 while loading), or None when the pool lacks the blocks."""
+        keys = seq.block_keys(self.ns)
+        cap = self.blocks.hit_cap(seq.num_tokens)
+        hit = self.blocks.longest_prefix(keys, seq.num_tokens)
+        revived = sum(1 for b in hit if b.ref_cnt == 0)  # free now, taken by open()
+        free_after_hit = self.blocks.num_free - revived
+        bt = self.blocks.block_tokens
+        if self.link.enabled and len(hit) < cap:
+            n_load = cap - len(hit)
+            if n_load > free_after_hit:
+                return None
+            self.blocks.open(_owner(seq), hit, lookup_blocks=cap)
+            job_owner = ("load", next(self._job_ids))
+            taken = self.blocks.take(job_owner, n_load)
+            if taken is None:  # checked against free_after_hit above
+                raise EngineIntegrityError("pool lost free blocks during admission")
+            job = LoadJob(
+                owner=job_owner,
+                seq_id=seq.seq_id,
+                keys=keys[:cap],
+                first_block=len(hit),
+                block_ids=[b.block_id for b in taken],
+                deadline_s=time.monotonic() + self.config.load_timeout_s,
+            )
+            self._note_hit(seq, "hbm", len(hit))
+            seq.num_cached_blocks = len(hit)
+            seq.status = SequenceStatus.LOADING
+            self.loading[seq.seq_id] = (seq, job)
+            self.loader.submit(job)
+            return 0
+        chunk = min(seq.num_tokens - len(hit) * bt, budget)
+        if self.blocks.blocks_for(len(hit) * bt + chunk) - len(hit) > free_after_hit:
+            return None
+        self.blocks.open(_owner(seq), hit, lookup_blocks=cap)
+        if not self.blocks.grow(_owner(seq), len(hit) * bt + chunk):
+            raise EngineIntegrityError("pool lost free blocks during admission")
+        self._note_hit(seq, "hbm", len(hit))
+        self._start_running(seq, len(hit))
+        return chunk
+
+    def _note_hit(self, seq: Sequence, tier: str, first: int, count: int | None = None) -> None:
+        """Hit tokens of a tier, counted over prompt positions only."""
+        bt, p = self.blocks.block_tokens, seq.num_prompt_tokens
+        start, end = (0, first) if count is None else (first, first + count)
+        seq.stats.hit_tokens[tier] += max(0, min(end * bt, p) - min(start * bt, p))
+
+    def _start_running(self, seq: Sequence, computed_blocks: int) -> None:
+        seq.num_computed_tokens = computed_blocks * self.blocks.block_tokens
+        seq.num_cached_blocks = computed_blocks
+        seq.status = SequenceStatus.RUNNING
+        self.running.append(seq)
+
+    # -- background completions -------------------------------------------------------
+    def poll(self) -> None:
+        """Take in finished loads, give up on late ones, release copied-out blocks."""
+        for job in self.loader.finished():
+            if job.error is not None:
+                raise job.error
+            entry = self.loading.pop(job.seq_id, None)
+            if entry is None or job.cancelled:  # given up on earlier: just free its blocks
+                self.blocks.release(job.owner)
+                continue
+            self._loaded(entry[0], job)
+        now = time.monotonic()
+        for seq_id, (seq, job) in list(self.loading.items()):
+            if now > job.deadline_s and not job.done.is_set():
+                job.cancelled = True  # the loader stops; its blocks go when it reports
+                del self.loading[seq_id]
+                seq.stats.load_gave_up += 1
+                self.counters["loads_given_up_total"] += 1
+                self._start_running(seq, len(self.blocks.table(_owner(seq))))
+        for cjob in self.committer.copied():
+            self.blocks.release(cjob.owner)
+        for cjob in self.committer.committed():
+            if cjob.error is not None:
+                raise cjob.error
+            self._mark_stored(cjob)
+
+    def _loaded(self, seq: Sequence, job: LoadJob) -> None:
+        owner = _owner(seq)
+        hit = len(self.blocks.table(owner))
+        got = job.loaded_blocks
+        self.blocks.hand_over(job.owner, owner)
+        self.blocks.cache(owner, job.keys, hit, hit + got)
+        table = self.blocks.table(owner)
+        for i in range(min(job.store_blocks, hit + got)):
+            if table[i].key == job.keys[i]:
+                table[i].stored = True
+        for j, tier in enumerate(job.tiers):
+            self._note_hit(seq, tier, hit + j, 1)
+        self._start_running(seq, hit + got)
+
+    def _mark_stored(self, job: CommitJob) -> None:
+        res = job.result
+        if res is None:
+            return
+        accepted = res.inserted + res.present  # the store drops a chain's tail, not its head
+        for j, block_id in enumerate(job.block_ids[:accepted]):
+            block = self.blocks.pool.blocks[block_id]
+            if block.key == job.keys[job.first_block + j]:  # not reused since the copy
+                block.stored = True
+
+    # -- after the forward pass -------------------------------------------------------
+    def update(self, batch: ScheduledBatch, sampled: dict[int, int]) -> list[Sequence]:
+        """Advance the scheduled sequences by their tokens, index newly full blocks,
+        append sampled tokens and finish what stops. Returns the finished sequences."""
+        finished: list[Sequence] = []
+        now = time.perf_counter()
+        steps = [*batch.prefills, *((s, 1) for s in batch.decodes)]
+        for seq, n in steps:
+            start = seq.num_computed_tokens
+            seq.num_computed_tokens += n
+            seq.stats.computed_tokens += max(0, min(start + n, seq.num_prompt_tokens) - start)
+            full = seq.num_computed_tokens // self.blocks.block_tokens
+            if full > seq.num_cached_blocks:
+                keys = seq.block_keys(self.ns)
+                self.blocks.cache(_owner(seq), keys, seq.num_cached_blocks, full)
+                seq.num_cached_blocks = full
+            if seq.num_computed_tokens < seq.num_tokens:
+                continue  # a prefill chunk short of the end: no token yet
+            seq.token_ids.append(sampled[seq.seq_id])
+            if seq.stats.first_token_s is None:
+                seq.stats.first_token_s = now
+            seq.stats.last_token_s = now
+            reason = self._stop_reason(seq)
+            if reason is not None:
+                seq.finish_reason = reason
+                self._finish(seq)
+                finished.append(seq)
+        return finished
+
+    def _stop_reason(self, seq: Sequence) -> str | None:
+        if not seq.params.ignore_eos and seq.token_ids[-1] in self.eos_token_ids:
+            return "stop"
+        if len(seq.output_ids) >= seq.params.max_new_tokens:
+            return "length"
+        if seq.num_tokens >= self.max_context_tokens:
+            return "length"
+        return None
+
+    def _finish(self, seq: Sequence) -> None:
+        owner = _owner(seq)
+        self.running.remove(seq)
+        seq.status = SequenceStatus.FINISHED
+        full = seq.num_computed_tokens // self.blocks.block_tokens
+        if self.link.enabled and full:
+            table = self.blocks.table(owner)[:full]
+            known = next((i for i, b in enumerate(table) if not b.stored), full)
+            job_owner = ("commit", next(self._job_ids))
+            self.blocks.hold(job_owner, table[known:])
+            self.committer.submit(
+                CommitJob(
+                    owner=job_owner,
+                    keys=seq.block_keys(self.ns)[:full],
+                    first_block=known,
+                    block_ids=[b.block_id for b in table[known:]],
+                )
+            )
+        self.blocks.release(owner)
+
+    def check_integrity(self) -> None:
+        """The pool's accounting, and each sequence's blocks against its state."""
+        self.blocks.check_integrity()
+        bt = self.blocks.block_tokens
+        for seq in self.waiting:
+            if self.blocks.holds(_owner(seq)) or seq.status is not SequenceStatus.WAITING:
+                raise EngineIntegrityError(f"waiting {seq} holds blocks or has another status")
+        for seq, _job in self.loading.values():
+            if seq.status is not SequenceStatus.LOADING or not self.blocks.holds(_owner(seq)):
+                raise EngineIntegrityError(f"loading {seq} is not loading or holds nothing")
+        for seq in self.running:
+            if seq.status is not SequenceStatus.RUNNING:
+                raise EngineIntegrityError(f"running list holds {seq}")
+            table = self.blocks.table(_owner(seq))
+            if len(table) * bt < seq.num_computed_tokens:
+                raise EngineIntegrityError(f"{seq} computed past its {len(table)} blocks")
+            if seq.num_cached_blocks > seq.num_computed_tokens // bt:
+                raise EngineIntegrityError(f"{seq} indexed blocks it has not computed")

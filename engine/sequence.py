@@ -1,0 +1,102 @@
+"""One request as the engine tracks it: its tokens, how far its KV is computed, where its
+hits came from and when its tokens appeared."""
+
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import dataclass, field
+from enum import Enum
+
+import torch
+
+from engine.sampling_params import SamplingParams
+from kvstore.keys import Key, Namespace, chain_keys
+
+_ids = itertools.count()
+
+TIERS = ("hbm", "dram", "ssd")
+
+
+class SequenceStatus(Enum):
+    WAITING = "waiting"  # not admitted: holds no blocks
+    LOADING = "loading"  # admitted, its cached prefix is being copied in from the store
+    RUNNING = "running"  # admitted, prefilling or decoding
+    FINISHED = "finished"
+
+
+@dataclass
+class SequenceStats:
+    """What one request cost. Hits and computed tokens describe the admission that ran it to
+    the end (a preempted request starts over; ``preemptions`` counts how often)."""
+
+    arrival_s: float = field(default_factory=time.perf_counter)
+    first_token_s: float | None = None
+    last_token_s: float | None = None
+    hit_tokens: dict[str, int] = field(default_factory=lambda: dict.fromkeys(TIERS, 0))
+    computed_tokens: int = 0  # prompt tokens that went through the model
+    preemptions: int = 0
+    load_gave_up: int = 0  # store loads abandoned at their deadline
+
+    @property
+    def ttft_s(self) -> float:
+        return (self.first_token_s or self.arrival_s) - self.arrival_s
+
+    def decode_tokens_per_s(self, num_output_tokens: int) -> float:
+        """Tokens after the first over the time they took (0 when there is no second)."""
+        if self.first_token_s is None or self.last_token_s is None or num_output_tokens < 2:
+            return 0.0
+        span = self.last_token_s - self.first_token_s
+        return (num_output_tokens - 1) / span if span > 0 else 0.0
+
+    def reset_admission(self) -> None:
+        self.hit_tokens = dict.fromkeys(TIERS, 0)
+        self.computed_tokens = 0
+
+
+class Sequence:
+    def __init__(self, token_ids: list[int], params: SamplingParams) -> None:
+        self.seq_id = next(_ids)
+        self.token_ids = list(token_ids)
+        self.num_prompt_tokens = len(token_ids)
+        self.params = params
+        self.status = SequenceStatus.WAITING
+        # Tokens whose K/V are in the pool; the rest are computed by the next steps.
+        self.num_computed_tokens = 0
+        # Leading blocks of this sequence's table already in the pool's prefix index.
+        self.num_cached_blocks = 0
+        self.stats = SequenceStats()
+        self.finish_reason: str | None = None
+        self.generator: torch.Generator | None = None
+        if not params.greedy:
+            self.generator = torch.Generator()
+            self.generator.manual_seed(params.seed if params.seed is not None else self.seq_id)
+        self._keys: list[Key] = []
+        self._keys_ns: Namespace | None = None
+
+    def __repr__(self) -> str:
+        return (f"Sequence({self.seq_id}, {self.status.value}, tokens={len(self.token_ids)}, "
+                f"computed={self.num_computed_tokens})")
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def output_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens :]
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is SequenceStatus.FINISHED
+
+    def block_keys(self, ns: Namespace) -> list[Key]:
+        """Chain keys of every full block of the tokens so far (DESIGN §3): the same keys the
+        store uses, so one chain names a block in the pool and in the store."""
+        n = len(self.token_ids) // ns.block_tokens
+        if ns != self._keys_ns or len(self._keys) != n:
+            # Rehashing from the root when a block fills costs microseconds per block; the
+            # store's key API has no incremental form, and the chain must be its own.
+            self._keys = chain_keys(ns, self.token_ids[: n * ns.block_tokens])
+            self._keys_ns = ns
+        return self._keys

@@ -1,0 +1,133 @@
+"""Engines over the fake model and real stores, and store wrappers that misbehave on cue."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from concurrent.futures import Future
+from typing import Any
+
+from engine.config import EngineConfig
+from engine.kv.namespace import engine_namespace
+from engine.kv.store_link import KVStoreLink, NullStoreLink, StoreLink
+from engine.llm_engine import LLMEngine
+from engine.sampling_params import SamplingParams
+from kvstore.buffers import byte_view
+from kvstore.embedded import open_embedded
+from kvstore.errors import StoreUnavailable
+from kvstore.keys import Key, Namespace
+from kvstore.tier import CommitResult, Durability, KVStore, LookupResult, StoreStats
+from tests.engine.fake_model import FakeModel, fake_spec
+
+BT = 4
+GREEDY = SamplingParams(max_new_tokens=6)
+
+
+def fake_engine(
+    store: KVStore | None = None,
+    *,
+    pool_blocks: int = 64,
+    budget: int = 16,
+    max_seqs: int = 8,
+    load_timeout_s: float = 10.0,
+    context: int = 4096,
+    eos: tuple[int, ...] = (),
+) -> LLMEngine:
+    model = FakeModel(fake_spec(context=context, eos=eos))
+    ns = engine_namespace(model.spec, BT)
+    link: StoreLink = NullStoreLink(ns) if store is None else KVStoreLink(store, ns, "test")
+    config = EngineConfig(
+        pool_tokens=pool_blocks * BT,
+        block_tokens=BT,
+        max_batched_tokens=budget,
+        max_num_seqs=max_seqs,
+        load_timeout_s=load_timeout_s,
+        attention_backend="torch",
+    )
+    return LLMEngine(model, config, link)
+
+
+def dram_store() -> KVStore:
+    return open_embedded(dram_bytes=4 << 20)
+
+
+class WrappedStore(KVStore):
+    """A real store with hooks: ``short_get`` makes ``get_into`` copy at most that many
+    blocks; ``get_delay_s`` stalls it; ``commit_gate`` holds commits until set; ``dead``
+    makes every call raise ``StoreUnavailable``. ``close`` leaves the inner store open."""
+
+    def __init__(self, inner: KVStore) -> None:
+        self.inner = inner
+        self.short_get: int | None = None
+        self.get_delay_s = 0.0
+        self.commit_gate = threading.Event()
+        self.commit_gate.set()
+        self.dead = False
+        self.commits: list[dict[int, bytes]] = []
+
+    def _alive(self) -> None:
+        if self.dead:
+            raise StoreUnavailable("test: store is down")
+
+    def register(self, ns: Namespace, *, timeout_s: float | None = None) -> None:
+        self._alive()
+        self.inner.register(ns, timeout_s=timeout_s)
+
+    def lookup(
+        self, ns: Namespace, keys: Sequence[Key], *, timeout_s: float | None = None
+    ) -> LookupResult:
+        self._alive()
+        return self.inner.lookup(ns, keys, timeout_s=timeout_s)
+
+    def get_into(
+        self, ns: Namespace, keys: Sequence[Key], dst: Any, *, timeout_s: float | None = None
+    ) -> int:
+        self._alive()
+        if self.get_delay_s:
+            time.sleep(self.get_delay_s)
+        got = self.inner.get_into(ns, keys, dst, timeout_s=timeout_s)
+        return got if self.short_get is None else min(got, self.short_get)
+
+    def commit(
+        self,
+        ns: Namespace,
+        keys: Sequence[Key],
+        payloads: Mapping[int, Any],
+        *,
+        durability: Durability = "dram",
+        timeout_s: float | None = None,
+    ) -> CommitResult:
+        self.commit_gate.wait()
+        self._alive()
+        self.commits.append({i: bytes(byte_view(p)) for i, p in payloads.items()})
+        return self.inner.commit(ns, keys, payloads, durability=durability, timeout_s=timeout_s)
+
+    def prefetch(
+        self, ns: Namespace, keys: Sequence[Key], *, timeout_s: float | None = None
+    ) -> Future[int]:
+        return self.inner.prefetch(ns, keys, timeout_s=timeout_s)
+
+    def flush(self, *, timeout_s: float | None = None) -> None:
+        self.inner.flush(timeout_s=timeout_s)
+
+    def delete_namespace(self, ns: Namespace, *, timeout_s: float | None = None) -> int:
+        return self.inner.delete_namespace(ns, timeout_s=timeout_s)
+
+    def stats(self, *, timeout_s: float | None = None) -> StoreStats:
+        return self.inner.stats(timeout_s=timeout_s)
+
+    def close(self) -> None:
+        pass
+
+
+def run_checked(engine: LLMEngine, prompts: list[list[int]], params: SamplingParams = GREEDY):
+    """Generate with an integrity check after every step."""
+    seqs = [engine.add_request(p, params) for p in prompts]
+    steps = 0
+    while any(not s.is_finished for s in seqs):
+        engine.step()
+        engine.check_integrity()
+        steps += 1
+        assert steps < 100_000, "engine made no progress"
+    return seqs

@@ -1,0 +1,151 @@
+"""Loads from and commits to a real store (the embedded DRAM tier), on the fake model whose
+K/V bytes are known: what the store gets and what comes back into the pool are checked."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from engine.sampling_params import SamplingParams
+from tests.engine.engine_harness import (
+    BT,
+    GREEDY,
+    WrappedStore,
+    dram_store,
+    fake_engine,
+    run_checked,
+)
+from tests.engine.fake_model import expected_block, greedy_continuation
+
+LAYERS = 2
+
+
+def prompt(n: int, seed: int = 0) -> list[int]:
+    return [(seed * 17 + i * 3) % 90 + 1 for i in range(n)]
+
+
+@pytest.fixture
+def store():
+    inner = dram_store()
+    yield WrappedStore(inner)
+    inner.close()
+
+
+def payload_k(raw: bytes) -> torch.Tensor:
+    """K of every layer of one stored block, ``[layers, BT]`` (head 0, dim 0)."""
+    t = torch.from_numpy(np.frombuffer(raw, dtype=np.float32).copy())
+    rows = t.view(LAYERS, 2, BT, 1, 4)
+    assert torch.equal(rows[:, 1], -rows[:, 0])  # V is -K in the fake model
+    return rows[:, 0, :, 0, 0]
+
+
+def test_finished_blocks_reach_the_store_in_its_payload_layout(store: WrappedStore) -> None:
+    p = prompt(22)
+    with fake_engine(store) as eng:
+        (s,) = run_checked(eng, [p])
+    tokens = p + s.output_ids
+    full = (len(tokens) - 1) // BT  # the last sampled token has no K/V
+    (commit,) = store.commits
+    assert sorted(commit) == list(range(full))
+    for i, raw in commit.items():
+        assert torch.equal(payload_k(raw), expected_block(tokens, i, BT, LAYERS))
+
+
+def test_a_fresh_engine_loads_the_prefix_from_the_store(store: WrappedStore) -> None:
+    p = prompt(22)
+    with fake_engine(store) as first:
+        (a,) = run_checked(first, [p])
+    follow = p + a.output_ids + prompt(10, 3)
+    with fake_engine(store) as second:
+        (b,) = run_checked(second, [follow])
+        stored = (len(p) + len(a.output_ids) - 1) // BT
+        assert b.stats.hit_tokens == {"hbm": 0, "dram": stored * BT, "ssd": 0}
+        assert b.stats.computed_tokens == len(follow) - stored * BT
+        assert b.output_ids == greedy_continuation(follow, GREEDY.max_new_tokens)
+        # The loaded blocks hold the first engine's K/V, and the commit sent only the rest.
+        keys = b.block_keys(second.ns)
+        for i, block in enumerate(second.blocks.pool.longest_prefix(keys[:stored])):
+            got = torch.stack([second.cache.k[layer][block.block_id, :, 0, 0]
+                               for layer in range(LAYERS)])
+            assert torch.equal(got, expected_block(follow, i, BT, LAYERS))
+    assert min(store.commits[-1]) == stored
+
+
+def test_get_into_returning_fewer_blocks_admits_only_those(store: WrappedStore) -> None:
+    p = prompt(30)
+    with fake_engine(store) as first:
+        run_checked(first, [p])
+    store.short_get = 2
+    with fake_engine(store) as second:
+        (b,) = run_checked(second, [p])
+    assert b.stats.hit_tokens["dram"] == 2 * BT
+    assert b.stats.computed_tokens == len(p) - 2 * BT
+    assert b.output_ids == greedy_continuation(p, GREEDY.max_new_tokens)
+
+
+def test_a_load_past_its_deadline_is_recomputed(store: WrappedStore) -> None:
+    p = prompt(30)
+    with fake_engine(store) as first:
+        run_checked(first, [p])
+    store.get_delay_s = 0.5
+    with fake_engine(store, load_timeout_s=0.1) as second:
+        (b,) = run_checked(second, [p])
+        assert b.stats.load_gave_up == 1
+        assert b.stats.hit_tokens["dram"] == 0 and b.stats.computed_tokens == len(p)
+        assert b.output_ids == greedy_continuation(p, GREEDY.max_new_tokens)
+        time.sleep(0.6)  # the loader finishes its stalled get and hands the blocks back
+        second.drain(5)
+        second.check_integrity()
+        assert all(blk.ref_cnt == 0 for blk in second.blocks.pool.blocks)
+
+
+def test_a_dead_store_costs_misses_and_a_revived_one_is_used_again(
+    store: WrappedStore,
+) -> None:
+    p = prompt(26)
+    store.dead = True
+    with fake_engine(store) as eng:
+        (a,) = run_checked(eng, [p])
+        assert a.output_ids == greedy_continuation(p, GREEDY.max_new_tokens)
+        eng.drain(5)
+        assert eng.link.counters()["store_errors_total"] > 0
+        store.dead = False
+        (b,) = run_checked(eng, [p + a.output_ids + prompt(5, 1)])
+    assert b.stats.hit_tokens["hbm"] > 0  # the pool still serves what it holds
+    assert store.commits  # and the store takes the blocks again once it is back
+
+
+def test_blocks_under_a_pending_copy_are_never_reused(store: WrappedStore) -> None:
+    """A pool of one sequence: request A's commit blocks in the store, so request B's copy
+    waits in the committer's queue holding B's blocks; C needs the whole pool and must wait
+    until B's bytes are out, and the store must then get B's bytes, not C's."""
+    params = SamplingParams(max_new_tokens=4)
+    pa, pb, pc = prompt(29, 1), prompt(29, 2), prompt(29, 3)  # 8 blocks each at the end
+    store.commit_gate.clear()
+    eng = fake_engine(store, pool_blocks=8, budget=64)
+    try:
+        run_checked(eng, [pa], params)
+        (b,) = run_checked(eng, [pb], params)
+        c = eng.add_request(pc, params)
+        for _ in range(50):
+            eng.step()
+            eng.check_integrity()
+        assert c.num_computed_tokens == 0  # B's blocks are still held by its pending copy
+        held = [blk for blk in eng.blocks.pool.blocks if blk.ref_cnt]
+        assert len(held) == 8  # all of B: 29 + 4 tokens, the last has no K/V
+        store.commit_gate.set()
+        while not c.is_finished:
+            eng.step()
+            eng.check_integrity()
+    finally:
+        store.commit_gate.set()  # a failed check above must not leave close() waiting
+        eng.close()
+    assert c.output_ids == greedy_continuation(pc, params.max_new_tokens)
+    tokens_b = pb + b.output_ids
+    commit_b = store.commits[1]
+    assert sorted(commit_b) == list(range(8))
+    for i, raw in commit_b.items():
+        assert torch.equal(payload_k(raw), expected_block(tokens_b, i, BT, LAYERS))
