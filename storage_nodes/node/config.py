@@ -43,12 +43,10 @@ class NodeConfig:
         self.ssd_config()  # the engine's own checks (sizes, slab), before anything is created
 
     def ssd_config(self) -> SSDConfig:
-        # An infinite retention is "never expire": the engine wants a finite number.
-        retention = self.retention_s if self.retention_s != math.inf else 100 * 365 * 86400.0
         return SSDConfig(
             dir=self.dir,
             capacity_bytes=self.capacity_bytes,
-            retention_s=retention,
+            retention_s=self.retention_s,  # inf: never expire (the engine handles it)
             slab_bytes=self.slab_bytes,  # type: ignore[arg-type]  # None: the engine chooses
             io_backend=self.io_backend,
         )

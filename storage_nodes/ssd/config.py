@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -91,8 +92,12 @@ class SSDConfig:
         if self.staging_max_bytes < self.slab_bytes and self.staging_max_bytes < 8 << 20:
             raise SSDConfigError("ssd staging_max_bytes must be at least 8 MiB or one slab")
         for name in ("retention_s", "bucket_s", "touch_flush_s"):
-            if not getattr(self, name) > 0:
-                raise SSDConfigError(f"ssd {name} must be > 0")
+            v = getattr(self, name)
+            # NaN fails ``> 0``; ``inf`` is meaningful only for retention (never expire)
+            if isinstance(v, bool) or not isinstance(v, int | float) or not v > 0:
+                raise SSDConfigError(f"ssd {name} must be a number > 0, got {v!r}")
+            if name != "retention_s" and math.isinf(v):
+                raise SSDConfigError(f"ssd {name} must be finite")
         if self.sweep_interval_s is not None and not self.sweep_interval_s > 0:
             raise SSDConfigError("ssd sweep_interval_s must be > 0 or None (no background sweeper)")
         if self.direct_io not in (None, True, False):
@@ -105,10 +110,14 @@ class SSDConfig:
 
     def bucket_of(self, t: float) -> int:
         """The coarse last-access bucket (DESIGN §6: one minute by default)."""
-        return max(0, int(t // self.bucket_s))
+        b = t // self.bucket_s
+        return 0 if b < 0 else int(b)  # long before the epoch (a huge retention): bucket 0
 
     def expiry_bucket(self, now: float) -> int:
-        """Blocks whose bucket is below this one have been idle longer than retention."""
+        """Blocks whose bucket is below this one have been idle longer than retention.
+        With an infinite retention it is 0: buckets are never negative, nothing expires."""
+        if math.isinf(self.retention_s):
+            return 0
         return self.bucket_of(now - self.retention_s)
 
 
