@@ -13,21 +13,27 @@ Invariants this class keeps, the ones crash safety rests on:
 
 from __future__ import annotations
 
+import logging
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable, Iterable
 from itertools import islice
 
 from kvstore.errors import IntegrityError
 from storage_nodes.ssd.config import SSDConfig, slot_bytes_for
+from storage_nodes.ssd.errors import SSDIOError
 from storage_nodes.ssd.index import Index, Txn
 from storage_nodes.ssd.recency import Recency
-from storage_nodes.ssd.slabs import SlabFiles
+from storage_nodes.ssd.slabs import FULL_ERRNOS, SlabFiles
+
+log = logging.getLogger("storage_nodes.ssd")
 
 Slot = tuple[int, int]  # (slab, slot)
 _REFILL = 1024
 _VICTIM_BATCH = 256
 _EVICT_AHEAD_MAX = 256
+_GROW_RETRY_S = 60.0  # after a slab could not be created for lack of space
 
 
 class SlotAllocator:
@@ -50,6 +56,7 @@ class SlotAllocator:
         self._reserved: set[Slot] = set()
         self._reserved_in: Counter[int] = Counter()
         self._pressure: set[int] = set()  # classes that evicted to make room
+        self._grow_blocked_until = 0.0
         with index.begin() as txn:
             self.slab_class = {s: i.block_bytes for s, i in index.slab_table(txn).items()}
         self._shrink_to_capacity()
@@ -163,10 +170,24 @@ class SlotAllocator:
 
     def _grow(self, block_bytes: int) -> bool:
         free_ids = [s for s in range(self._config.chunks) if s not in self.slab_class]
-        if not free_ids:
+        if not free_ids or time.monotonic() < self._grow_blocked_until:
             return False
         slab = free_ids[0]
-        self._files.create(slab)  # durable before any record names it
+        try:
+            self._files.create(slab)  # durable before any record names it
+        except SSDIOError as e:
+            if e.errno not in FULL_ERRNOS or not self.slab_class:
+                raise
+            # The file system holds fewer slabs than the capacity asked for: keep
+            # working inside the slabs there are (evicting) and retry growth later.
+            self._grow_blocked_until = time.monotonic() + _GROW_RETRY_S
+            log.warning(
+                "SSD %s: file system full at %d slabs (%s); evicting within them",
+                self._config.dir,
+                len(self.slab_class),
+                e,
+            )
+            return False
         with self._index.begin(write=True) as txn:
             self._index.create_slab(txn, slab, block_bytes, self.nslots(block_bytes))
         self.slab_class[slab] = block_bytes

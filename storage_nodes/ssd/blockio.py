@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from kvstore.block import encode_block_into, verify_block
 from kvstore.errors import BlockError
-from storage_nodes.ssd.config import SSDConfig, slot_bytes_for
+from storage_nodes.ssd.config import ALIGN_BYTES, SSDConfig, slot_bytes_for
 from storage_nodes.ssd.errors import SSDIOError
 from storage_nodes.ssd.index import Location
 from storage_nodes.ssd.io_backend import IOBackend, IORequest
@@ -121,6 +121,38 @@ class BlockIO:
         if reqs:
             self._io.read_batch(reqs, landed)
         return failures[min(failures)] if failures else None
+
+    def probe(self, slabs: Sequence[int]) -> str | None:
+        """A degraded tier's health check through the engine's own I/O path: write and
+        sync a page of a probe file, read it back, read the first page of every slab.
+        None when all of it worked, else what failed."""
+        buf = self._staging.acquire((len(slabs) + 1) * ALIGN_BYTES)
+        try:
+            mv = memoryview(buf)
+            page = mv[:ALIGN_BYTES]
+            try:
+                fd = self._files.open_probe()
+            except OSError as e:
+                return f"cannot create a probe file: {e.strerror}"
+            try:
+                w = self._io.write_and_sync([IORequest(fd, 0, page)], [fd])
+                if w[0][0] < 0 or not w[1] or w[1][0] < 0:
+                    return "a probe write or its sync failed"
+                reqs = [IORequest(fd, 0, page)]
+                for j, slab in enumerate(slabs):
+                    try:
+                        sfd = self._files.fd(slab)
+                    except SSDIOError as e:
+                        return str(e)
+                    reqs.append(
+                        IORequest(sfd, 0, mv[(j + 1) * ALIGN_BYTES : (j + 2) * ALIGN_BYTES])
+                    )
+                bad = [-r for r in self._io.read_batch(reqs) if r < 0]
+                return f"reads fail with errno {bad[0]}" if bad else None
+            finally:
+                self._files.drop_probe(fd)
+        finally:
+            self._staging.release(buf)
 
     def write_durable(
         self,

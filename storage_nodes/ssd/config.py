@@ -52,6 +52,7 @@ class SSDConfig:
     staging_max_bytes: int = 64 << 20
     index_map_bytes: int = 64 << 30
     io_error_limit: int = 16
+    probe_interval_s: float = 10.0
     clock: Callable[[], float] = field(default=time.time, compare=False)
     crash_hook: Callable[[str], None] = field(default=no_crash, compare=False, repr=False)
     #: True when ``slab_bytes`` was left to the default: an existing directory's slab
@@ -91,7 +92,7 @@ class SSDConfig:
             raise SSDConfigError(f"ssd queue_depth must be in [1, 4096], got {self.queue_depth}")
         if self.staging_max_bytes < self.slab_bytes and self.staging_max_bytes < 8 << 20:
             raise SSDConfigError("ssd staging_max_bytes must be at least 8 MiB or one slab")
-        for name in ("retention_s", "bucket_s", "touch_flush_s"):
+        for name in ("retention_s", "bucket_s", "touch_flush_s", "probe_interval_s"):
             v = getattr(self, name)
             # NaN fails ``> 0``; ``inf`` is meaningful only for retention (never expire)
             if isinstance(v, bool) or not isinstance(v, int | float) or not v > 0:

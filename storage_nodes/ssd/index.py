@@ -178,6 +178,10 @@ class Index:
     def set_seq_high_water(self, txn: Txn, seq: int) -> None:
         txn.put(b"seq", str(seq).encode(), db=self.meta)
 
+    def note_probe(self, txn: Txn, t: float) -> None:
+        """A degraded tier's probe: proves the index takes a write again."""
+        txn.put(b"probe", repr(t).encode(), db=self.meta)
+
     # -- slabs ----------------------------------------------------------------------
     def slab_table(self, txn: Txn) -> dict[int, SlabInfo]:
         return {_U32.unpack(k)[0]: SlabInfo(*_SLAB.unpack(v)) for k, v in txn.cursor(db=self.slabs)}

@@ -13,6 +13,8 @@ import mmap
 import os
 import resource
 import threading
+from contextlib import suppress
+from dataclasses import dataclass
 from pathlib import Path
 
 from storage_nodes.ssd.config import ALIGN_BYTES
@@ -56,7 +58,11 @@ class SlabFiles:
         self.dir = Path(directory) / "slabs"
         self.dir.mkdir(parents=True, exist_ok=True)
         self.slab_bytes = slab_bytes
-        supported = probe_direct_io(self.dir)
+        probe = probe_io(self.dir)
+        supported = probe.direct
+        #: False when the file system refused a 4 KiB write at open (a full disk): the
+        #: tier then starts read-only and probes until writes are accepted again.
+        self.room_at_open = probe.room
         if direct_io is True and not supported:
             raise SSDConfigError(f"O_DIRECT is refused by the file system under {self.dir}")
         self.direct = supported if direct_io is None else direct_io
@@ -71,14 +77,21 @@ class SlabFiles:
         return os.O_RDWR | os.O_CLOEXEC | (os.O_DIRECT if self.direct else 0)
 
     def create(self, slab: int) -> None:
-        """Create (or recycle an orphan of a crash) and preallocate; durable on return."""
+        """Create (or recycle an orphan of a crash) and preallocate; durable on return.
+        A failure removes the file: a preallocation cut short by a full disk would
+        otherwise keep the blocks it got, and the disk stays full across restarts. Only
+        slabs no index record names are ever created, so removing one loses nothing."""
+        path = self.path(slab)
         try:
-            fd = os.open(self.path(slab), self._flags() | os.O_CREAT, 0o644)
+            fd = os.open(path, self._flags() | os.O_CREAT, 0o644)
             try:
                 os.posix_fallocate(fd, 0, self.slab_bytes)
                 os.fsync(fd)
             except BaseException:
                 os.close(fd)
+                with suppress(OSError):
+                    path.unlink(missing_ok=True)
+                    _fsync_dir(self.dir)
                 raise
             _fsync_dir(self.dir)
         except OSError as e:
@@ -109,6 +122,15 @@ class SlabFiles:
             self._fds[slab] = fd
             return fd
 
+    def open_probe(self) -> int:
+        """A scratch file beside the slabs, opened as they are (a degraded tier's probe)."""
+        return os.open(self.dir / ".probe", self._flags() | os.O_CREAT, 0o644)
+
+    def drop_probe(self, fd: int) -> None:
+        os.close(fd)
+        with suppress(OSError):
+            (self.dir / ".probe").unlink(missing_ok=True)
+
     def size_of(self, slab: int) -> int:
         try:
             return self.path(slab).stat().st_size
@@ -130,25 +152,57 @@ def _allow_open_files(n: int) -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, cap), hard))
 
 
-def probe_direct_io(directory: Path) -> bool:
-    """Whether aligned O_DIRECT I/O works here (tmpfs refuses the open with EINVAL)."""
-    probe = Path(directory) / ".direct-probe"
+FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+
+
+@dataclass(frozen=True, slots=True)
+class IOProbe:
+    """What a directory's file system allows: aligned O_DIRECT I/O (``direct``), and
+    whether it takes a new 4 KiB write at all (``room``: False on a full disk)."""
+
+    direct: bool
+    room: bool
+
+
+def probe_io(directory: Path) -> IOProbe:
+    """Write, sync and read back 4 KiB in a probe file, with O_DIRECT where the open
+    accepts it (tmpfs refuses it with EINVAL). A full disk is an answer, never an error:
+    O_DIRECT is then assumed from the open alone, and ``room`` is False."""
+    direct = _probe_once(Path(directory), os.O_DIRECT)
+    if direct is False:
+        room = _probe_once(Path(directory), 0) is not None
+        return IOProbe(direct=False, room=room)
+    return IOProbe(direct=True, room=direct is not None)
+
+
+def _probe_once(directory: Path, flags: int) -> bool | None:
+    """True: the open, write, sync and read worked; False: refused (not for lack of
+    space); None: the file system is full."""
+    probe = directory / ".direct-probe"
     buf = mmap.mmap(-1, ALIGN_BYTES)
+    view = memoryview(buf)
     try:
-        fd = os.open(probe, os.O_RDWR | os.O_CREAT | os.O_DIRECT | os.O_CLOEXEC, 0o644)
-    except OSError:
-        return False
-    try:
-        view = memoryview(buf)
-        ok = os.pwritev(fd, [view], 0) == ALIGN_BYTES and os.preadv(fd, [view], 0) == ALIGN_BYTES
+        fd = os.open(probe, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | flags, 0o644)
+    except OSError as e:
         view.release()
-        return ok
-    except OSError:
-        return False
+        buf.close()
+        return None if e.errno in FULL_ERRNOS else False
+    try:
+        ok = os.pwritev(fd, [view], 0) == ALIGN_BYTES
+        os.fdatasync(fd)
+        return ok and os.preadv(fd, [view], 0) == ALIGN_BYTES
+    except OSError as e:
+        return None if e.errno in FULL_ERRNOS else False
     finally:
         os.close(fd)
         probe.unlink(missing_ok=True)
+        view.release()  # before close: an exported view would make close() raise
         buf.close()
+
+
+def probe_direct_io(directory: Path) -> bool:
+    """Whether aligned O_DIRECT I/O works here."""
+    return probe_io(directory).direct
 
 
 def _fsync_dir(path: Path) -> None:

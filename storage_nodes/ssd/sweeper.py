@@ -41,7 +41,8 @@ def sweep_expired(config: SSDConfig, index: Index, recency: Recency) -> int:
 
 
 class Maintenance:
-    """A daemon thread: flush touches when a batch is due, sweep every interval.
+    """A daemon thread: flush touches when a batch is due, sweep every interval, probe a
+    degraded directory every ``probe_interval_s``.
 
     Scheduling uses the monotonic clock; *what* is expired uses the config's clock."""
 
@@ -51,18 +52,26 @@ class Maintenance:
         flush: Callable[[], None],
         sweep: Callable[[], int],
         touches_due: Callable[[], bool],
+        probe_if_due: Callable[[], None],
     ) -> None:
         self._config = config
         self._flush, self._sweep, self._due = flush, sweep, touches_due
+        self._probe = probe_if_due
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="ssd-maintenance", daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
-        tick = min(self._config.touch_flush_s, self._config.sweep_interval_s or 1.0, 1.0)
+        tick = min(
+            self._config.touch_flush_s,
+            self._config.sweep_interval_s or 1.0,
+            self._config.probe_interval_s,
+            1.0,
+        )
         next_sweep = time.monotonic() + (self._config.sweep_interval_s or float("inf"))
         while not self._stop.wait(tick):
             try:
+                self._probe()
                 if self._due():
                     self._flush()
                 if time.monotonic() >= next_sweep:

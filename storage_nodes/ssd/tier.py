@@ -10,9 +10,9 @@ raising into the caller; misuse raises ``ValueError`` subclasses as the contract
 
 from __future__ import annotations
 
-import errno
 import logging
 import threading
+import time
 from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
@@ -29,6 +29,7 @@ from storage_nodes.ssd.allocator import SlotAllocator
 from storage_nodes.ssd.blockio import BlockIO, ReadFailure
 from storage_nodes.ssd.config import SSDConfig, slot_bytes_for
 from storage_nodes.ssd.errors import SSDConfigError, SSDIOError
+from storage_nodes.ssd.health import Health
 from storage_nodes.ssd.index import Index
 from storage_nodes.ssd.io_backend import IOBackend, make_backend
 from storage_nodes.ssd.lock import DirLock
@@ -40,7 +41,6 @@ from storage_nodes.ssd.sweeper import Maintenance, sweep_expired
 from storage_nodes.ssd.writer import GroupCommit
 
 log = logging.getLogger("storage_nodes.ssd")
-_MODES = ("ok", "read-only", "off")
 _COUNTERS = (
     "puts",
     "gets",
@@ -55,9 +55,9 @@ _COUNTERS = (
     "io_errors_total",
     "read_races",
     "slab_handovers",
+    "recoveries",
 )
 _STORE_ERRORS = (SSDIOError, lmdb.Error, OSError)
-_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 
 
 class SSDTier(Tier):
@@ -70,7 +70,7 @@ class SSDTier(Tier):
         self._counts: Counter[str] = Counter(dict.fromkeys(_COUNTERS, 0))
         self._counts_lock = threading.Lock()
         self._namespaces: dict[bytes, Namespace] = {}
-        self._mode = "ok"
+        self._health = Health(str(config.dir), config.io_error_limit, config.probe_interval_s)
         self._closed = False
         self._inflight = 0
         self._gate = threading.Condition()
@@ -104,8 +104,12 @@ class SSDTier(Tier):
                 res.close()
             self._dirlock.release()
             raise
+        if not self._files.room_at_open:
+            self._health.degrade("read-only", "the file system refused a 4 KiB write at open")
         if config.sweep_interval_s is not None:
-            self._maint = Maintenance(config, self.flush_touches, self.sweep, self._recency.due)
+            self._maint = Maintenance(
+                config, self.flush_touches, self.sweep, self._recency.due, self._probe_if_due
+            )
 
     # -- plumbing ---------------------------------------------------------------------
     @property
@@ -115,7 +119,11 @@ class SSDTier(Tier):
     @property
     def mode(self) -> str:
         """``ok``, ``read-only`` (writes failed: puts drop) or ``off`` (every call misses)."""
-        return self._mode
+        return self._health.mode
+
+    @property
+    def _mode(self) -> str:
+        return self._health.mode
 
     @contextmanager
     def _op(self) -> Iterator[None]:
@@ -143,15 +151,9 @@ class SSDTier(Tier):
             self._counts[name] += n
             return self._counts[name]
 
-    def _degrade(self, mode: str, why: BaseException | str) -> None:
-        if _MODES.index(mode) > _MODES.index(self._mode):
-            self._mode = mode
-            log.error("SSD tier %s degraded to %s: %s", self.config.dir, mode, why)
-
     def _store_failed(self, e: BaseException, *, writing: bool) -> None:
         self._inc("io_errors_total")
-        full = isinstance(e, lmdb.MapFullError) or getattr(e, "errno", 0) in _FULL
-        self._degrade("read-only" if writing or full else "off", e)
+        self._health.store_failed(e, writing=writing)
 
     def _class_of(self, ns: Namespace) -> int:
         if self._namespaces.get(ns.fingerprint) != ns:
@@ -214,9 +216,8 @@ class SSDTier(Tier):
 
     def _read_failed(self, fkey: bytes, f: ReadFailure) -> None:
         if f.errno:
-            errors = self._inc("io_errors_total")
-            if errors >= self.config.io_error_limit:
-                self._degrade("off", f"{errors} I/O errors")
+            self._inc("io_errors_total")
+            self._health.read_error()
         reason = (f"errno {f.errno}" if f.errno else type(f.error).__name__).encode()
         if not self._view.quarantine(fkey, f.loc, reason):
             self._inc("read_races")
@@ -290,10 +291,13 @@ class SSDTier(Tier):
         self._flush_if_due()
 
     def _flush_if_due(self) -> None:
-        """Without a maintenance thread, callers flush a due batch of touches themselves."""
-        if self._maint is None and self._recency.due():
-            with suppress(StoreUnavailable):  # closing: close() flushes what is pending
-                self.flush_touches()
+        """Without a maintenance thread, callers flush a due batch of touches (and probe
+        a degraded directory) themselves."""
+        if self._maint is None:
+            if self._recency.due():
+                with suppress(StoreUnavailable):  # closing: close() flushes what is pending
+                    self.flush_touches()
+            self._probe_if_due()
 
     def delete_namespace(self, ns: Namespace) -> int:
         with self._op():
@@ -310,6 +314,27 @@ class SSDTier(Tier):
             return self._view.keys_of(ns.fingerprint)
 
     # -- maintenance ------------------------------------------------------------------
+    def probe(self) -> str:
+        """A degraded tier checks whether the directory works again (a synced write, an
+        index write, a read of every slab) and returns to ``ok`` if so; returns the mode.
+        Runs on its own every ``probe_interval_s`` while degraded."""
+        with self._op():
+            if self._health.try_recover(self._probe_checks):
+                self._inc("recoveries")
+            return self._health.mode
+
+    def _probe_checks(self) -> str | None:
+        why = self._blocks.probe(sorted(self._alloc.slab_class))
+        if why is None:
+            with self._index.begin(write=True) as txn:
+                self._index.note_probe(txn, time.time())
+        return why
+
+    def _probe_if_due(self) -> None:
+        if self._health.probe_due():
+            with suppress(StoreUnavailable):
+                self.probe()
+
     def flush_touches(self) -> None:
         """Write pending recency updates now (normally batched, DESIGN §6)."""
         with self._op():

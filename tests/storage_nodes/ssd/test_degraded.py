@@ -33,12 +33,58 @@ def test_enospc_on_write_turns_read_only(open_tier, caplog) -> None:
     assert t.contains(ns, b) == 0
     assert verify_all(t, ns) == 10  # reads still served
     t.io_backend.write_errno = None
-    assert t.put(ns, b, rows(ns, b)).dropped == 5  # stays read-only until reopened
+    assert t.put(ns, b, rows(ns, b)).dropped == 5  # read-only until a probe succeeds
+    assert t.probe() == "ok"  # the disk takes writes again: back to ok, counted
+    assert t.stats().counters["recoveries"] == 1 and t.stats().counters["degraded"] == 0
+    assert t.put(ns, b, rows(ns, b)).inserted == 5
+    assert verify_all(t, ns) == 15
     t.check_integrity()
     t.close()
     t = open_tier()
     t.register(ns)
-    assert t.stats().info["mode"] == "ok" and verify_all(t, ns) == 10
+    assert t.stats().info["mode"] == "ok" and verify_all(t, ns) == 15
+
+
+def test_probe_keeps_a_still_failing_tier_degraded(open_tier) -> None:
+    ns = small_ns()
+    t = open_tier(io_backend="faulty", io_error_limit=2)
+    t.register(ns)
+    k = chain(ns, 4)
+    t.put(ns, k, rows(ns, k))
+    t.io_backend.read_errno = errno.EIO
+    dst = bytearray(4 * ns.block_bytes)
+    # each failed read quarantines the block it failed on: the next read starts after it
+    assert t.get_into(ns, k, dst) == 0 and t.get_into(ns, k[1:], dst[: 3 * ns.block_bytes]) == 0
+    assert t.mode == "off"
+    assert t.probe() == "off"  # slab reads still fail: no recovery
+    assert t.stats().counters["recoveries"] == 0
+    t.io_backend.read_errno = None
+    assert t.probe() == "ok"
+    rest = k[2:]
+    got = bytearray(2 * ns.block_bytes)
+    assert t.get_into(ns, rest, got) == 2 and bytes(got) == rows(ns, rest)
+    # the error budget starts again after a recovery: one new error is not "off"
+    t.io_backend.read_errno = errno.EIO
+    assert t.get_into(ns, rest, got) == 0 and t.mode == "ok"
+    t.check_integrity()
+
+
+def test_background_probe_recovers_without_calls(open_tier) -> None:
+    import time
+
+    ns = small_ns()
+    t = open_tier(io_backend="faulty", sweep_interval_s=60.0, probe_interval_s=0.05)
+    t.register(ns)
+    t.io_backend.sync_errno = errno.EIO
+    k = chain(ns, 3)
+    assert t.put(ns, k, rows(ns, k)).dropped == 3 and t.mode == "read-only"
+    time.sleep(0.3)
+    assert t.mode == "read-only"  # probes ran and failed: syncs still fail
+    t.io_backend.sync_errno = None
+    deadline = time.monotonic() + 10
+    while t.mode != "ok" and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert t.mode == "ok" and t.put(ns, k, rows(ns, k)).inserted == 3
 
 
 def test_disk_filling_mid_batch_publishes_nothing_of_it(open_tier) -> None:
