@@ -19,6 +19,19 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 REPO = Path(__file__).resolve().parent.parent
 
 
+def pytest_report_header(config: pytest.Config) -> str:
+    from tests.io_backends import report_header
+
+    return report_header()
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """The header is hidden by ``-q`` (our addopts): say the backends at the end too."""
+    from tests.io_backends import report_header
+
+    terminalreporter.write_line(report_header())
+
+
 def traces_dir() -> Path | None:
     """The sample traces: $KVSTORE_TRACES_DIR, else ../shared/traces beside the repo."""
     env = os.environ.get("KVSTORE_TRACES_DIR")

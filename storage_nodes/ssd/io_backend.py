@@ -143,7 +143,7 @@ def _make_uring(queue_depth: int) -> IOBackend:
 def _make_auto(queue_depth: int) -> IOBackend:
     try:
         return _make_uring(queue_depth)
-    except (OSError, ImportError):
+    except OSError:  # the kernel refuses io_uring; a broken liburing install raises
         return PreadBackend(queue_depth)
 
 
@@ -182,9 +182,10 @@ def make_backend(name: str, queue_depth: int) -> IOBackend:
 
 
 def uring_available() -> bool:
-    """Whether ``io_uring_queue_init`` works here (tests skip the uring variant if not)."""
+    """Whether ``io_uring_queue_init`` works here. ``liburing`` is a dependency, so an
+    ImportError (a broken install) propagates instead of reading as "not available"."""
     try:
         _make_uring(1).close()
         return True
-    except (OSError, ImportError):
+    except OSError:
         return False

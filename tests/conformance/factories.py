@@ -86,18 +86,25 @@ def _ssd_tier(backend: str) -> TierFactory:
     def make(tmp: Path, capacity_bytes: int) -> tuple[Tier, Callable[[], None]]:
         from storage_nodes.ssd import SSDConfig, SSDTier
 
-        tier = SSDTier(SSDConfig(dir=tmp / f"ssd-{backend}", capacity_bytes=capacity_bytes,
-                                 slab_bytes=capacity_bytes // 4, io_backend=backend,
-                                 sweep_interval_s=None, index_map_bytes=1 << 30))
+        tier = SSDTier(
+            SSDConfig(
+                dir=tmp / f"ssd-{backend}",
+                capacity_bytes=capacity_bytes,
+                slab_bytes=capacity_bytes // 4,
+                io_backend=backend,
+                sweep_interval_s=None,
+                index_map_bytes=1 << 30,
+            )
+        )
         return tier, tier.close
 
     return make
 
 
 def _ssd_backends() -> list[str]:
-    from storage_nodes.ssd.io_backend import uring_available
+    from tests.io_backends import backends_here
 
-    return (["uring"] if uring_available() else []) + ["pread"]
+    return backends_here()
 
 
 # The SSD engine on each I/O backend it can use here (io_uring where the kernel allows).

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from storage_nodes.ssd import SSDTier
-from storage_nodes.ssd.io_backend import uring_available
+from tests.io_backends import skip_without_uring
 from tests.storage_nodes.ssd.helpers import FakeClock, make_config
 
 BACKENDS = ["uring", "pread"]
@@ -15,8 +15,8 @@ BACKENDS = ["uring", "pread"]
 
 @pytest.fixture(params=BACKENDS)
 def backend(request: pytest.FixtureRequest) -> str:
-    if request.param == "uring" and not uring_available():
-        pytest.skip("io_uring is not available on this kernel / in this sandbox")
+    if request.param == "uring":
+        skip_without_uring()
     return str(request.param)
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from storage_nodes.ssd import CRASH_POINTS, SimulatedCrash, SSDTier
-from storage_nodes.ssd.io_backend import uring_available
+from tests.io_backends import backends_here
 from tests.storage_nodes.ssd.helpers import SLAB, chain, make_config, rows, small_ns, verify_all
 
 REPO = Path(__file__).resolve().parents[3]
@@ -91,7 +91,7 @@ os._exit(0)
 
 @pytest.mark.parametrize("point", CRASH_POINTS)
 def test_crash_point_process_exit(tmp_path: Path, point: str) -> None:
-    backend = "uring" if uring_available() else "pread"
+    backend = backends_here()[0]
     d = tmp_path / "ssd"
     p = subprocess.run(
         [sys.executable, "-c", _CHILD, str(d), backend, point],

@@ -14,14 +14,15 @@ import pytest
 from storage_nodes.ssd import SSDConfigError
 from storage_nodes.ssd.io_backend import BACKENDS, IORequest, make_backend, uring_available
 from storage_nodes.ssd.slabs import probe_direct_io
+from tests.io_backends import skip_without_uring
 
 ALL = ["uring", "pread", "crashsim", "faulty"]
 
 
 @pytest.fixture(params=ALL)
 def any_backend(request: pytest.FixtureRequest):
-    if request.param == "uring" and not uring_available():
-        pytest.skip("io_uring unavailable here")
+    if request.param == "uring":
+        skip_without_uring()
     b = make_backend(request.param, 4)
     yield b
     b.close()
@@ -85,8 +86,7 @@ def test_registry() -> None:
 
 
 def test_uring_batch_is_one_submission(tmp_path: Path) -> None:
-    if not uring_available():
-        pytest.skip("io_uring unavailable here")
+    skip_without_uring()
     from storage_nodes.ssd import SSDTier
     from tests.storage_nodes.ssd.helpers import chain, make_config, rows, small_ns
 
@@ -108,7 +108,7 @@ def test_refused_direct_io_is_reported(tmp_path: Path, monkeypatch: pytest.Monke
     from storage_nodes.ssd import SSDTier
     from tests.storage_nodes.ssd.helpers import chain, make_config, rows, small_ns, verify_all
 
-    monkeypatch.setattr(slabs, "probe_direct_io", lambda d: False)
+    monkeypatch.setattr(slabs, "probe_io", lambda d: slabs.IOProbe(direct=False, room=True))
     ns = small_ns()
     t = SSDTier(make_config(tmp_path / "ssd"))
     t.register(ns)
@@ -122,8 +122,8 @@ def test_refused_direct_io_is_reported(tmp_path: Path, monkeypatch: pytest.Monke
         SSDTier(make_config(tmp_path / "ssd", direct_io=True))
 
 
-@pytest.mark.skipif(not uring_available(), reason="io_uring is refused on this kernel")
 def test_uring_pins_a_bounded_set_of_buffers(tmp_path: Path) -> None:
+    skip_without_uring()
     # liburing's Iovec never releases the buffers it is given; the backend must reuse one
     # per region, so steady-state I/O over reused staging memory pins nothing new.
     from storage_nodes.ssd import uring
@@ -146,3 +146,34 @@ def test_uring_pins_a_bounded_set_of_buffers(tmp_path: Path) -> None:
     assert len(uring._IOVECS) == pinned
     os.close(fd)
     backend.close()
+
+
+def test_broken_liburing_is_an_error_not_a_fallback(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A missing or broken binding is a broken install: it must fail loudly, not turn
+    every io_uring test into a skip and the engine into pread without a word."""
+    import sys
+
+    from storage_nodes.ssd import io_backend
+
+    monkeypatch.setitem(sys.modules, "liburing", None)  # import liburing -> ImportError
+    monkeypatch.delitem(sys.modules, "storage_nodes.ssd.uring", raising=False)
+    with pytest.raises(ImportError):
+        io_backend.uring_available()
+    with pytest.raises(ImportError):
+        make_backend("auto", 4)
+
+
+def test_required_uring_turns_the_skip_into_a_failure(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests import io_backends
+
+    monkeypatch.setattr(io_backends, "uring_available", lambda: False)
+    monkeypatch.delenv(io_backends.REQUIRE_ENV, raising=False)
+    with pytest.raises(pytest.skip.Exception):
+        io_backends.skip_without_uring()
+    assert io_backends.backends_here() == ["pread"]
+    assert "pread only" in io_backends.report_header()
+    monkeypatch.setenv(io_backends.REQUIRE_ENV, "1")
+    with pytest.raises(pytest.fail.Exception, match="KVSTORE_REQUIRE_URING=1"):
+        io_backends.skip_without_uring()
+    assert io_backends.backends_here() == ["uring", "pread"]  # uring cases run and fail
+    assert "skips are failures" in io_backends.report_header()

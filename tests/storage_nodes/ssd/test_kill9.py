@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from storage_nodes.ssd import SSDTier
-from storage_nodes.ssd.io_backend import uring_available
+from tests.io_backends import backends_here
 from tests.storage_nodes.ssd.helpers import SLAB, make_config, small_ns, verify_all
 
 REPO = Path(__file__).resolve().parents[3]
@@ -34,7 +34,7 @@ def test_sigkill_writer(tmp_path: Path, evicting: bool) -> None:
     acked_path = tmp_path / "acked"
     cap = (2 if evicting else 16) * SLAB  # 16 salts x 32 blocks fit in 16 slabs
     rng = random.Random(20240 + evicting)
-    backends = ["uring", "pread"] if uring_available() else ["pread"]
+    backends = backends_here()
     for i in range(KILLS):
         backend = backends[i % len(backends)]
         args = [
