@@ -102,3 +102,13 @@ def self_signed_cert(directory: Path) -> tuple[Path, Path]:
         capture_output=True,
     )
     return cert, key
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _stop_dfs_clusters():
+    """Loopback distributed file systems started by tests (tests/dfs) end with the
+    session: lazy unmounts first, then every server by PID."""
+    yield
+    from tests.dfs.cluster import stop_all
+
+    stop_all()
