@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import struct
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import xxhash
@@ -68,14 +69,17 @@ def make_header(
     key: bytes,
     payload: bytes | bytearray | memoryview,
     created_at_us: int | None = None,
+    checksum: int | None = None,
 ) -> BlockHeader:
+    """The header of ``payload``. ``checksum`` is the xxh3-64 made when the block was first
+    committed, carried with it since (DESIGN §4: end to end); ``None`` computes it now."""
     if len(fingerprint) != 16 or len(key) != 16:
         raise ValueError("fingerprint and key must be 16 bytes each")
     return BlockHeader(
         fingerprint=bytes(fingerprint),
         key=bytes(key),
         payload_len=len(memoryview(payload).cast("B")),
-        checksum=payload_checksum(payload),
+        checksum=payload_checksum(payload) if checksum is None else checksum,
         created_at_us=now_us() if created_at_us is None else created_at_us,
     )
 
@@ -85,9 +89,11 @@ def encode_block(
     key: bytes,
     payload: bytes | bytearray | memoryview,
     created_at_us: int | None = None,
+    checksum: int | None = None,
 ) -> bytes:
     """Header + payload as one ``bytes`` (the wire and on-disk encoding)."""
-    return make_header(fingerprint, key, payload, created_at_us).pack() + bytes(payload)
+    header = make_header(fingerprint, key, payload, created_at_us, checksum)
+    return header.pack() + bytes(payload)
 
 
 def encode_block_into(
@@ -96,13 +102,14 @@ def encode_block_into(
     key: bytes,
     payload: bytes | bytearray | memoryview,
     created_at_us: int | None = None,
+    checksum: int | None = None,
 ) -> int:
     """Encode into ``out`` (at least 64 + len(payload) bytes); returns the bytes written."""
     pl = memoryview(payload).cast("B")
     total = HEADER_BYTES + len(pl)
     if len(out) < total:
         raise ValueError(f"output buffer of {len(out)} bytes cannot hold a {total}-byte block")
-    out[:HEADER_BYTES] = make_header(fingerprint, key, pl, created_at_us).pack()
+    out[:HEADER_BYTES] = make_header(fingerprint, key, pl, created_at_us, checksum).pack()
     out[HEADER_BYTES:total] = pl
     return total
 
@@ -122,18 +129,21 @@ def decode_header(buf: bytes | bytearray | memoryview) -> BlockHeader:
     return BlockHeader(fp, key, plen, csum, created, version, flags)
 
 
-def verify_block(
+def check_header(
     buf: bytes | bytearray | memoryview,
     *,
     fingerprint: bytes,
     key: bytes,
     payload_len: int | None = None,
-) -> memoryview:
-    """Check every field of an encoded block; return a view of its payload.
+) -> tuple[memoryview, int]:
+    """Check every header field of an encoded block; return a view of its payload and the
+    checksum the payload must have. The payload itself is not hashed: a reader copies it
+    to its destination first and checks the copy (``verify_rows``), so the check covers
+    the bytes its caller gets.
 
     Raises one ``BlockError`` subclass per kind of mismatch, checked in the order of the
-    header (magic, version, fingerprint, key, length, checksum), so tests and counters
-    can tell a stale slot (key) from a flipped bit (checksum).
+    header (magic, version, fingerprint, key, length), so tests and counters can tell a
+    stale slot (key) from a flipped bit (checksum).
     """
     mv = memoryview(buf).cast("B")
     if len(mv) < HEADER_BYTES:
@@ -154,7 +164,33 @@ def verify_block(
     end = HEADER_BYTES + plen
     if len(mv) < end:
         raise BlockTruncatedError(f"block of {len(mv)} bytes, header says {end}")
-    payload = mv[HEADER_BYTES:end]
+    return mv[HEADER_BYTES:end], csum
+
+
+def verify_block(
+    buf: bytes | bytearray | memoryview,
+    *,
+    fingerprint: bytes,
+    key: bytes,
+    payload_len: int | None = None,
+) -> memoryview:
+    """``check_header`` plus the payload's checksum, in place; return a view of the payload."""
+    payload, csum = check_header(buf, fingerprint=fingerprint, key=key, payload_len=payload_len)
     if xxhash.xxh3_64_intdigest(payload) != csum:
         raise BlockChecksumError(f"payload checksum mismatch for key {key.hex()}")
     return payload
+
+
+def verify_rows(rows: memoryview, block_bytes: int, checksums: Sequence[int]) -> int:
+    """How many leading rows of ``rows`` (``block_bytes`` each) match ``checksums``.
+
+    The receiving end of every transfer calls this on its destination after the copy, so
+    what is checked is what its caller gets: the first row that fails ends the prefix
+    there, and the caller counts it as a corrupt block (a miss, never data).
+    """
+    digest = xxhash.xxh3_64_intdigest
+    n = min(len(checksums), len(rows) // block_bytes) if block_bytes else 0
+    for i in range(n):
+        if digest(rows[i * block_bytes : (i + 1) * block_bytes]) != checksums[i]:
+            return i
+    return n

@@ -10,7 +10,15 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from kvstore import errors
-from kvstore.block import HEADER_BYTES, decode_header, encode_block, encode_block_into, verify_block
+from kvstore.block import (
+    HEADER_BYTES,
+    check_header,
+    decode_header,
+    encode_block,
+    encode_block_into,
+    verify_block,
+    verify_rows,
+)
 
 FP = bytes(range(16))
 KEY = bytes(range(16, 32))
@@ -86,3 +94,31 @@ def test_any_single_bit_flip_is_detected(pos: int, bit: int) -> None:
         return
     with pytest.raises(errors.BlockError):
         verify_block(blob, fingerprint=FP, key=KEY, payload_len=len(PAYLOAD))
+
+
+def test_a_given_checksum_is_carried_not_recomputed() -> None:
+    # A block keeps the checksum made at its commit: re-encoding damaged bytes with it
+    # yields a block that fails verification instead of a freshly valid one.
+    stored = xxhash.xxh3_64_intdigest(PAYLOAD)
+    damaged = bytearray(PAYLOAD)
+    damaged[5] ^= 1
+    blob = encode_block(FP, KEY, damaged, checksum=stored)
+    assert struct.unpack_from("<Q", blob, 48)[0] == stored
+    with pytest.raises(errors.BlockChecksumError):
+        verify_block(blob, fingerprint=FP, key=KEY)
+    payload, csum = check_header(blob, fingerprint=FP, key=KEY, payload_len=len(PAYLOAD))
+    assert csum == stored and bytes(payload) == bytes(damaged)  # header checks only
+
+
+@given(
+    st.lists(st.binary(min_size=8, max_size=8), min_size=0, max_size=12),
+    st.integers(-1, 12),
+)
+def test_verify_rows_returns_the_checked_prefix(rows: list[bytes], bad: int) -> None:
+    sums = [xxhash.xxh3_64_intdigest(r) for r in rows]
+    buf = bytearray(b"".join(rows))
+    if 0 <= bad < len(rows):
+        buf[bad * 8 + 3] ^= 0x40
+    expect = bad if 0 <= bad < len(rows) else len(rows)
+    assert verify_rows(memoryview(buf), 8, sums) == expect
+    assert verify_rows(memoryview(buf), 8, sums[:1]) == min(1, expect)
