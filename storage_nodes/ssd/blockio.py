@@ -1,7 +1,8 @@
 """Moving encoded blocks between caller rows and slab slots.
 
-Reads: one batch of slot reads into aligned staging memory, then each slot is verified
-(magic, version, fingerprint, key, length, checksum) before its payload is copied out.
+Reads: one batch of slot reads into aligned staging memory; each slot's header is checked
+(magic, version, fingerprint, key, length), its payload copied out, and the copy checked
+against the header's checksum (DESIGN §4: the check reads what the caller gets).
 Writes: encode into aligned staging, one batch of slot writes, one data sync per slab
 touched. Both split work into batches of at most ``staging_max_bytes``.
 """
@@ -10,10 +11,12 @@ from __future__ import annotations
 
 import errno
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from kvstore.block import encode_block_into, verify_block
-from kvstore.errors import BlockError
+import xxhash
+
+from kvstore.block import check_header, encode_block_into
+from kvstore.errors import BlockChecksumError, BlockError
 from storage_nodes.ssd.config import ALIGN_BYTES, SSDConfig, slot_bytes_for
 from storage_nodes.ssd.errors import SSDIOError
 from storage_nodes.ssd.index import Location
@@ -29,12 +32,14 @@ class ReadFailure:
     loc: Location
     errno: int = 0
     error: BlockError | None = None
+    in_copy: bool = False  # the slot is sound; the copy in the destination was not
 
 
 @dataclass(frozen=True, slots=True)
 class ReadOutcome:
     copied: int
     failure: ReadFailure | None = None
+    checksums: list[int] = field(default_factory=list)  # stored, one per copied block
 
 
 class BlockIO:
@@ -60,6 +65,7 @@ class BlockIO:
         sb = slot_bytes_for(block_bytes)
         step = self.per_batch(block_bytes)
         copied = 0
+        sums: list[int] = []
         for start in range(0, len(locs), step):
             part = list(locs[start : start + step])
             buf = self._staging.acquire(len(part) * sb)
@@ -76,15 +82,16 @@ class BlockIO:
                         break
                     reqs.append(IORequest(fd, loc.slot * sb, mv[j * sb : (j + 1) * sb]))
                 failure = self._read_part(
-                    fingerprint, block_bytes, keys, part, reqs, mv, out, start
+                    fingerprint, block_bytes, keys, part, reqs, mv, out, start, sums
                 )
             finally:
                 self._staging.release(buf)
             failure = failure or unopened
             if failure is not None:
-                return ReadOutcome(copied + failure.index - start, failure)
+                n = copied + failure.index - start
+                return ReadOutcome(n, failure, sums[:n])
             copied += len(part)
-        return ReadOutcome(copied)
+        return ReadOutcome(copied, None, sums)
 
     def _read_part(
         self,
@@ -96,10 +103,14 @@ class BlockIO:
         mv: memoryview,
         out: memoryview,
         start: int,
+        sums: list[int],
     ) -> ReadFailure | None:
-        """One batch of reads; returns the failure with the lowest index, if any."""
+        """One batch of reads; returns the failure with the lowest index, if any, and
+        appends the stored checksums of the blocks before it to ``sums``."""
         sb = slot_bytes_for(block_bytes)
         failures: dict[int, ReadFailure] = {}
+        stored: dict[int, int] = {}
+        digest = xxhash.xxh3_64_intdigest
 
         def landed(j: int, res: int) -> None:
             i = start + j
@@ -107,7 +118,7 @@ class BlockIO:
                 failures[j] = ReadFailure(i, part[j], errno=-res)
                 return
             try:
-                payload = verify_block(
+                payload, csum = check_header(
                     mv[j * sb : (j + 1) * sb],
                     fingerprint=fingerprint,
                     key=keys[i],
@@ -116,11 +127,20 @@ class BlockIO:
             except BlockError as e:
                 failures[j] = ReadFailure(i, part[j], error=e)
                 return
-            out[i * block_bytes : (i + 1) * block_bytes] = payload
+            row = out[i * block_bytes : (i + 1) * block_bytes]
+            row[:] = payload
+            if digest(row) != csum:
+                # Which copy is bad decides whether the slot is quarantined.
+                err = BlockChecksumError(f"payload checksum mismatch for key {keys[i].hex()}")
+                failures[j] = ReadFailure(i, part[j], error=err, in_copy=digest(payload) == csum)
+                return
+            stored[j] = csum
 
         if reqs:
             self._io.read_batch(reqs, landed)
-        return failures[min(failures)] if failures else None
+        end = min(failures) if failures else len(part)
+        sums.extend(stored[j] for j in range(end))
+        return failures[end] if failures else None
 
     def probe(self, slabs: Sequence[int]) -> str | None:
         """A degraded tier's health check through the engine's own I/O path: write and
@@ -162,10 +182,12 @@ class BlockIO:
         rows: Sequence[memoryview],
         slots: Sequence[tuple[int, int]],
         between: Callable[[], None] | None = None,
+        checksums: Sequence[int] | None = None,
     ) -> None:
         """Write ``rows[i]`` encoded for ``keys[i]`` into ``slots[i]`` and sync the data;
         ``between()`` runs while the device works (the caller prepares its index
-        transaction there). Raises ``SSDIOError`` on any failure."""
+        transaction there). ``checksums[i]`` (made at commit) goes into row ``i``'s header
+        as given; ``None`` computes them. Raises ``SSDIOError`` on any failure."""
         sb = slot_bytes_for(block_bytes)
         buf = self._staging.acquire(len(keys) * sb)
         try:
@@ -179,7 +201,10 @@ class BlockIO:
                 reqs.append(IORequest(fd, slot * sb, mv[j * sb : (j + 1) * sb]))
 
             def encode(j: int) -> None:
-                encode_block_into(mv[j * sb : (j + 1) * sb], fingerprint, keys[j], rows[j], now_us)
+                csum = None if checksums is None else checksums[j]
+                encode_block_into(
+                    mv[j * sb : (j + 1) * sb], fingerprint, keys[j], rows[j], now_us, csum
+                )
 
             def mid() -> None:
                 self._config.crash_hook("before_data_sync")

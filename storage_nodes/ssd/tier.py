@@ -192,7 +192,14 @@ class SSDTier(Tier):
                 self._store_failed(e, writing=False)
                 return 0
 
-    def get_into(self, ns: Namespace, keys: Sequence[Key], dst: Any) -> int:
+    def get_into(
+        self,
+        ns: Namespace,
+        keys: Sequence[Key],
+        dst: Any,
+        *,
+        checksums: list[int] | None = None,
+    ) -> int:
         with self._op():
             bb = self._class_of(ns)
             out = rows_view(dst, len(keys), bb, writable=True)
@@ -204,6 +211,8 @@ class SSDTier(Tier):
                     locs = self._view.present_prefix(fkeys)
                     res = self._blocks.read_prefix(ns.fingerprint, bb, list(keys), locs, out)
                     hits = res.copied
+                    if checksums is not None:
+                        checksums.extend(res.checksums)
                     if res.failure is not None:
                         self._read_failed(fkeys[res.failure.index], res.failure)
                 except _STORE_ERRORS as e:
@@ -218,6 +227,9 @@ class SSDTier(Tier):
         if f.errno:
             self._inc("io_errors_total")
             self._health.read_error()
+        if f.in_copy:  # the slot is sound; the destination changed under the copy
+            self._inc("corrupt_blocks_total")
+            return
         reason = (f"errno {f.errno}" if f.errno else type(f.error).__name__).encode()
         if not self._view.quarantine(fkey, f.loc, reason):
             self._inc("read_races")
@@ -232,7 +244,13 @@ class SSDTier(Tier):
             )
 
     def put(
-        self, ns: Namespace, keys: Sequence[Key], src: Any, *, present_ok: bool = True
+        self,
+        ns: Namespace,
+        keys: Sequence[Key],
+        src: Any,
+        *,
+        present_ok: bool = True,
+        checksums: Sequence[int] | None = None,
     ) -> PutResult:
         with self._op():
             bb = self._class_of(ns)
@@ -240,6 +258,8 @@ class SSDTier(Tier):
             fkeys = self._fkeys(ns, keys)
             if len(set(fkeys)) != len(fkeys):
                 raise InvalidArgument("put: duplicate keys in one call")
+            if checksums is not None and len(checksums) != len(keys):
+                raise InvalidArgument(f"put: {len(checksums)} checksums for {len(keys)} keys")
             self._inc("puts")
             n = len(keys)
             if self._mode == "off" or n == 0:
@@ -264,7 +284,9 @@ class SSDTier(Tier):
                     break
                 group = new[start : start + step]
                 try:
-                    ins, rac = self._writer.write(ns.fingerprint, bb, group, fkeys, data, stamps)
+                    ins, rac = self._writer.write(
+                        ns.fingerprint, bb, group, fkeys, data, stamps, checksums
+                    )
                 except _STORE_ERRORS as e:
                     self._store_failed(e, writing=True)
                     break

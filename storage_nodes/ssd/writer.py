@@ -42,9 +42,11 @@ class GroupCommit:
         fkeys: list[bytes],
         data: memoryview,
         stamps: Sequence[Stamp],
+        checksums: Sequence[int] | None = None,
     ) -> tuple[int, int]:
-        """Store rows ``idx`` of ``data``; returns (inserted, raced: published meanwhile by
-        another put). Rows that find no room are left out (the head of the chain is kept).
+        """Store rows ``idx`` of ``data`` (``checksums[i]``, made at commit, for row ``i``;
+        ``None``: computed); returns (inserted, raced: published meanwhile by another
+        put). Rows that find no room are left out (the head of the chain is kept).
         Raises the store's I/O or LMDB error; nothing of the group is published then."""
         slots = self._alloc.reserve(block_bytes, len(idx))
         idx = idx[: len(slots)]
@@ -53,6 +55,7 @@ class GroupCommit:
         bb = block_bytes
         rows = [data[i * bb : (i + 1) * bb] for i in idx]
         keys = [fkeys[i][16:] for i in idx]
+        sums = None if checksums is None else [checksums[i] for i in idx]
         # The index transaction is built while the data is on its way to the device and
         # committed only once the data sync completed: the order crash safety needs,
         # without paying for the index work on the critical path.
@@ -65,7 +68,9 @@ class GroupCommit:
             evicted.append(self._alloc.top_up(txn, bb))
 
         try:
-            self._blocks.write_durable(fingerprint, bb, keys, rows, slots, between=stage)
+            self._blocks.write_durable(
+                fingerprint, bb, keys, rows, slots, between=stage, checksums=sums
+            )
             self._index.set_seq_high_water(txn, self._recency.high_water)
             self._config.crash_hook("inside_index_commit")
             txn.commit()
