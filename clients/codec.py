@@ -87,10 +87,18 @@ def durability_from_proto(v: int) -> str:
 
 
 def iter_chunks(
-    block_index: int, fingerprint: bytes, key: bytes, payload: memoryview
+    block_index: int,
+    fingerprint: bytes,
+    key: bytes,
+    payload: memoryview,
+    checksum: int | None = None,
 ) -> Iterator[pb.BlockChunk]:
-    """One encoded block as chunks of at most ``CHUNK_BYTES`` (header in the first)."""
-    header = make_header(fingerprint, key, payload).pack()
+    """One encoded block as chunks of at most ``CHUNK_BYTES`` (header in the first).
+
+    A server sends ``checksum`` = the one stored with the block (DESIGN §4), never one
+    computed from its memory now: bytes damaged in that memory must fail at the receiver.
+    ``None`` (a client sending what it computes at commit) computes it here."""
+    header = make_header(fingerprint, key, payload, checksum=checksum).pack()
     total = HEADER_BYTES + len(payload)
     first = min(total, CHUNK_BYTES) - HEADER_BYTES
     yield pb.BlockChunk(
@@ -133,6 +141,7 @@ class BlockAssembler:
         self._slots = slots
         self._partial: dict[int, _Partial] = {}
         self.complete: list[int] = []  # block indices, in completion order
+        self.checksums: dict[int, int] = {}  # block index -> verified header checksum
         self._done: set[int] = set()
 
     @property
@@ -198,6 +207,7 @@ class BlockAssembler:
         row = self._rows[slot * self._bb : (slot + 1) * self._bb]
         if payload_checksum(row) != hdr.checksum:
             raise BlockError(f"block {idx}: payload checksum mismatch")
+        self.checksums[idx] = hdr.checksum
 
 
 def verify_staged_header(header: bytes, ns: Namespace, key: Key, row: memoryview) -> None:

@@ -33,16 +33,28 @@ from storage_nodes.cluster.errors import NodeUnavailable
 SERVICE_NAME = "kvstore.v1.StorageNode"
 
 
-def encode_blocks(ns: Namespace, keys: Sequence[Key], rows: Sequence[memoryview]) -> list[bytes]:
-    """Each row as its encoded block (DESIGN §4), built once however many replicas get it."""
+def encode_blocks(
+    ns: Namespace,
+    keys: Sequence[Key],
+    rows: Sequence[memoryview],
+    checksums: Sequence[int] | None = None,
+) -> list[bytes]:
+    """Each row as its encoded block (DESIGN §4), built once however many replicas get it;
+    ``checksums`` (made at commit) go into the headers as given, else they are computed."""
     fp = ns.fingerprint
-    return [encode_block(fp, k, row) for k, row in zip(keys, rows, strict=True)]
+    if checksums is None:
+        return [encode_block(fp, k, row) for k, row in zip(keys, rows, strict=True)]
+    return [
+        encode_block(fp, k, row, checksum=c)
+        for k, row, c in zip(keys, rows, checksums, strict=True)
+    ]
 
 
 @dataclass(frozen=True, slots=True)
 class FetchResult:
     copied: int  # verified blocks at the head of the request, written to their rows
     corrupt: int  # 1 if the block after them failed verification
+    checksums: tuple[int, ...] = ()  # the stored checksum of each copied block
 
 
 class NodeClient:
@@ -126,7 +138,7 @@ class NodeClient:
         n = 0
         while n in done:
             n += 1
-        return FetchResult(n, corrupt)
+        return FetchResult(n, corrupt, tuple(asm.checksums[i] for i in range(n)))
 
     def contains(self, ns: Namespace, keys: Sequence[Key]) -> int:
         try:

@@ -135,14 +135,19 @@ class ClusterTier(Tier):
 
         return probe
 
-    def _fetch_probe(self, ns: Namespace, keys: Sequence[Key], out: memoryview) -> Probe:
+    def _fetch_probe(
+        self, ns: Namespace, keys: Sequence[Key], out: memoryview, sums: dict[int, int]
+    ) -> Probe:
         """Fetch straight into the caller's rows: block ``j`` of the node's answer is
-        chain index ``idx[j]``. Only the verified prefix counts."""
+        chain index ``idx[j]``. Only the verified prefix counts; its stored checksums go
+        into ``sums`` by chain index."""
 
         def probe(node: int, idx: list[int]) -> int:
             res = self._nodes[node].get(ns, [keys[i] for i in idx], out, dict(enumerate(idx)))
             if res.corrupt:
                 self._add(corrupt_blocks=res.corrupt)
+            for i, c in zip(idx, res.checksums, strict=False):
+                sums[i] = c
             return res.copied
 
         return probe
@@ -175,20 +180,36 @@ class ClusterTier(Tier):
             read = ChainRead(keys, [self._candidates(k, healthy) for k in keys])
             return read.resolve(self._fanout, self._contains_probe(ns, keys))
 
-    def get_into(self, ns: Namespace, keys: Sequence[Key], dst: Any) -> int:
+    def get_into(
+        self,
+        ns: Namespace,
+        keys: Sequence[Key],
+        dst: Any,
+        *,
+        checksums: list[int] | None = None,
+    ) -> int:
         with self._op():
             bb = self._block_bytes(ns)
             out = rows_view(dst, len(keys), bb, writable=True)
             keys = self._check_keys(keys)
             healthy = self.health.snapshot()
             read = ChainRead(keys, [self._candidates(k, healthy) for k in keys])
-            h = read.resolve(self._fanout, self._fetch_probe(ns, keys, out))
-            self._after_read(ns, keys, out, read, h)
+            sums: dict[int, int] = {}
+            h = read.resolve(self._fanout, self._fetch_probe(ns, keys, out, sums))
+            self._after_read(ns, keys, out, read, h, sums)
+            if checksums is not None:
+                checksums.extend(sums[i] for i in range(h))
             self._add(gets=1, hits=h, misses=len(keys) - h)
             return h
 
     def _after_read(
-        self, ns: Namespace, keys: list[Key], out: memoryview, read: ChainRead, h: int
+        self,
+        ns: Namespace,
+        keys: list[Key],
+        out: memoryview,
+        read: ChainRead,
+        h: int,
+        sums: dict[int, int],
     ) -> None:
         """Touch the replicas the read did not go to; repair the ones that lacked a block."""
         bb = ns.block_bytes
@@ -211,7 +232,9 @@ class ClusterTier(Tier):
         for node, idx in repair.items():
             rkeys = [keys[i] for i in idx]
             # Encoded now: ``out`` is the caller's buffer, free to change once we return.
-            blocks = encode_blocks(ns, rkeys, [out[i * bb : (i + 1) * bb] for i in idx])
+            blocks = encode_blocks(
+                ns, rkeys, [out[i * bb : (i + 1) * bb] for i in idx], [sums[i] for i in idx]
+            )
 
             def put(
                 node: int = node, rkeys: list[Key] = rkeys, blocks: list[bytes] = blocks
@@ -224,7 +247,13 @@ class ClusterTier(Tier):
             self._add(read_fallthroughs=fell)
 
     def put(
-        self, ns: Namespace, keys: Sequence[Key], src: Any, *, present_ok: bool = True
+        self,
+        ns: Namespace,
+        keys: Sequence[Key],
+        src: Any,
+        *,
+        present_ok: bool = True,
+        checksums: Sequence[int] | None = None,
     ) -> PutResult:
         with self._op():
             bb = self._block_bytes(ns)
@@ -232,6 +261,8 @@ class ClusterTier(Tier):
             keys = self._check_keys(keys)
             if len(set(keys)) != len(keys):
                 raise InvalidArgument("put: duplicate keys in one call")
+            if checksums is not None and len(checksums) != len(keys):
+                raise InvalidArgument(f"put: {len(checksums)} checksums for {len(keys)} keys")
             healthy = self.health.snapshot()
             if not present_ok and keys:
                 for k in keys:
@@ -242,7 +273,7 @@ class ClusterTier(Tier):
             # choice must see every touch that happened before it.
             self._touches.flush_all()
             blocks = encode_blocks(
-                ns, keys, [data[i * bb : (i + 1) * bb] for i in range(len(keys))]
+                ns, keys, [data[i * bb : (i + 1) * bb] for i in range(len(keys))], checksums
             )
             # Nodes that just refused every block (full disk, read-only engine) get no
             # writes for a while; they still serve reads.

@@ -111,7 +111,10 @@ class StorageNodeServicer(RpcPlumbing, pb_grpc.StorageNodeServicer):
             complete = len(done) == len(keys)
             data = rows if complete else b"".join(rows[i * bb : (i + 1) * bb] for i in done)
             before = [self.tier.contains(ns, [k]) == 1 for k in dkeys]
-            res = self.tier.put(ns, dkeys, data, present_ok=op.present_ok)
+            # The checksums the sender made at commit (verified against these rows) are
+            # the ones stored: DESIGN §4, end to end.
+            sums = [asm.checksums[i] for i in done]
+            res = self.tier.put(ns, dkeys, data, present_ok=op.present_ok, checksums=sums)
             # Without drops every new block is stored (or raced in by another put, which
             # is as good an acknowledgement); with drops ask which ones made it.
             after = (
@@ -142,13 +145,17 @@ class StorageNodeServicer(RpcPlumbing, pb_grpc.StorageNodeServicer):
                 keys = self._keys(ns, req.keys)
                 bb = ns.block_bytes
                 buf = memoryview(bytearray(len(keys) * bb))
-                hit = self.tier.get_into(ns, keys, buf)
+                sums: list[int] = []
+                hit = self.tier.get_into(ns, keys, buf, checksums=sums)
             except Exception as e:
                 self._fail(ctx, "Get", e)
                 return
             fp = ns.fingerprint
             for i in range(hit):
-                for chunk in codec.iter_chunks(i, fp, keys[i], buf[i * bb : (i + 1) * bb]):
+                # The stored checksum, not one of ``buf``: a byte damaged in this process's
+                # memory since the engine checked it must fail at the cluster client.
+                row = buf[i * bb : (i + 1) * bb]
+                for chunk in codec.iter_chunks(i, fp, keys[i], row, checksum=sums[i]):
                     yield pb.NodeGetResponse(chunk=chunk)
             self.metrics.bytes_out.labels("grpc", str(bb)).inc(hit * bb)
             yield pb.NodeGetResponse(done=pb.GetDone(hit_blocks=hit))
