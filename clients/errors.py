@@ -61,6 +61,8 @@ UNAVAILABLE_CODES = frozenset(
 def status_for(exc: BaseException) -> tuple[grpc.StatusCode, str]:
     """Server side: the status code and details to abort with for ``exc``."""
     name = type(exc).__name__
+    if isinstance(exc, kv.NotDurable):  # not retried, not held against the breaker
+        return grpc.StatusCode.DATA_LOSS, f"NotDurable: {exc}"
     if isinstance(exc, AccessDenied):
         return grpc.StatusCode.PERMISSION_DENIED, f"{name}: {exc}"
     if isinstance(exc, kv.UnknownNamespace):
@@ -91,4 +93,6 @@ def error_for(code: grpc.StatusCode, details: str | None) -> kv.KVStoreError:
         return _MISUSE.get(name, kv.InvalidArgument)(msg or details)
     if code == grpc.StatusCode.INTERNAL and name == "IntegrityError":
         return kv.IntegrityError(msg)
+    if code == grpc.StatusCode.DATA_LOSS and name == "NotDurable":
+        return kv.NotDurable.from_message(msg)
     return kv.StoreUnavailable(f"{code.name.lower()}: {details}")

@@ -5,6 +5,11 @@ managed here, in slots, so the policy never evicts on its own: the tier pops vic
 explicitly when it needs a slot, which is what lets pinned blocks and cross-class
 chunk moves stay exact. Every public method takes the tier lock; copies happen under
 it, so a block can never be evicted while it is being read.
+
+Each block keeps the xxh3-64 made when it was committed beside its payload; reads check
+the copy in the destination against it (DESIGN §4). A pinned block (``pin``) keeps its
+slot until the lease ends: eviction skips it, a chunk holding it is never given away,
+and deleting it only hides it (the slot is retired, then freed when the lease ends).
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 import torch
+import xxhash
 
 from kvstore.buffers import rows_view
 from kvstore.dram_pool import DramPool, SizeClass
@@ -28,6 +34,9 @@ from kvstore.leases import Lease, LeaseTable
 from kvstore.tier import PutResult, SizeClassStats, Tier, TierStats
 
 _DEFAULT_CHUNK_BYTES = 64 << 20
+#: Longest single copy on the read path: small enough that the rows are still in the
+#: core's cache (L2) when their checksums are computed right after.
+_RUN_BYTES = 512 << 10
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +63,8 @@ class _ClassState:
         self.slot: dict[Key, int] = {}
         self.owner: dict[Key, bytes] = {}  # key -> namespace fingerprint
         self.stamp: dict[Key, int] = {}  # logical clock of last access, for cross-class choice
+        self.csum: dict[Key, int] = {}  # xxh3-64 of the payload as committed
+        self.retired: set[int] = set()  # slots of dropped blocks still held by a lease
 
 
 class DramTier(Tier):
@@ -90,14 +101,28 @@ class DramTier(Tier):
                 self._tick += 1
                 cs.stamp[key] = self._tick
 
+    def _pinned(self, cs: _ClassState, slot: int) -> bool:
+        return self._leases.pin_count(cs.sc.block_bytes, slot) > 0
+
     def _evict(self, cs: _ClassState) -> bool:
         victim = cast(Key | None, cs.policy.pop_victim())
         if victim is None:
             return False
         cs.sc.free.append(cs.slot.pop(victim))
-        del cs.owner[victim], cs.stamp[victim]
+        del cs.owner[victim], cs.stamp[victim], cs.csum[victim]
         self.counters["evictions"] += 1
         return True
+
+    def _drop(self, cs: _ClassState, key: Key) -> None:
+        """Remove a held block from the index. A pinned one keeps its slot, retired, until
+        its last lease ends: a lease holder may still be reading that memory."""
+        slot = cs.slot.pop(key)
+        del cs.owner[key], cs.stamp[key], cs.csum[key]
+        if self._pinned(cs, slot):
+            cs.retired.add(slot)
+        else:
+            cs.policy.remove(key)
+            cs.sc.free.append(slot)
 
     def _oldest_class(self) -> _ClassState | None:
         best, best_stamp = None, math.inf
@@ -107,14 +132,17 @@ class DramTier(Tier):
                 best, best_stamp = cs, cs.stamp[victim]
         return best
 
-    def _shrink(self, cs: _ClassState) -> None:
-        """Give one whole chunk of ``cs`` back to the pool, evicting and compacting."""
+    def _shrink(self, cs: _ClassState) -> bool:
+        """Give one whole chunk of ``cs`` back to the pool, evicting and compacting; a chunk
+        holding a pinned slot never moves. False (nothing evicted) when impossible."""
         sc = cs.sc
+        movable = sc.chunks - {sc.chunk_of(s) for s in self._leases.pinned_slots(sc.block_bytes)}
+        if not movable or len(sc.free) + len(cs.policy) < sc.slots_per_chunk:
+            return False
         while len(sc.free) < sc.slots_per_chunk:
-            if not self._evict(cs):
-                return
+            self._evict(cs)
         per_chunk = Counter(sc.chunk_of(s) for s in sc.free)
-        chunk = max(per_chunk, key=per_chunk.__getitem__)
+        chunk = max(movable, key=per_chunk.__getitem__)
         lo, hi = chunk * sc.slots_per_chunk, (chunk + 1) * sc.slots_per_chunk
         outside = [s for s in sc.free if not lo <= s < hi]
         for key, slot in list(cs.slot.items()):
@@ -127,6 +155,7 @@ class DramTier(Tier):
         self._pool.release_chunk(sc, chunk)
         cs.policy.resize(cs.policy.capacity - sc.slots_per_chunk)
         self.counters["chunk_moves"] += 1
+        return True
 
     def _grow(self, cs: _ClassState) -> bool:
         if not self._pool.grant_chunk(cs.sc):
@@ -144,10 +173,10 @@ class DramTier(Tier):
                 return None  # nothing evictable: everything is pinned or the pool is empty
             if victim_cls is cs:
                 self._evict(cs)
-            else:
-                self._shrink(victim_cls)
-                if not self._grow(cs):
-                    return None
+            elif not (self._shrink(victim_cls) and self._grow(cs)) and not self._evict(cs):
+                # The oldest block's class cannot give a chunk back (pins in every chunk)
+                # and this class has nothing of its own to evict.
+                return None
         return sc.free.pop()
 
     def _expire_leases(self) -> None:
@@ -175,7 +204,14 @@ class DramTier(Tier):
                 n += 1
             return n
 
-    def get_into(self, ns: Namespace, keys: Sequence[Key], dst: Any) -> int:
+    def get_into(
+        self,
+        ns: Namespace,
+        keys: Sequence[Key],
+        dst: Any,
+        *,
+        checksums: list[int] | None = None,
+    ) -> int:
         bb = ns.block_bytes
         out = rows_view(dst, len(keys), bb, writable=True)
         with self._lock:
@@ -184,31 +220,73 @@ class DramTier(Tier):
             slots = [cs.slot[k] if cs.owner.get(k) == fp else None for k in keys]
             n = slots.index(None) if None in slots else len(slots)
             held = cast(list[int], slots[:n])
-            view, sc, i = self._pool.view, cs.sc, 0
-            while i < n:
-                # Coalesce runs of adjacent slots in one chunk into a single copy.
-                j = i + 1
-                while (
-                    j < n
-                    and held[j] == held[j - 1] + 1
-                    and sc.chunk_of(held[j]) == sc.chunk_of(held[i])
-                ):
-                    j += 1
-                off = self._pool.offset(sc, held[i])
-                out[i * bb : j * bb] = view[off : off + (j - i) * bb]
-                i = j
-            self._touch_locked(cs, fp, keys[:n])
-            self.counters["get_blocks"] += n
-            self.counters["get_misses"] += len(keys) - n
-            return n
+            sums = [cs.csum[k] for k in keys[:n]]
+            got = self._copy_verified(cs, held, sums, out)
+            if got < n:
+                self._corrupt(cs, keys[got], held[got], out[got * bb : (got + 1) * bb])
+            if checksums is not None:
+                checksums.extend(sums[:got])
+            self._touch_locked(cs, fp, keys[:got])
+            self.counters["get_blocks"] += got
+            self.counters["get_misses"] += len(keys) - got
+            return got
+
+    def _copy_verified(
+        self, cs: _ClassState, held: list[int], sums: list[int], out: memoryview
+    ) -> int:
+        """Copy the blocks in ``held`` slots to rows of ``out`` and check each copy against
+        its stored checksum; returns how many leading rows passed.
+
+        Runs of adjacent slots move in one copy (fewer Python-level copies for small
+        blocks), but no run is longer than ``_RUN_BYTES``, so the rows are still in the
+        core's cache when they are hashed right after."""
+        sc, view, bb = cs.sc, self._pool.view, cs.sc.block_bytes
+        digest = xxhash.xxh3_64_intdigest
+        per_run = max(1, _RUN_BYTES // bb)
+        n, i = len(held), 0
+        while i < n:
+            j = i + 1
+            while (
+                j < n
+                and j - i < per_run
+                and held[j] == held[j - 1] + 1
+                and sc.chunk_of(held[j]) == sc.chunk_of(held[i])
+            ):
+                j += 1
+            off = self._pool.offset(sc, held[i])
+            out[i * bb : j * bb] = view[off : off + (j - i) * bb]
+            for r in range(i, j):
+                if digest(out[r * bb : (r + 1) * bb]) != sums[r]:
+                    return r
+            i = j
+        return n
+
+    def _corrupt(self, cs: _ClassState, key: Key, slot: int, copy: memoryview) -> None:
+        """A copy failed its check. If the stored payload fails too, the block is bad and
+        is dropped; otherwise the damage happened in the copy or the destination (memory
+        the caller can write, such as a staging segment) and the block stays."""
+        self.counters["corrupt_blocks_total"] += 1
+        stored = self._pool.slot_view(cs.sc, slot)
+        if xxhash.xxh3_64_intdigest(stored) != cs.csum[key]:
+            self.counters["quarantined_blocks_total"] += 1
+            self._drop(cs, key)
 
     def put(
-        self, ns: Namespace, keys: Sequence[Key], src: Any, *, present_ok: bool = True
+        self,
+        ns: Namespace,
+        keys: Sequence[Key],
+        src: Any,
+        *,
+        present_ok: bool = True,
+        checksums: Sequence[int] | None = None,
     ) -> PutResult:
         bb = ns.block_bytes
         data = rows_view(src, len(keys), bb)
         if len(set(keys)) != len(keys):
             raise InvalidArgument("put: duplicate keys in one call")
+        if checksums is not None and len(checksums) != len(keys):
+            raise InvalidArgument(f"put: {len(checksums)} checksums for {len(keys)} keys")
+        digest = xxhash.xxh3_64_intdigest
         with self._lock:
             cs = self._state(ns)
             fp = ns.fingerprint
@@ -229,7 +307,10 @@ class DramTier(Tier):
                 if slot is None:
                     dropped += 1
                     continue
-                self._pool.slot_view(cs.sc, slot)[:] = data[i * bb : (i + 1) * bb]
+                row = data[i * bb : (i + 1) * bb]
+                self._pool.slot_view(cs.sc, slot)[:] = row
+                # Hashed from the source, not the copy: a copy gone wrong must fail later.
+                cs.csum[key] = digest(row) if checksums is None else checksums[i]
                 cs.slot[key] = slot
                 cs.owner[key] = ns.fingerprint
                 self._tick += 1
@@ -252,33 +333,44 @@ class DramTier(Tier):
         with self._lock:
             cs = self._state(ns)
             doomed = [k for k, fp in cs.owner.items() if fp == ns.fingerprint]
-            for lease in self._leases.holding(doomed):
-                self._release_locked(lease)
-            for key in doomed:
-                cs.policy.remove(key)
-                cs.sc.free.append(cs.slot.pop(key))
-                del cs.owner[key], cs.stamp[key]
+            for key in doomed:  # pinned ones vanish from the index; their slots wait
+                self._drop(cs, key)
             return len(doomed)
 
     # -- pins -----------------------------------------------------------------------
     def pin(self, ns: Namespace, keys: Sequence[Key], *, lease_s: float | None = None) -> Lease:
         """Pin the present prefix of ``keys`` until ``unpin`` or the lease expires.
 
-        Pinned blocks leave the eviction policy (they cannot be chosen as victims) and
-        come back to it, most recent, on release.
+        While the lease is active its blocks' memory is neither moved nor reused: they
+        leave the eviction policy, a chunk holding one is never given to another size
+        class, and ``delete_namespace`` only hides them. ``pinned_views`` reads them in
+        place. On release they come back to the policy, most recent.
         """
         with self._lock:
             cs = self._state(ns)
             self._expire_leases()
             n = self.contains(ns, keys)
             held = tuple(keys[:n])
+            slots = tuple(cs.slot[k] for k in held)
             ttl = self.config.lease_timeout_s if lease_s is None else lease_s
-            lease = self._leases.add(ns.block_bytes, held, time.monotonic() + ttl)
-            for key in held:
-                if self._leases.pin_count(key) == 1:
+            lease = self._leases.add(
+                ns.block_bytes, held, slots, tuple(cs.csum[k] for k in held), time.monotonic() + ttl
+            )
+            for key, slot in zip(held, slots, strict=True):
+                if self._leases.pin_count(ns.block_bytes, slot) == 1:
                     cs.policy.remove(key)
                     cs.policy.resize(cs.policy.capacity - 1)
             return lease
+
+    def pinned_views(self, lease: Lease) -> list[memoryview]:
+        """Read-only views of the pinned payloads, in ``lease.keys`` order; check them
+        against ``lease.checksums``. Valid until the lease ends (then the memory may be
+        reused)."""
+        with self._lock:
+            if not self._leases.is_active(lease):
+                raise InvalidArgument(f"lease {lease.lease_id} is not active")
+            sc = self._classes[lease.block_bytes].sc
+            return [self._pool.slot_view(sc, s).toreadonly() for s in lease.slots]
 
     def unpin(self, lease: Lease) -> None:
         with self._lock:
@@ -288,9 +380,14 @@ class DramTier(Tier):
     def _release_locked(self, lease: Lease) -> None:
         cs = self._classes[lease.block_bytes]
         self._leases.remove(lease)
-        for key in reversed(lease.keys):
-            if self._leases.pin_count(key) == 0 and key in cs.slot:
-                cs.policy.resize(cs.policy.capacity + 1)
+        for key, slot in zip(reversed(lease.keys), reversed(lease.slots), strict=True):
+            if self._leases.pin_count(lease.block_bytes, slot):
+                continue
+            cs.policy.resize(cs.policy.capacity + 1)
+            if slot in cs.retired:  # its block was dropped meanwhile: the slot is free now
+                cs.retired.remove(slot)
+                cs.sc.free.append(slot)
+            elif cs.slot.get(key) == slot:
                 cs.policy.access(key)
 
     # -- introspection ----------------------------------------------------------------
@@ -320,11 +417,17 @@ class DramTier(Tier):
                 slots = list(cs.slot.values())
                 if len(set(slots)) != len(slots):
                     raise IntegrityError(f"class {bb}: two keys share a slot")
-                live[bb] = set(slots)
+                live[bb] = set(slots) | cs.retired
                 if set(cs.owner) != set(cs.slot) or set(cs.stamp) != set(cs.slot):
                     raise IntegrityError(f"class {bb}: owner/stamp maps disagree with the index")
-                pinned = {k for k in cs.slot if self._leases.pin_count(k)}
-                if set(cs.policy) != set(cs.slot) - pinned:
+                if set(cs.csum) != set(cs.slot):
+                    raise IntegrityError(f"class {bb}: checksums disagree with the index")
+                pinned = self._leases.pinned_slots(bb)
+                if cs.retired & set(slots) or not cs.retired <= pinned:
+                    raise IntegrityError(f"class {bb}: a retired slot is live or unpinned")
+                if not pinned <= live[bb]:
+                    raise IntegrityError(f"class {bb}: a lease pins a free slot")
+                if set(cs.policy) != {k for k, s in cs.slot.items() if s not in pinned}:
                     raise IntegrityError(f"class {bb}: policy keys disagree with unpinned blocks")
                 if cs.policy.capacity != cs.sc.slot_count - len(pinned):
                     raise IntegrityError(f"class {bb}: policy capacity disagrees with slots")

@@ -37,6 +37,34 @@ class StoreUnavailable(KVStoreError):
     """The store cannot be reached in time; callers treat it as a miss."""
 
 
+class NotDurable(KVStoreError):
+    """``flush()``: blocks accepted before the call were refused by the tier below DRAM
+    (it failed, is read-only or degraded); they are held in DRAM only. Neither a misuse
+    nor an unreachable store: the store works, it could not keep this promise.
+
+    ``refused_blocks`` says how many (counted once: a later ``flush`` reports only blocks
+    refused after this one was raised)."""
+
+    def __init__(self, refused_blocks: int, detail: str = "") -> None:
+        self.refused_blocks = refused_blocks
+        self.detail = detail
+        why = f": {detail}" if detail else ""
+        super().__init__(f"{refused_blocks} accepted blocks were not made durable{why}")
+
+    @classmethod
+    def from_message(cls, message: str) -> NotDurable:
+        """Rebuild from ``str(err)`` (how the error crosses gRPC)."""
+        head, _, rest = message.partition(" accepted blocks were not made durable")
+        try:
+            n = int(head.strip())
+        except ValueError:
+            return cls(0, message)
+        return cls(n, rest.removeprefix(": "))
+
+    def __reduce__(self) -> tuple[type[NotDurable], tuple[int, str]]:
+        return NotDurable, (self.refused_blocks, self.detail)
+
+
 class BlockError(KVStoreError):
     """An encoded block failed validation (DESIGN §4). Readers turn it into a miss."""
 

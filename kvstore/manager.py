@@ -5,6 +5,11 @@ inclusive: commits go to the top and, by write-back, to every tier below; reads 
 served by the fastest tier holding each block and lower-tier hits are promoted. A
 lower tier that raises is treated as a miss and counted: lost blocks are misses, never
 errors to the engine.
+
+Checksums are made once, at commit, and travel with each block into every tier; reads
+are checked where the bytes land (in the tiers' ``get_into``), and a promotion keeps the
+checksum the lower tier stored. Durability is acknowledged only for what the lower tier
+accepted (``writeback.py``).
 """
 
 from __future__ import annotations
@@ -19,8 +24,10 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+import xxhash
+
 from kvstore.buffers import block_view, rows_view
-from kvstore.errors import InvalidArgument, StoreUnavailable, UnknownNamespace
+from kvstore.errors import InvalidArgument, NotDurable, StoreUnavailable, UnknownNamespace
 from kvstore.keys import Key, Namespace
 from kvstore.tier import (
     CommitResult,
@@ -29,10 +36,26 @@ from kvstore.tier import (
     LookupResult,
     StoreStats,
     Tier,
+    TierStats,
 )
-from kvstore.writeback import NullWriteBack, ThreadWriteBack, WriteBack
+from kvstore.writeback import NullWriteBack, ThreadWriteBack, Ticket, WriteBack
 
 log = logging.getLogger(__name__)
+
+
+_COUNTERS = (
+    "lookups_total",
+    "lookup_blocks_total",
+    "lookup_hit_blocks_total",
+    "get_blocks_total",
+    "commits_total",
+    "commit_blocks_total",
+    "dropped_blocks_total",
+    "promoted_blocks_total",
+    "tier_errors_total",
+    "commit_not_durable_total",  # asked for "ssd", truthfully acknowledged at "dram"
+    "flush_not_durable_total",  # flushes that raised NotDurable
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,7 +106,7 @@ class TierManager(KVStore):
         self._namespaces: dict[bytes, Namespace] = {}
         self._lock = threading.Lock()
         self._closed = False
-        self.counters: Counter[str] = Counter()
+        self.counters: Counter[str] = Counter(dict.fromkeys(_COUNTERS, 0))
 
     # -- helpers ------------------------------------------------------------------
     def _check(self, ns: Namespace) -> None:
@@ -149,13 +172,22 @@ class TierManager(KVStore):
         return LookupResult(hit_blocks=len(tiers), tiers=tuple(tiers))
 
     def get_into(
-        self, ns: Namespace, keys: Sequence[Key], dst: Any, *, timeout_s: float | None = None
+        self,
+        ns: Namespace,
+        keys: Sequence[Key],
+        dst: Any,
+        *,
+        timeout_s: float | None = None,
+        checksums: list[int] | None = None,
     ) -> int:
         self._check(ns)
         bb = ns.block_bytes
         out = rows_view(dst, len(keys), bb, writable=True)
-        served = self._fetch(ns, keys, out)
+        sums: list[int] = []
+        served = self._fetch(ns, keys, out, sums)
         hit = sum(served.values())
+        if checksums is not None:
+            checksums.extend(sums[:hit])
         if hit:
             self._wb.note_hits(ns, keys[:hit])
         with self._lock:
@@ -164,31 +196,38 @@ class TierManager(KVStore):
                 self.counters[f"get_hit_blocks_{name}"] += count
         return hit
 
-    def _fetch(self, ns: Namespace, keys: Sequence[Key], out: memoryview) -> Counter[str]:
-        """Copy the hit prefix into ``out``; promote it into the top tier if any of it came
-        from below, and touch it there last→first."""
+    def _fetch(
+        self, ns: Namespace, keys: Sequence[Key], out: memoryview, sums: list[int]
+    ) -> Counter[str]:
+        """Copy the hit prefix into ``out`` (its stored checksums into ``sums``); promote it
+        into the top tier if any of it came from below, and touch it there last→first."""
         bb = ns.block_bytes
         served: Counter[str] = Counter()
         hit = 0
         for run in self._runs(ns, keys):
             a, b = run.start, run.start + run.length
             tier = self.tiers[run.tier]
+            got_sums: list[int] = []
             try:
-                got = tier.get_into(ns, keys[a:b], out[a * bb : b * bb])
+                got = tier.get_into(ns, keys[a:b], out[a * bb : b * bb], checksums=got_sums)
             except Exception:
                 if run.tier == 0:
                     raise
                 self._count_tier_error(run.tier)
                 got = 0
+            if len(got_sums) != got:  # a tier that cannot say: the prefix ends here
+                got = 0
             served[tier.name] += got
+            sums.extend(got_sums)
             hit += got
-            if got < run.length:  # evicted between lookup and read: the prefix ends here
+            if got < run.length:  # evicted (or corrupt) since lookup: the prefix ends here
                 break
         if hit and served[self._top.name] < hit:
             # One put over the whole prefix, last→first: promoted blocks are inserted and
             # top-tier ones touched in chain order, so a prefix larger than the top tier
-            # leaves its head there, exactly as the hit-rate model does (DESIGN §10).
-            self._top.put(ns, keys[:hit], out[: hit * bb])
+            # leaves its head there, exactly as the hit-rate model does (DESIGN §10). The
+            # lower tier's stored checksums go with them: never a checksum of our copy.
+            self._top.put(ns, keys[:hit], out[: hit * bb], checksums=sums[:hit])
             with self._lock:
                 self.counters["promoted_blocks_total"] += hit - served[self._top.name]
         elif hit:
@@ -218,43 +257,79 @@ class TierManager(KVStore):
         deadline = _deadline(timeout_s, self.config.commit_wait_s)
         new = [i for i in sorted(views) if not self._top.contains(ns, keys[i : i + 1])]
         present = len(views) - len(new)
-        ticket = self._wb.last_ticket()
-        accepted: list[int] = []
-        # Reserve head first, in pieces that fit under the dirty bound: a commit larger
-        # than the bound streams through the flusher, and what the deadline refuses is
-        # the chain's tail, the least valuable part (DESIGN §6).
-        while len(accepted) < len(new):
-            granted = self._wb.reserve(len(new) - len(accepted), bb, deadline)
-            if granted == 0:
-                break
-            part = new[len(accepted) : len(accepted) + granted]
-            ticket = self._wb.submit(ns, [keys[i] for i in part], b"".join(views[i] for i in part))
-            accepted.extend(part)
+        # The checksums that stay with these blocks in every tier (DESIGN §4).
+        sums = {i: xxhash.xxh3_64_intdigest(views[i]) for i in new}
+        waited = self._wb.last_ticket()
+        tickets: list[Ticket] = []
+        accepted = self._write_back(ns, keys, new, views, sums, deadline, tickets)
+        ssd_wanted = durability == "ssd" and self._wb.durable_level == "ssd"
+        if ssd_wanted and present:
+            # Blocks already in DRAM are acknowledged at "ssd" only if the SSD accepts
+            # them too: an earlier write-back of them may have been refused. The lower
+            # tier only touches the ones it holds.
+            old = [i for i in sorted(views) if i not in sums]
+            for i in old:
+                sums[i] = xxhash.xxh3_64_intdigest(views[i])
+            if len(self._write_back(ns, keys, old, views, sums, deadline, tickets)) < len(old):
+                ssd_wanted = False
         # The top tier keeps a chain's head: in the hit-rate model a commit touches the
         # chain last→first, so blocks past the tier's capacity are inserted and at once
         # evicted by the head. Skipping them here is the same end state without evicting
         # the head first (they still reach the lower tiers through write-back).
         cap = self._top_capacity_blocks(ns)
         in_top = [i for i in accepted if i < cap]
-        res = self._top.put(ns, [keys[i] for i in in_top], b"".join(views[i] for i in in_top))
+        res = self._top.put(
+            ns,
+            [keys[i] for i in in_top],
+            b"".join(views[i] for i in in_top),
+            checksums=[sums[i] for i in in_top],
+        )
         # With a lower tier, a block the top refuses (all pinned) is still stored below.
         lost = res.dropped if self._wb.durable_level == "dram" else 0
         inserted, dropped = len(accepted) - lost, len(new) - len(accepted) + lost
         self._top.touch(ns, keys)
         achieved: Durability = "dram"
-        if (
-            durability == "ssd"
-            and self._wb.durable_level == "ssd"
-            and self._wb.wait(ticket, _deadline(timeout_s))
-        ):
-            achieved = "ssd"
+        if ssd_wanted:
+            last = max([waited, *(t.seq for t in tickets)])
+            if self._wb.wait(last, _deadline(timeout_s)) and not any(t.refused for t in tickets):
+                achieved = "ssd"
         with self._lock:
             self.counters["commits_total"] += 1
             self.counters["commit_blocks_total"] += inserted
             self.counters["dropped_blocks_total"] += dropped
+            if durability == "ssd" and achieved != "ssd":
+                self.counters["commit_not_durable_total"] += 1
         return CommitResult(
             inserted=inserted, present=present, dropped=dropped, durability=achieved
         )
+
+    def _write_back(
+        self,
+        ns: Namespace,
+        keys: Sequence[Key],
+        idx: list[int],
+        views: Mapping[int, memoryview],
+        sums: Mapping[int, int],
+        deadline: float | None,
+        tickets: list[Ticket],
+    ) -> list[int]:
+        """Hand blocks ``idx`` to the write-back; returns those it took (a prefix).
+
+        Reserved head first, in pieces that fit under the dirty bound: a commit larger
+        than the bound streams through the flusher, and what the deadline refuses is the
+        chain's tail, the least valuable part (DESIGN §6)."""
+        accepted: list[int] = []
+        while len(accepted) < len(idx):
+            granted = self._wb.reserve(len(idx) - len(accepted), ns.block_bytes, deadline)
+            if granted == 0:
+                break
+            part = idx[len(accepted) : len(accepted) + granted]
+            data = b"".join(views[i] for i in part)
+            tickets.append(
+                self._wb.submit(ns, [keys[i] for i in part], data, [sums[i] for i in part])
+            )
+            accepted.extend(part)
+        return accepted
 
     def _top_capacity_blocks(self, ns: Namespace) -> float:
         for c in self._top.stats().size_classes:
@@ -273,12 +348,22 @@ class TierManager(KVStore):
             if not runs or all(r.tier == 0 for r in runs):
                 return sum(r.length for r in runs)
             scratch = bytearray(len(keys) * ns.block_bytes)
-            self._fetch(ns, keys, memoryview(scratch))
+            self._fetch(ns, keys, memoryview(scratch), [])
             return self._top.contains(ns, keys)
 
         return self._pool.submit(promote)
 
     def flush(self, *, timeout_s: float | None = None) -> None:
+        self._drain(timeout_s)
+        refused = self._wb.claim_refused(self._wb.last_ticket())
+        if refused:
+            with self._lock:
+                self.counters["flush_not_durable_total"] += 1
+            below = ", ".join(t.name for t in self.tiers[1:])
+            raise NotDurable(refused, f"refused by the tier below DRAM ({below})")
+
+    def _drain(self, timeout_s: float | None) -> None:
+        """Wait until every block accepted so far has been written back (or refused)."""
         if self._closed:
             raise StoreUnavailable("store is closed")
         if not self._wb.wait(self._wb.last_ticket(), _deadline(timeout_s)):
@@ -286,7 +371,7 @@ class TierManager(KVStore):
 
     def delete_namespace(self, ns: Namespace, *, timeout_s: float | None = None) -> int:
         self._check(ns)
-        self.flush(timeout_s=timeout_s)  # nothing of ns may land below after the delete
+        self._drain(timeout_s)  # nothing of ns may land below after the delete
         return sum(tier.delete_namespace(ns) for tier in self.tiers)
 
     def stats(self, *, timeout_s: float | None = None) -> StoreStats:
@@ -294,7 +379,23 @@ class TierManager(KVStore):
             counters = dict(self.counters)
         counters.update(self._wb.counters)
         counters["dirty_bytes"] = self._wb.dirty_bytes()
-        return StoreStats(tiers=tuple(t.stats() for t in self.tiers), counters=counters)
+        tiers = tuple(self._tier_stats(i) for i in range(len(self.tiers)))
+        # One store-wide figure for DESIGN §4's corrupt-block count, whatever each tier
+        # calls it: every failed check on a read path, in any tier.
+        counters["corrupt_blocks_total"] = sum(
+            int(t.counters.get("corrupt_blocks_total", 0)) for t in tiers
+        )
+        return StoreStats(tiers=tiers, counters=counters)
+
+    def _tier_stats(self, i: int) -> TierStats:
+        tier = self.tiers[i]
+        if i == 0:
+            return tier.stats()
+        try:
+            return tier.stats()
+        except Exception as e:  # a failing lower tier must not take stats() down with it
+            self._count_tier_error(i)
+            return TierStats(tier.name, 0, 0, info={"error": f"{type(e).__name__}: {e}"})
 
     def check_integrity(self) -> None:
         for tier in self.tiers:

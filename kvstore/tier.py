@@ -14,6 +14,15 @@ Contract shared by every method that takes ``keys``:
 * A miss is a return value (a shorter prefix), never an exception.
 * Misuse (unregistered namespace, wrong buffer size, bad keys) raises ``ValueError``
   subclasses from ``kvstore.errors`` and stores nothing.
+
+End-to-end checksums (DESIGN §4): every block keeps the xxh3-64 of its payload made when
+it was first committed, in every tier and on the wire, and is checked against it where
+its bytes are handed over — after the copy into the destination, so the check reads
+what the caller gets. A block that fails is a miss (the served prefix ends before it),
+counted in ``corrupt_blocks_total``, never data. ``get_into(..., checksums=list)``
+hands the stored checksums of the copied rows to a caller that passes the rows on (the
+daemon puts them on the wire; the manager keeps them when it promotes), and
+``put(..., checksums=...)`` stores given checksums instead of computing new ones.
 """
 
 from __future__ import annotations
@@ -117,18 +126,40 @@ class Tier(ABC):
         """Length of the longest prefix of ``keys`` present. No side effects."""
 
     @abstractmethod
-    def get_into(self, ns: Namespace, keys: Sequence[Key], dst: Any) -> int:
+    def get_into(
+        self,
+        ns: Namespace,
+        keys: Sequence[Key],
+        dst: Any,
+        *,
+        checksums: list[int] | None = None,
+    ) -> int:
         """Copy the longest present prefix into rows of ``dst`` (``len(keys) × block_bytes``
         writable bytes), touch those blocks last→first, return how many were copied.
-        Rows past the returned count are left unspecified."""
+        Rows past the returned count are left unspecified.
+
+        Every returned row was checked against its stored checksum after it landed in
+        ``dst``; a block that fails ends the prefix (counted, and dropped from the tier
+        when its stored copy is the bad one). With ``checksums``, the stored checksum of
+        each returned row is appended to it, in row order."""
 
     @abstractmethod
     def put(
-        self, ns: Namespace, keys: Sequence[Key], src: Any, *, present_ok: bool = True
+        self,
+        ns: Namespace,
+        keys: Sequence[Key],
+        src: Any,
+        *,
+        present_ok: bool = True,
+        checksums: Sequence[int] | None = None,
     ) -> PutResult:
         """Insert row ``i`` of ``src`` (``len(keys) × block_bytes``) under ``keys[i]``; keys
         already present are only touched (``present_ok=False`` makes that a ValueError).
-        Applied last→first."""
+        Applied last→first.
+
+        ``checksums[i]`` (one per key) is row ``i``'s checksum as made at commit; the tier
+        stores it as given, so a row damaged since is caught on read. ``None``: the tier
+        computes them from ``src``."""
 
     @abstractmethod
     def touch(self, ns: Namespace, keys: Sequence[Key]) -> None:
@@ -176,10 +207,21 @@ class KVStore(ABC):
 
     @abstractmethod
     def get_into(
-        self, ns: Namespace, keys: Sequence[Key], dst: Any, *, timeout_s: float | None = None
+        self,
+        ns: Namespace,
+        keys: Sequence[Key],
+        dst: Any,
+        *,
+        timeout_s: float | None = None,
+        checksums: list[int] | None = None,
     ) -> int:
         """Copy the longest present prefix into ``dst`` rows; promotes lower-tier hits to the
-        top tier; touches last→first. Returns blocks copied."""
+        top tier; touches last→first. Returns blocks copied.
+
+        Every returned row was verified against the checksum made at commit after it was
+        copied into ``dst``; a corrupt block ends the prefix and is counted
+        (``corrupt_blocks_total``). With ``checksums``, each returned row's stored
+        checksum is appended to it."""
 
     @abstractmethod
     def commit(
@@ -193,7 +235,10 @@ class KVStore(ABC):
     ) -> CommitResult:
         """Insert ``payloads[i]`` under ``keys[i]`` for the given indices, then touch the whole
         chain last→first. Returns once the blocks are in DRAM (``durability="dram"``) or on
-        SSD (``"ssd"``)."""
+        SSD (``"ssd"``). The result's durability holds for *every* block the commit stored
+        (inserted or already present; ``dropped`` ones are stored nowhere): ``"ssd"`` only
+        once the SSD accepted each of them; if it refused any, or the deadline passed
+        first, ``"dram"``."""
 
     @abstractmethod
     def prefetch(
@@ -204,7 +249,12 @@ class KVStore(ABC):
 
     @abstractmethod
     def flush(self, *, timeout_s: float | None = None) -> None:
-        """Return once every accepted block is durable on the lowest tier."""
+        """Return once every block accepted before the call is durable on the lowest tier.
+
+        Raises ``NotDurable`` (with the count) when the lowest tier refused some of them
+        (failing, read-only, degraded): each refused block is reported by one ``flush``,
+        the first to return after the refusal. ``StoreUnavailable`` when the deadline
+        passes first."""
 
     @abstractmethod
     def delete_namespace(self, ns: Namespace, *, timeout_s: float | None = None) -> int:

@@ -5,6 +5,15 @@ background. Dirty bytes are bounded: past ``max_dirty_bytes`` a commit waits for
 flusher (back-pressure, counted) until its deadline, then the blocks that still do not
 fit are refused and counted — never silently lost.
 
+Acknowledgements tell the truth: a batch is durable only for the blocks every lower tier
+accepted (inserted, or already held). What a lower tier refuses — it raised, is
+read-only, degraded or full — is counted per batch on its ``Ticket`` (so a commit that
+asked for ``durability="ssd"`` learns it did not get it) and kept in a refusal log that
+``flush`` claims (so the flush that covers a refused block reports it, once).
+
+Blocks travel with the checksums made at commit, so the lower tiers store those and
+not a checksum of the write-back copy (DESIGN §4).
+
 ``NullWriteBack`` is the single-tier case: nothing below, so nothing is ever dirty.
 """
 
@@ -24,20 +33,48 @@ from kvstore.tier import Tier
 log = logging.getLogger(__name__)
 
 
+@dataclass(slots=True)
+class Ticket:
+    """One submitted batch. ``refused`` is set once the batch is done: how many of its
+    blocks some lower tier did not accept."""
+
+    seq: int
+    blocks: int
+    refused: int = 0
+
+
 @dataclass(frozen=True, slots=True)
 class _Batch:
     ns: Namespace
     keys: tuple[Key, ...]
     data: bytes  # rows of ns.block_bytes, one per key
-    seq: int
+    checksums: tuple[int, ...]  # made at commit, one per key
+    ticket: Ticket
+
+
+_COUNTERS = (
+    "writeback_blocks_total",  # inserted below
+    "writeback_dropped_total",  # refused by a lower tier that answered
+    "writeback_errors_total",  # refused by a lower tier that raised
+    "writeback_refused_total",  # blocks some lower tier did not accept, either way
+    "backpressure_waits_total",
+    "touches_dropped_total",
+    "touch_errors_total",
+)
+
+#: Refusal records kept for ``flush`` before the oldest are merged (one per failed batch).
+_MAX_REFUSAL_RECORDS = 1 << 16
 
 
 class WriteBack(ABC):
     """Contract: ``reserve`` waits until ``n_blocks`` of ``block_bytes`` fit under the dirty
     bound or the deadline passes, and returns how many blocks were granted; ``submit``
-    hands over exactly the granted blocks and returns a ticket that ``wait`` blocks on
-    until those blocks are durable below (or the deadline). ``last_ticket`` is the
-    newest ticket handed out, which ``flush`` waits for."""
+    hands over exactly the granted blocks (with their checksums) and returns a ``Ticket``;
+    ``wait(seq)`` blocks until every batch up to ``seq`` is done (or the deadline), after
+    which each of those tickets states how many of its blocks were refused below.
+    ``last_ticket`` is the newest sequence number handed out, which ``flush`` waits for;
+    ``claim_refused(seq)`` returns (and forgets) the refusals of done batches up to
+    ``seq`` that no earlier claim returned."""
 
     counters: Counter[str]
 
@@ -48,10 +85,15 @@ class WriteBack(ABC):
     def last_ticket(self) -> int: ...
 
     @abstractmethod
-    def submit(self, ns: Namespace, keys: Sequence[Key], data: bytes) -> int: ...
+    def submit(
+        self, ns: Namespace, keys: Sequence[Key], data: bytes, checksums: Sequence[int]
+    ) -> Ticket: ...
 
     @abstractmethod
     def wait(self, ticket: int, deadline_s: float | None) -> bool: ...
+
+    @abstractmethod
+    def claim_refused(self, ticket: int) -> int: ...
 
     @abstractmethod
     def note_hits(self, ns: Namespace, keys: Sequence[Key]) -> None:
@@ -78,11 +120,16 @@ class NullWriteBack(WriteBack):
     def last_ticket(self) -> int:
         return 0
 
-    def submit(self, ns: Namespace, keys: Sequence[Key], data: bytes) -> int:
-        return 0
+    def submit(
+        self, ns: Namespace, keys: Sequence[Key], data: bytes, checksums: Sequence[int]
+    ) -> Ticket:
+        return Ticket(0, len(keys))
 
     def wait(self, ticket: int, deadline_s: float | None) -> bool:
         return True
+
+    def claim_refused(self, ticket: int) -> int:
+        return 0
 
     def note_hits(self, ns: Namespace, keys: Sequence[Key]) -> None:
         pass
@@ -123,13 +170,16 @@ class ThreadWriteBack(WriteBack):
         self._dirty = 0
         self._reserved = 0
         self._next_seq = 1
-        self._done_seq = 0  # every batch with seq <= this is durable (or failed, counted)
+        self._done_seq = 0  # every batch with seq <= this is done (durable or refused)
+        # (seq, refused blocks) of done batches with refusals not yet claimed by a flush,
+        # in seq order (the flusher completes batches in order).
+        self._refusals: deque[tuple[int, int]] = deque()
         # Hits per namespace, in the order they happened (each a chain prefix).
         self._touches: dict[bytes, tuple[Namespace, list[tuple[Key, ...]]]] = {}
         self._touch_keys = 0
         self._cond = threading.Condition()
         self._stop = False
-        self.counters = Counter()
+        self.counters = Counter(dict.fromkeys(_COUNTERS, 0))
         self._thread = threading.Thread(target=self._run, name="kvstore-writeback", daemon=True)
         self._thread.start()
 
@@ -154,21 +204,30 @@ class ThreadWriteBack(WriteBack):
         with self._cond:
             return self._next_seq - 1
 
-    def submit(self, ns: Namespace, keys: Sequence[Key], data: bytes) -> int:
+    def submit(
+        self, ns: Namespace, keys: Sequence[Key], data: bytes, checksums: Sequence[int]
+    ) -> Ticket:
         with self._cond:
             self._reserved -= len(data)
             if not keys:
-                return self._done_seq
-            seq = self._next_seq
+                return Ticket(self._done_seq, 0)
+            ticket = Ticket(self._next_seq, len(keys))
             self._next_seq += 1
-            self._queue.append(_Batch(ns, tuple(keys), data, seq))
+            self._queue.append(_Batch(ns, tuple(keys), data, tuple(checksums), ticket))
             self._dirty += len(data)
             self._cond.notify_all()
-            return seq
+            return ticket
 
     def wait(self, ticket: int, deadline_s: float | None) -> bool:
         with self._cond:
             return self._cond.wait_for(lambda: self._done_seq >= ticket, _remaining(deadline_s))
+
+    def claim_refused(self, ticket: int) -> int:
+        with self._cond:
+            n = 0
+            while self._refusals and self._refusals[0][0] <= ticket:
+                n += self._refusals.popleft()[1]
+            return n
 
     def note_hits(self, ns: Namespace, keys: Sequence[Key]) -> None:
         with self._cond:
@@ -212,26 +271,44 @@ class ThreadWriteBack(WriteBack):
                 touches = None
                 if time.monotonic() - last_touch >= self._touch_interval_s and self._touches:
                     touches, self._touches, self._touch_keys = self._touches, {}, 0
-            for b in batches:
-                self._write(b)
+            refused = [self._write(b) for b in batches]
             if touches is not None:
                 last_touch = time.monotonic()
                 self._refresh(touches)
             with self._cond:
-                for b in batches:
+                for b, n in zip(batches, refused, strict=True):
                     self._dirty -= len(b.data)
-                    self._done_seq = max(self._done_seq, b.seq)
+                    b.ticket.refused = n
+                    self._done_seq = max(self._done_seq, b.ticket.seq)
+                    if n:
+                        self._log_refusal(b.ticket.seq, n)
                 self._cond.notify_all()
 
-    def _write(self, b: _Batch) -> None:
+    def _log_refusal(self, seq: int, n: int) -> None:
+        self.counters["writeback_refused_total"] += n
+        self._refusals.append((seq, n))
+        if len(self._refusals) > _MAX_REFUSAL_RECORDS:
+            # Nobody flushes while blocks keep being refused: fold the two oldest records
+            # into one, so the log stays bounded and the next flush still reports them.
+            _, a = self._refusals.popleft()
+            s2, b = self._refusals.popleft()
+            self._refusals.appendleft((s2, a + b))
+
+    def _write(self, b: _Batch) -> int:
+        """Put the batch into every lower tier; returns how many of its blocks some tier
+        did not accept (dropped, or all of them when the tier raised)."""
+        refused = 0
         for tier in self._lower:
             try:
-                res = tier.put(b.ns, b.keys, b.data)
+                res = tier.put(b.ns, b.keys, b.data, checksums=b.checksums)
                 self.counters["writeback_blocks_total"] += res.inserted
                 self.counters["writeback_dropped_total"] += res.dropped
+                refused = max(refused, res.dropped)
             except Exception:  # a lower tier failing must not kill the flusher
                 log.exception("write-back to %s failed", tier.name)
                 self.counters["writeback_errors_total"] += len(b.keys)
+                refused = len(b.keys)
+        return refused
 
     def _refresh(self, touches: dict[bytes, tuple[Namespace, list[tuple[Key, ...]]]]) -> None:
         for ns, hits in touches.values():

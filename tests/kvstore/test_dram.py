@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from kvstore.block import payload_checksum
 from kvstore.dram import DramConfig, DramTier
 from kvstore.errors import InvalidArgument
 from kvstore.keys import chain_keys
@@ -156,3 +157,131 @@ def test_s3fifo_policy_works_in_the_tier() -> None:
         put(t, SMALL, chain(SMALL, 5, seed=300 + s))
         t.check_integrity()
     assert t.stats().info["policy"] == "s3fifo"
+
+
+# -- end-to-end checksums (issue 14, item 3) ------------------------------------------
+def _flip_stored(t: DramTier, ns, key: bytes, at: int = 100) -> None:
+    """Flip one bit of ``key``'s payload in the tier's own memory."""
+    cs = t._classes[ns.block_bytes]
+    off = t._pool.offset(cs.sc, cs.slot[key]) + at
+    t._pool.tensor[off] ^= 0x10
+
+
+def test_a_flipped_byte_in_dram_memory_is_a_counted_miss_never_data() -> None:
+    t = make()
+    keys = chain(SMALL, 6, seed=30)
+    put(t, SMALL, keys)
+    _flip_stored(t, SMALL, keys[3])
+    dst = bytearray(6 * SMALL.block_bytes)
+    sums: list[int] = []
+    assert t.get_into(SMALL, keys, dst, checksums=sums) == 3
+    assert bytes(dst[: 3 * SMALL.block_bytes]) == b"".join(payload_for(SMALL, k) for k in keys[:3])
+    assert sums == [payload_checksum(payload_for(SMALL, k)) for k in keys[:3]]
+    c = t.stats().counters
+    assert c["corrupt_blocks_total"] == 1 and c["quarantined_blocks_total"] == 1
+    assert t.contains(SMALL, keys) == 3, "the bad copy is dropped, not served again"
+    t.check_integrity()
+
+
+def test_put_keeps_the_given_checksum_so_a_damaged_source_is_caught() -> None:
+    t = make()
+    keys = chain(SMALL, 2, seed=31)
+    good = [payload_for(SMALL, k) for k in keys]
+    bad = bytearray(b"".join(good))
+    bad[SMALL.block_bytes + 7] ^= 1  # block 1 changed after its checksum was made
+    t.put(SMALL, keys, bad, checksums=[payload_checksum(g) for g in good])
+    assert verify(t, SMALL, keys) == 1
+    assert t.stats().counters["corrupt_blocks_total"] == 1
+
+
+def test_checksums_must_match_the_keys() -> None:
+    t = make()
+    keys = chain(SMALL, 2, seed=32)
+    with pytest.raises(InvalidArgument):
+        t.put(SMALL, keys, bytes(2 * SMALL.block_bytes), checksums=[1])
+    assert t.contains(SMALL, keys) == 0
+
+
+# -- leases mean what they say (issue 14, item 4) -------------------------------------
+def _views_intact(t: DramTier, ns, lease) -> bool:
+    views = t.pinned_views(lease)
+    return [payload_checksum(v) for v in views] == list(lease.checksums) == [
+        payload_checksum(payload_for(ns, k)) for k in lease.keys
+    ]
+
+
+def test_pinned_blocks_are_never_moved_when_another_class_takes_chunks() -> None:
+    t = make(chunks=4)
+    old = chain(SMALL, 4 * CHUNK // SMALL.block_bytes, seed=33)
+    put(t, SMALL, old)  # fills the pool
+    lease = t.pin(SMALL, old[:20], lease_s=60)  # 20 blocks spread over the first chunk
+    before = [v.tobytes() for v in t.pinned_views(lease)]
+    addresses = list(lease.slots)
+    big = chain(BIG, 12, seed=34)
+    put(t, BIG, big)  # wants three chunks; only the two without a pinned block can go
+    assert t.stats().counters["chunk_moves"] == 2
+    assert t.contains(BIG, big) == 8
+    assert [v.tobytes() for v in t.pinned_views(lease)] == before
+    assert _views_intact(t, SMALL, lease)
+    cs = t._classes[SMALL.block_bytes]
+    assert [cs.slot[k] for k in lease.keys] == addresses, "a pinned block moved"
+    assert t.contains(SMALL, old[:20]) == 20
+    t.check_integrity()
+
+
+def test_deleting_a_pinned_block_hides_it_but_keeps_its_memory_until_unpin() -> None:
+    t = make(chunks=1)
+    cap = CHUNK // SMALL.block_bytes
+    keys = chain(SMALL, 4, seed=35)
+    put(t, SMALL, keys)
+    lease = t.pin(SMALL, keys, lease_s=60)
+    assert t.delete_namespace(SMALL) == 4
+    assert t.contains(SMALL, keys) == 0 and verify(t, SMALL, keys) == 0
+    other = chain(SMALL, cap, seed=36)  # wants every slot, gets all but the pinned four
+    put(t, SMALL, other)
+    assert t.contains(SMALL, other) == cap - 4
+    assert _views_intact(t, SMALL, lease), "a retired slot was reused while pinned"
+    t.check_integrity()
+    t.unpin(lease)
+    t.check_integrity()
+    assert t.put(SMALL, keys, b"".join(payload_for(SMALL, k) for k in keys)).inserted == 4
+    with pytest.raises(InvalidArgument):
+        t.pinned_views(lease)
+
+
+@given(
+    st.lists(
+        st.tuples(
+            st.booleans(),
+            st.integers(0, 11),
+            st.sampled_from(["put", "get", "pin", "unpin", "del", "touch"]),
+        ),
+        max_size=50,
+    )
+)
+def test_random_ops_never_move_or_reuse_pinned_memory(ops) -> None:
+    t = make(chunks=3)
+    chains = {
+        (big, s): chain(BIG if big else SMALL, 1 + s % 5, seed=40 + s)
+        for big in (True, False)
+        for s in range(12)
+    }
+    leases = []
+    for big, s, op in ops:
+        ns = BIG if big else SMALL
+        keys = chains[(big, s)]
+        if op == "put":
+            put(t, ns, keys)
+        elif op == "get":
+            verify(t, ns, keys)
+        elif op == "pin":
+            leases.append((ns, t.pin(ns, keys, lease_s=600)))
+        elif op == "unpin" and leases:
+            t.unpin(leases.pop(s % len(leases))[1])
+        elif op == "del":
+            t.delete_namespace(ns)
+        else:
+            t.touch(ns, keys)
+        t.check_integrity()
+        for lns, lease in leases:
+            assert _views_intact(t, lns, lease)

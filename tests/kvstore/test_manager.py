@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from kvstore.dram import DramConfig, DramTier
+from kvstore.errors import NotDurable
 from kvstore.keys import chain_keys
 from kvstore.manager import ManagerConfig, TierManager
 from tests.conftest import payload_for, small_ns
@@ -91,7 +93,9 @@ def test_backpressure_then_drops_are_counted_never_silent() -> None:
     assert res.inserted + res.dropped == 12
     assert st["dropped_blocks_total"] == res.dropped
     assert st.get("backpressure_waits_total", 0) >= (1 if res.dropped else 0)
-    m.flush(timeout_s=10)
+    with pytest.raises(NotDurable) as refused:  # the lower tier took none of them
+        m.flush(timeout_s=10)
+    assert refused.value.refused_blocks == res.inserted
     assert m.stats().counters["writeback_errors_total"] == res.inserted
     m.close()
 
