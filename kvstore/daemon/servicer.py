@@ -7,6 +7,11 @@ verifies each one's header and checksum as it completes, and commits once: a mal
 chunk aborts the request with nothing stored, while a stream that ends early (the
 client went away) commits the complete, verified blocks before the break and nothing
 else (DESIGN §7).
+
+Checksums end to end (DESIGN §4): what the daemon sends with a block is the checksum
+stored with it since its commit, never one computed from its own memory, so a byte
+damaged here fails at the client. Staged rows are copied out of the client-writable
+segment before they are checked and committed, so what is checked is what is stored.
 """
 
 from __future__ import annotations
@@ -133,20 +138,26 @@ class KVStoreServicer(RpcPlumbing, pb_grpc.KVStoreServicer):
                 keys = self._keys(req.keys)
                 nbytes = self._rows_bytes(ns, len(keys))
                 bb = ns.block_bytes
+                sums: list[int] = []
                 if req.HasField("staging"):
                     rows = self._staged_rows(tenant, req.staging, nbytes)
-                    hit = self.store.get_into(ns, keys, rows, timeout_s=self._timeout(ctx))
+                    hit = self.store.get_into(
+                        ns, keys, rows, timeout_s=self._timeout(ctx), checksums=sums
+                    )
                     self.metrics.bytes_out.labels("shm", str(bb)).inc(hit * bb)
-                    yield pb.GetResponse(done=pb.GetDone(hit_blocks=hit))
+                    yield pb.GetResponse(done=pb.GetDone(hit_blocks=hit, checksums=sums))
                     return
                 buf = memoryview(bytearray(nbytes))
-                hit = self.store.get_into(ns, keys, buf, timeout_s=self._timeout(ctx))
+                hit = self.store.get_into(
+                    ns, keys, buf, timeout_s=self._timeout(ctx), checksums=sums
+                )
             except Exception as e:
                 self._fail(ctx, "Get", e)
                 return
             fp = ns.fingerprint
             for i in range(hit):
-                for chunk in codec.iter_chunks(i, fp, keys[i], buf[i * bb : (i + 1) * bb]):
+                row = buf[i * bb : (i + 1) * bb]
+                for chunk in codec.iter_chunks(i, fp, keys[i], row, checksum=sums[i]):
                     yield pb.GetResponse(chunk=chunk)
             self.metrics.bytes_out.labels("grpc", str(bb)).inc(hit * bb)
             yield pb.GetResponse(done=pb.GetDone(hit_blocks=hit))
@@ -217,7 +228,9 @@ class KVStoreServicer(RpcPlumbing, pb_grpc.KVStoreServicer):
     ) -> dict[int, memoryview]:
         if len(headers) != len(indices):
             raise InvalidArgument(f"{len(headers)} staged headers for {len(indices)} blocks")
-        rows = self._staged_rows(tenant, ref, nbytes)
+        # Copied out first: the client can still write the segment, and bytes checked
+        # there could change before they are stored.
+        rows = memoryview(bytearray(self._staged_rows(tenant, ref, nbytes)))
         bb = ns.block_bytes
         out: dict[int, memoryview] = {}
         for j, idx in enumerate(indices):
@@ -263,9 +276,10 @@ class KVStoreServicer(RpcPlumbing, pb_grpc.KVStoreServicer):
             ns = self._ns(tenant, req.ns)
             keys = self._keys(req.keys)
             rows = self._staged_rows(tenant, req.staging, self._rows_bytes(ns, len(keys)))
-            hit = self.store.get_into(ns, keys, rows, timeout_s=self._timeout(ctx))
+            sums: list[int] = []
+            hit = self.store.get_into(ns, keys, rows, timeout_s=self._timeout(ctx), checksums=sums)
             self.metrics.bytes_out.labels("shm", str(ns.block_bytes)).inc(hit * ns.block_bytes)
-            return pb.GetDone(hit_blocks=hit)
+            return pb.GetDone(hit_blocks=hit, checksums=sums)
 
         return self._unary(ctx, "GetStaged", run)
 
