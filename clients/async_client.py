@@ -109,9 +109,15 @@ class AsyncGrpcStore:
         return await self._run(self.core.lookup(ns, keys, timeout_s, prompt_tokens))
 
     async def get_into(
-        self, ns: Namespace, keys: Sequence[Key], dst: Any, *, timeout_s: float | None = None
+        self,
+        ns: Namespace,
+        keys: Sequence[Key],
+        dst: Any,
+        *,
+        timeout_s: float | None = None,
+        checksums: list[int] | None = None,
     ) -> int:
-        return await self._run(self.core.get_into(ns, keys, dst, timeout_s))
+        return await self._run(self.core.get_into(ns, keys, dst, timeout_s, checksums))
 
     async def commit(
         self,
@@ -189,9 +195,17 @@ class BlockingAdapter(KVStore):
         return self._run(self.inner.lookup(ns, keys, timeout_s=timeout_s))
 
     def get_into(
-        self, ns: Namespace, keys: Sequence[Key], dst: Any, *, timeout_s: float | None = None
+        self,
+        ns: Namespace,
+        keys: Sequence[Key],
+        dst: Any,
+        *,
+        timeout_s: float | None = None,
+        checksums: list[int] | None = None,
     ) -> int:
-        return self._run(self.inner.get_into(ns, keys, dst, timeout_s=timeout_s))
+        return self._run(
+            self.inner.get_into(ns, keys, dst, timeout_s=timeout_s, checksums=checksums)
+        )
 
     def commit(
         self,

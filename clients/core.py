@@ -25,6 +25,7 @@ from clients.errors import StagingLost
 from clients.plan import Call, Plan, T
 from clients.proto import kvstore_pb2 as pb
 from clients.shm import Staging, map_segment
+from kvstore.block import verify_rows
 from kvstore.errors import KVStoreError, StoreUnavailable, UnknownNamespace
 from kvstore.keys import Key, Namespace
 from kvstore.tier import CommitResult, LookupResult, StoreStats
@@ -161,35 +162,66 @@ class ClientCore:
         return self._reregistering(ns, deadline, once)
 
     def get_into(
-        self, ns: Namespace, keys: Sequence[Key], dst: Any, timeout_s: float | None
+        self,
+        ns: Namespace,
+        keys: Sequence[Key],
+        dst: Any,
+        timeout_s: float | None,
+        checksums: list[int] | None = None,
     ) -> Plan[int]:
+        """Every returned row was checked, in ``dst``, against the checksum stored with
+        its block since its commit (DESIGN §4); the first that fails ends the prefix and
+        is counted (``corrupt_blocks``). ``checksums`` receives the stored checksums."""
         rq.check_ns(ns)
         keys = codec.check_keys(keys)
         rows = rq.dst_rows(ns, keys, dst)
         deadline = self.deadline(timeout_s)
         if not keys:
             return _const(0)
-        return self._reregistering(ns, deadline, lambda: self._get_once(ns, keys, rows, deadline))
+        out = [] if checksums is None else checksums
+        return self._reregistering(
+            ns, deadline, lambda: self._get_once(ns, keys, rows, deadline, out)
+        )
+
+    def _count_corrupt(self, n: int) -> None:
+        if n:
+            with self._lock:
+                self.corrupt_blocks += n
 
     def _get_once(
-        self, ns: Namespace, keys: list[Key], rows: memoryview, deadline: float
+        self,
+        ns: Namespace,
+        keys: list[Key],
+        rows: memoryview,
+        deadline: float,
+        checksums: list[int],
     ) -> Plan[int]:
         st = yield from self.staging_area()
         if st is not None:
-            got = yield from self._get_staged(st, ns, keys, rows, deadline)
+            got = yield from self._get_staged(st, ns, keys, rows, deadline, checksums)
             if got is not None:
                 return got
         req = pb.GetRequest(ns=codec.ns_to_proto(ns), keys=keys)
         reader = yield Call("Get", deadline, req, reader=lambda: rq.GetReader(ns, keys, rows))
-        if reader.corrupt_blocks:
-            with self._lock:
-                self.corrupt_blocks += reader.corrupt_blocks
-        return int(reader.hit)
+        self._count_corrupt(reader.corrupt_blocks)
+        hit = int(reader.hit)
+        checksums.extend(reader.checksums[:hit])
+        return hit
 
     def _get_staged(
-        self, st: Staging, ns: Namespace, keys: list[Key], rows: memoryview, deadline: float
+        self,
+        st: Staging,
+        ns: Namespace,
+        keys: list[Key],
+        rows: memoryview,
+        deadline: float,
+        checksums: list[int],
     ) -> Plan[int | None]:
-        """None: this call cannot use the segment (full, or lost): take the gRPC path."""
+        """None: this call cannot use the segment (full, or lost): take the gRPC path.
+
+        The rows are checked after they reach the caller's buffer (copied out of the
+        segment, or in place when the buffer is in the segment) against the checksums
+        the daemon stored at commit; a row it sent no checksum for is not data."""
         off = st.offset_of(rows)
         owned = off is None
         if off is None:
@@ -208,10 +240,14 @@ class ClientCore:
                 self._drop_staging(st)
                 return None
             hit = int(done.hit_blocks)
+            bb = ns.block_bytes
             if owned and hit:
-                n = hit * ns.block_bytes
-                rows[:n] = st.rows(off, n)
-            return hit
+                rows[: hit * bb] = st.rows(off, hit * bb)
+            sums = list(done.checksums[:hit])
+            good = verify_rows(rows[: hit * bb], bb, sums)
+            self._count_corrupt(int(good < hit))
+            checksums.extend(sums[:good])
+            return good
         finally:
             if owned:
                 st.allocator.free(off)
@@ -315,7 +351,15 @@ class ClientCore:
 
     def stats(self, timeout_s: float | None) -> Plan[StoreStats]:
         resp = yield Call("Stats", self.deadline(timeout_s), pb.StatsRequest())
-        return rq.stats_from_proto(resp)
+        st = rq.stats_from_proto(resp)
+        # Blocks this client caught after the daemon's checks (damaged on the wire, in
+        # the segment or in the daemon's memory) count as corrupt too.
+        counters = dict(st.counters)
+        counters["client_corrupt_blocks_total"] = self.corrupt_blocks
+        counters["corrupt_blocks_total"] = counters.get("corrupt_blocks_total", 0) + (
+            self.corrupt_blocks
+        )
+        return StoreStats(st.tiers, counters)
 
 
 def _const(value: T) -> Plan[T]:

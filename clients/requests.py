@@ -186,3 +186,8 @@ class GetReader:
         while n in done:
             n += 1
         return n if self._done is None else min(n, self._done)
+
+    @property
+    def checksums(self) -> list[int]:
+        """The stored checksum of each verified block of the prefix, in order."""
+        return [self._asm.checksums[i] for i in range(self.hit)]

@@ -134,9 +134,15 @@ class GrpcStore(KVStore):
         return self._run(self.core.lookup(ns, keys, timeout_s, prompt_tokens))
 
     def get_into(
-        self, ns: Namespace, keys: Sequence[Key], dst: Any, *, timeout_s: float | None = None
+        self,
+        ns: Namespace,
+        keys: Sequence[Key],
+        dst: Any,
+        *,
+        timeout_s: float | None = None,
+        checksums: list[int] | None = None,
     ) -> int:
-        return self._run(self.core.get_into(ns, keys, dst, timeout_s))
+        return self._run(self.core.get_into(ns, keys, dst, timeout_s, checksums))
 
     def commit(
         self,

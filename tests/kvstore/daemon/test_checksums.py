@@ -18,8 +18,10 @@ from typing import Any
 
 import pytest
 
+from clients.async_client import BlockingAdapter
 from clients.config import ClientConfig
 from clients.sync_client import GrpcStore
+from kvstore.block import payload_checksum
 from kvstore.daemon.config import DaemonConfig
 from kvstore.daemon.server import Daemon
 from kvstore.dram import DramConfig, DramTier
@@ -213,4 +215,68 @@ def test_flush_over_grpc_reports_what_the_ssd_refused(serve: Serve) -> None:
     assert e.value.refused_blocks == 5
     c.flush()  # reported once; the breaker was not tripped by it
     assert c.breaker.state == "closed"
+    c.close()
+
+
+def _clients(d: Daemon) -> list[KVStore]:
+    config = ClientConfig(target=f"127.0.0.1:{d.port}", shm="auto")
+    return [GrpcStore(config), BlockingAdapter(config)]
+
+
+@pytest.mark.parametrize("which", [0, 1], ids=["sync", "asyncio"])
+def test_a_byte_flipped_in_the_segment_fails_at_the_client(serve: Serve, which: int) -> None:
+    # The daemon copied and checked the rows into the shared segment; then a byte of the
+    # segment changes before the client copies them out: the client must check its copy.
+    d, store, _ = serve()
+    c = _clients(d)[which]
+    c.register(NS)
+    keys = make_chain(NS, 5, seed=6)
+    c.commit(NS, keys, payloads(NS, keys))
+
+    def damage(dst: memoryview) -> None:
+        dst[1 * BB + 300] ^= 0x01
+
+    store.after_get = damage
+    sums: list[int] = []
+    dst = bytearray(5 * BB)
+    assert c.get_into(NS, keys, dst, checksums=sums) == 1
+    assert bytes(dst[:BB]) == payload_for(NS, keys[0])
+    assert sums == [payload_checksum(payload_for(NS, keys[0]))]
+    st = c.stats().counters
+    assert st["client_corrupt_blocks_total"] == 1 and st["corrupt_blocks_total"] == 1
+    c.close()
+
+
+def test_a_zero_copy_read_is_checked_in_the_segment(serve: Serve) -> None:
+    d, store, _ = serve()
+    c = client(d, "auto")
+    c.register(NS)
+    keys = make_chain(NS, 4, seed=7)
+    c.commit(NS, keys, payloads(NS, keys))
+    got = c.staging_buffer(4 * BB)
+    assert got is not None
+    off, arr = got
+    assert c.get_into(NS, keys, arr) == 4  # undamaged: every row passes in place
+
+    def damage(dst: memoryview) -> None:
+        dst[2 * BB] ^= 0x01
+
+    store.after_get = damage
+    assert c.get_into(NS, keys, arr) == 2
+    assert c.corrupt_blocks == 1
+    c.release_buffer(off)
+    c.close()
+
+
+@pytest.mark.parametrize("which", [0, 1], ids=["sync", "asyncio"])
+def test_get_hands_on_the_stored_checksums_on_the_grpc_path(serve: Serve, which: int) -> None:
+    d, _, _ = serve()
+    config = ClientConfig(target=f"127.0.0.1:{d.port}", shm="off")
+    c: KVStore = GrpcStore(config) if which == 0 else BlockingAdapter(config)
+    c.register(NS)
+    keys = make_chain(NS, 3, seed=8)
+    c.commit(NS, keys, payloads(NS, keys))
+    sums: list[int] = []
+    assert c.get_into(NS, keys, bytearray(3 * BB), checksums=sums) == 3
+    assert sums == [payload_checksum(payload_for(NS, k)) for k in keys]
     c.close()
