@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from kvstore.block import payload_checksum
 from kvstore.errors import StoreUnavailable, UnknownNamespace
 from kvstore.keys import chain_keys
 from kvstore.tier import KVStore
@@ -143,3 +144,13 @@ def test_closed_store_is_unavailable(store: KVStore) -> None:
     with pytest.raises(StoreUnavailable):
         store.lookup(NS, chain(1), timeout_s=10)
     store.close()
+
+
+def test_reads_hand_on_the_checksums_made_at_commit(store: KVStore) -> None:
+    keys = chain(4, seed=40)
+    store.commit(NS, keys, payloads(keys), timeout_s=10)
+    got: list[int] = []
+    dst = bytearray(4 * NS.block_bytes)
+    assert store.get_into(NS, keys, dst, timeout_s=10, checksums=got) == 4
+    assert got == [payload_checksum(p) for p in payloads(keys).values()]
+    assert bytes(dst) == b"".join(payloads(keys).values())

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
+from kvstore.block import payload_checksum
 from kvstore.errors import StoreUnavailable, UnknownNamespace
 from kvstore.keys import chain_keys
 from kvstore.tier import Tier
@@ -251,3 +252,18 @@ def test_closed_tier_is_unavailable(tier: Tier) -> None:
     with pytest.raises(StoreUnavailable):
         tier.contains(NS, chain(1))
     tier.close()  # idempotent
+
+
+def test_checksums_made_at_commit_are_kept_and_handed_on(tier: Tier) -> None:
+    # DESIGN §4: a tier stores the checksum it is given (made at commit) and returns it
+    # with every read; a row that no longer matches it is a miss, never data.
+    keys = chain(5, seed=40)
+    sums = [payload_checksum(payload_for(NS, k)) for k in keys]
+    assert tier.put(NS, keys, rows(keys), checksums=sums).inserted == 5
+    got: list[int] = []
+    dst = bytearray(5 * NS.block_bytes)
+    assert tier.get_into(NS, keys, dst, checksums=got) == 5
+    assert got == sums and bytes(dst) == rows(keys)
+    got = []
+    assert tier.get_into(NS, keys[2:], dst[: 3 * NS.block_bytes], checksums=got) == 3
+    assert got == sums[2:]

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import errno
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -28,9 +27,10 @@ from kvstore.dram import DramConfig, DramTier
 from kvstore.errors import NotDurable
 from kvstore.keys import Key, Namespace
 from kvstore.manager import ManagerConfig, TierManager
-from kvstore.tier import CommitResult, Durability, KVStore, LookupResult, StoreStats
+from kvstore.tier import CommitResult, Durability, KVStore
 from storage_nodes.ssd import SSDTier
 from tests.conftest import payload_for, small_ns
+from tests.delegating import DelegatingStore
 from tests.kvstore.daemon.conftest import make_chain, payloads
 from tests.storage_nodes.ssd.helpers import make_config
 
@@ -38,23 +38,14 @@ NS = small_ns()
 BB = NS.block_bytes
 
 
-class Meddling(KVStore):
-    """Delegates to ``inner``; ``after_get(dst)`` runs on each ``get_into`` destination
-    once the inner store filled (and checked) it, ``before_commit()`` before each
-    commit reaches the inner store."""
+class Meddling(DelegatingStore):
+    """The real store; ``after_get(dst)`` runs on each ``get_into`` destination once the
+    store filled (and checked) it, ``before_commit()`` before each commit reaches it."""
 
     def __init__(self, inner: KVStore) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.after_get: Callable[[memoryview], None] | None = None
         self.before_commit: Callable[[], None] | None = None
-
-    def register(self, ns: Namespace, *, timeout_s: float | None = None) -> None:
-        self.inner.register(ns, timeout_s=timeout_s)
-
-    def lookup(
-        self, ns: Namespace, keys: Sequence[Key], *, timeout_s: float | None = None
-    ) -> LookupResult:
-        return self.inner.lookup(ns, keys, timeout_s=timeout_s)
 
     def get_into(
         self,
@@ -65,8 +56,7 @@ class Meddling(KVStore):
         timeout_s: float | None = None,
         checksums: list[int] | None = None,
     ) -> int:
-        kw = {} if checksums is None else {"checksums": checksums}
-        n = self.inner.get_into(ns, keys, dst, timeout_s=timeout_s, **kw)
+        n = super().get_into(ns, keys, dst, timeout_s=timeout_s, checksums=checksums)
         if self.after_get is not None:
             self.after_get(memoryview(dst).cast("B"))
         return n
@@ -82,24 +72,7 @@ class Meddling(KVStore):
     ) -> CommitResult:
         if self.before_commit is not None:
             self.before_commit()
-        return self.inner.commit(ns, keys, payloads, durability=durability, timeout_s=timeout_s)
-
-    def prefetch(
-        self, ns: Namespace, keys: Sequence[Key], *, timeout_s: float | None = None
-    ) -> Future[int]:
-        return self.inner.prefetch(ns, keys, timeout_s=timeout_s)
-
-    def flush(self, *, timeout_s: float | None = None) -> None:
-        self.inner.flush(timeout_s=timeout_s)
-
-    def delete_namespace(self, ns: Namespace, *, timeout_s: float | None = None) -> int:
-        return self.inner.delete_namespace(ns, timeout_s=timeout_s)
-
-    def stats(self, *, timeout_s: float | None = None) -> StoreStats:
-        return self.inner.stats(timeout_s=timeout_s)
-
-    def close(self) -> None:
-        self.inner.close()
+        return super().commit(ns, keys, payloads, durability=durability, timeout_s=timeout_s)
 
 
 Serve = Callable[..., tuple[Daemon, Meddling, TierManager]]

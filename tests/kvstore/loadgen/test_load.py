@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import io
 import json
-from collections.abc import Mapping, Sequence
-from concurrent.futures import Future
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +16,8 @@ from kvstore.cli import main
 from kvstore.keys import Key, Namespace
 from kvstore.loadgen.load import LoadConfig, LoadRun
 from kvstore.loadgen.session import StoreSession
-from kvstore.tier import CommitResult, Durability, KVStore, LookupResult, StoreStats
+from kvstore.tier import KVStore
+from tests.delegating import DelegatingStore
 from tests.kvstore.loadgen.conftest import RunLoad
 
 HITRATE_KEYS = (
@@ -109,57 +109,28 @@ def test_a_slice_replays_the_first_requests(embedded_run: RunLoad, conv_trace: P
     assert body["requests"] == body["predicted"]["requests"] == 10
 
 
-class FlipOneByte(KVStore):
+class FlipOneByte(DelegatingStore):
     """The real embedded store with one byte flipped in the ``nth`` non-empty read."""
 
     def __init__(self, inner: KVStore, nth: int = 3) -> None:
-        self.inner, self.nth, self.reads = inner, nth, 0
+        super().__init__(inner)
+        self.nth, self.reads = nth, 0
 
     def get_into(
-        self, ns: Namespace, keys: Sequence[Key], dst: Any, *, timeout_s: float | None = None
+        self,
+        ns: Namespace,
+        keys: Sequence[Key],
+        dst: Any,
+        *,
+        timeout_s: float | None = None,
+        checksums: list[int] | None = None,
     ) -> int:
-        got = self.inner.get_into(ns, keys, dst, timeout_s=timeout_s)
+        got = self.inner.get_into(ns, keys, dst, timeout_s=timeout_s, checksums=checksums)
         if got:
             self.reads += 1
             if self.reads == self.nth:
                 np.asarray(dst).reshape(-1)[5] ^= 0x40
         return got
-
-    def register(self, ns: Namespace, *, timeout_s: float | None = None) -> None:
-        self.inner.register(ns, timeout_s=timeout_s)
-
-    def lookup(
-        self, ns: Namespace, keys: Sequence[Key], *, timeout_s: float | None = None
-    ) -> LookupResult:
-        return self.inner.lookup(ns, keys, timeout_s=timeout_s)
-
-    def commit(
-        self,
-        ns: Namespace,
-        keys: Sequence[Key],
-        payloads: Mapping[int, Any],
-        *,
-        durability: Durability = "dram",
-        timeout_s: float | None = None,
-    ) -> CommitResult:
-        return self.inner.commit(ns, keys, payloads, durability=durability, timeout_s=timeout_s)
-
-    def prefetch(
-        self, ns: Namespace, keys: Sequence[Key], *, timeout_s: float | None = None
-    ) -> Future[int]:
-        return self.inner.prefetch(ns, keys, timeout_s=timeout_s)
-
-    def flush(self, *, timeout_s: float | None = None) -> None:
-        self.inner.flush(timeout_s=timeout_s)
-
-    def delete_namespace(self, ns: Namespace, *, timeout_s: float | None = None) -> int:
-        return self.inner.delete_namespace(ns, timeout_s=timeout_s)
-
-    def stats(self, *, timeout_s: float | None = None) -> StoreStats:
-        return self.inner.stats(timeout_s=timeout_s)
-
-    def close(self) -> None:
-        self.inner.close()
 
 
 def test_one_wrong_byte_is_counted_and_named(embedded_run: RunLoad, conv_trace: Path) -> None:
