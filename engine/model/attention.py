@@ -1,0 +1,81 @@
+"""Self-attention over the paged KV cache.
+
+One matmul makes q, k and v (``qkv_proj`` holds q's rows, then k's, then v's); Qwen3 then
+normalises each head of q and k; RoPE rotates both. The step's K/V go into the pool at
+``slot_mapping`` first, so the kernels read every key of a sequence, this chunk's included,
+from where it lies (``kernels.paged_prefill_attention`` for the prefill rows,
+``kernels.paged_decode_attention`` for the decode rows that follow them).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+import kernels
+from engine.forward_batch import ForwardBatch
+from engine.model.config import ModelConfig
+from engine.model.norm import RMSNorm
+from engine.model.rope import apply_rotary
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer: int) -> None:
+        super().__init__()
+        self.num_heads = cfg.num_heads
+        self.num_kv_heads = cfg.num_kv_heads
+        self.head_dim = cfg.head_dim
+        self.q_size = cfg.num_heads * cfg.head_dim
+        self.kv_size = cfg.num_kv_heads * cfg.head_dim
+        self.scale = cfg.head_dim**-0.5
+        # transformers' sliding_window: key j is visible to query i iff i - j < window.
+        self.window = cfg.layer_windows[layer]
+        self.qkv_proj = nn.Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size,
+                                  bias=cfg.qkv_bias)
+        self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=cfg.o_bias)
+        self.q_norm: RMSNorm | None = None
+        self.k_norm: RMSNorm | None = None
+        if cfg.qk_norm:
+            self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
+            self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        batch: ForwardBatch,
+        k_pool: torch.Tensor,
+        v_pool: torch.Tensor,
+    ) -> torch.Tensor:
+        tokens = x.shape[0]
+        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.view(tokens, self.num_heads, self.head_dim)
+        k = k.view(tokens, self.num_kv_heads, self.head_dim)
+        v = v.view(tokens, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None and self.k_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q = apply_rotary(q, cos, sin)
+        k = apply_rotary(k, cos, sin)
+        backend = batch.backend
+        kernels.write_kv_slots(k, v, k_pool, v_pool, batch.slot_mapping, backend=backend)
+        parts = []
+        n_pre = batch.num_prefill_tokens
+        if batch.prefill is not None:
+            pre = batch.prefill
+            parts.append(kernels.paged_prefill_attention(
+                q[:n_pre], k_pool, v_pool, pre.cu_seqlens_q, pre.block_tables, pre.seq_lens,
+                self.scale, self.window,
+                pre.sliding_kv_start if self.window is not None else None, backend=backend,
+            ))
+        if batch.decode is not None:
+            dec = batch.decode
+            parts.append(kernels.paged_decode_attention(
+                q[n_pre:], k_pool, v_pool, dec.block_tables, dec.seq_lens, self.scale,
+                self.window, dec.sliding_kv_start if self.window is not None else None,
+                backend=backend,
+            ))
+        if not parts:
+            raise ValueError("a ForwardBatch needs prefill or decode metadata")
+        out = parts[0] if len(parts) == 1 else torch.cat(parts)
+        return self.o_proj(out.reshape(tokens, self.q_size))

@@ -1,0 +1,104 @@
+"""``load_model``: a Hugging Face checkpoint directory → model, spec and tokenizer.
+
+The model is built on the meta device (no random initialisation to pay for), given its
+dtype, materialised on the target device and filled from the safetensors files; a bad
+checkpoint fails before anything is allocated where possible (config, tokenizer and tensor
+names and shapes are all checked against what the config implies).
+
+dtype: the caller's override, else the config's ``dtype``/``torch_dtype``, else the
+checkpoint's stored dtype (transformers' ``dtype="auto"``). Stop tokens: the
+``generation_config.json`` ``eos_token_id`` when present (what transformers' ``generate``
+stops on), else ``config.json``'s, else the tokenizer's ``eos_token``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from engine.errors import CheckpointError
+from engine.model.config import ModelConfig, load_config, parse_dtype, read_json, token_ids
+from engine.model.decoder import DecoderLM
+from engine.model.revision import model_revision
+from engine.model.spec import ModelSpec
+from engine.model.tokenizer import Tokenizer
+from engine.model.weights import checkpoint_files, load_weights, stored_dtype
+
+GENERATION_CONFIG_FILE = "generation_config.json"
+
+
+@dataclass(frozen=True, slots=True)
+class LoadedModel:
+    model: DecoderLM  # a CausalLM
+    spec: ModelSpec
+    tokenizer: Tokenizer
+    config: ModelConfig
+    path: Path  # the resolved checkpoint directory
+
+
+def eos_token_ids(model_dir: Path, cfg: ModelConfig, tokenizer: Tokenizer) -> tuple[int, ...]:
+    gen_path = model_dir / GENERATION_CONFIG_FILE
+    if gen_path.is_file():
+        gen = read_json(gen_path)
+        ids = token_ids(gen.get("eos_token_id"), f"{GENERATION_CONFIG_FILE}: eos_token_id")
+        if ids:
+            return ids
+    if cfg.eos_token_ids:
+        return cfg.eos_token_ids
+    eos = tokenizer.eos_token_id
+    return () if eos is None else (eos,)
+
+
+def load_model(
+    model_dir: str | Path,
+    *,
+    dtype: str | torch.dtype | None = None,
+    device: str | torch.device = "cpu",
+    revision_cache_dir: str | Path | None = None,
+    progress: bool = False,
+) -> LoadedModel:
+    """Load a checkpoint for inference (``CheckpointError`` on anything it cannot serve).
+
+    ``dtype`` overrides the checkpoint's (``"float32"``, ``"bfloat16"``, ``"float16"`` or a
+    ``torch.dtype``); ``revision_cache_dir`` holds the cached file digests (default: the
+    user's cache directory, see ``engine.model.revision``)."""
+    path = Path(model_dir)
+    if not path.is_dir():
+        raise CheckpointError(f"{model_dir}: not a directory")
+    path = path.resolve()
+    cfg = load_config(path)
+    tokenizer = Tokenizer.from_dir(path)
+    files = checkpoint_files(path)
+    if dtype is not None:
+        dt = parse_dtype(dtype, "--dtype")
+    elif cfg.dtype is not None:
+        dt = cfg.dtype
+    else:
+        dt = stored_dtype(files, cfg)
+        if dt not in (torch.float32, torch.float16, torch.bfloat16):
+            dt = torch.float32
+    dev = torch.device(device)
+    spec = ModelSpec(
+        model_id=path.name,
+        architecture=cfg.architecture,
+        num_layers=cfg.num_layers,
+        hidden_size=cfg.hidden_size,
+        num_heads=cfg.num_heads,
+        num_kv_heads=cfg.num_kv_heads,
+        head_dim=cfg.head_dim,
+        vocab_size=cfg.vocab_size,
+        max_context_tokens=cfg.max_position_tokens,
+        dtype=dt,
+        layer_windows=cfg.layer_windows,
+        eos_token_ids=eos_token_ids(path, cfg, tokenizer),
+        revision=model_revision(files, cfg, dt, revision_cache_dir, progress),
+    )
+    with torch.device("meta"):
+        model = DecoderLM(cfg, spec)
+    model = model.to(dtype=dt).to_empty(device=dev)
+    model.init_buffers(dev)
+    load_weights(model, cfg, files, progress)
+    model.eval()
+    return LoadedModel(model=model, spec=spec, tokenizer=tokenizer, config=cfg, path=path)

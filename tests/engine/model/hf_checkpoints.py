@@ -1,0 +1,111 @@
+"""Checkpoints written by transformers itself (``save_pretrained`` of random weights), the
+reference every model test compares against.
+
+Every parameter is redrawn from a seeded generator (norm weights around 1, biases non-zero)
+so that a misplaced tensor changes the output; transformers' own init leaves norms at 1
+and biases at 0, which would hide such mistakes.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import transformers
+
+from engine.model.toy_tokenizer import CHATML, train_tokenizer
+
+BASE: dict[str, Any] = dict(
+    vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
+    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
+    rms_norm_eps=1e-6,
+)
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    config_cls: str  # transformers class names
+    model_cls: str
+    config: dict[str, Any]
+    # Edits to the saved config.json (e.g. legacy keys transformers no longer writes).
+    edit: Callable[[dict[str, Any]], None] | None = None
+    save: dict[str, Any] = field(default_factory=dict)  # save_pretrained kwargs
+
+
+def _legacy_linear(cfg: dict[str, Any]) -> None:
+    cfg["rope_scaling"] = {"type": "linear", "factor": 2.0}
+    cfg["rope_theta"] = cfg.pop("rope_parameters")["rope_theta"]
+
+
+def _drop_layer_types(cfg: dict[str, Any]) -> None:
+    del cfg["layer_types"]  # layers >= max_window_layers slide, computed on load
+
+
+CASES: dict[str, Case] = {c.name: c for c in [
+    Case("llama", "LlamaConfig", "LlamaForCausalLM", dict(BASE)),
+    Case("llama_tied_llama3_rope", "LlamaConfig", "LlamaForCausalLM", dict(
+        BASE, tie_word_embeddings=True, rope_parameters=dict(
+            rope_type="llama3", rope_theta=10000.0, factor=8.0, low_freq_factor=1.0,
+            high_freq_factor=4.0, original_max_position_embeddings=64))),
+    Case("llama_bias_legacy_linear_rope", "LlamaConfig", "LlamaForCausalLM", dict(
+        BASE, attention_bias=True, mlp_bias=True), edit=_legacy_linear),
+    Case("mistral_window", "MistralConfig", "MistralForCausalLM", dict(
+        BASE, sliding_window=8, head_dim=24)),
+    Case("qwen2_hybrid", "Qwen2Config", "Qwen2ForCausalLM", dict(
+        BASE, num_hidden_layers=4, use_sliding_window=True, sliding_window=8,
+        layer_types=["sliding_attention", "full_attention"] * 2)),
+    Case("qwen2_tied_max_window_layers", "Qwen2Config", "Qwen2ForCausalLM", dict(
+        BASE, tie_word_embeddings=True, use_sliding_window=True, sliding_window=11,
+        max_window_layers=1), edit=_drop_layer_types),
+    Case("qwen3_hybrid_head_dim", "Qwen3Config", "Qwen3ForCausalLM", dict(
+        BASE, num_hidden_layers=4, head_dim=32, tie_word_embeddings=True,
+        use_sliding_window=True, sliding_window=8,
+        layer_types=["full_attention", "sliding_attention"] * 2)),
+    Case("qwen3_sharded", "Qwen3Config", "Qwen3ForCausalLM", dict(BASE),
+         save=dict(max_shard_size="60KB")),
+]}
+
+
+def randomize(model: torch.nn.Module, seed: int) -> None:
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in sorted(model.named_parameters()):
+            noise = torch.randn(p.shape, generator=gen)
+            p.copy_(1.0 + 0.1 * noise if name.endswith("norm.weight") else 0.05 * noise)
+
+
+_TOKENIZER_JSON: list[str] = []
+
+
+def _tokenizer_json() -> str:
+    if not _TOKENIZER_JSON:
+        _TOKENIZER_JSON.append(train_tokenizer(CHATML, 256, seed=0, corpus_lines=300).to_str())
+    return _TOKENIZER_JSON[0]
+
+
+def write_case(case: Case, root: Path, seed: int = 0) -> Path:
+    """Save ``case`` as transformers does, plus a tokenizer; returns its directory."""
+    path = root / case.name
+    cfg = getattr(transformers, case.config_cls)(**case.config)
+    torch.manual_seed(seed)
+    model = getattr(transformers, case.model_cls)(cfg)
+    randomize(model, seed)
+    model.save_pretrained(path, **case.save)
+    (path / "tokenizer.json").write_text(_tokenizer_json(), encoding="utf-8")
+    if case.edit is not None:
+        raw = json.loads((path / "config.json").read_text())
+        case.edit(raw)
+        (path / "config.json").write_text(json.dumps(raw))
+    return path
+
+
+def load_reference(path: Path) -> Any:
+    """transformers' model for a checkpoint directory, in float32, eager attention."""
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        path, dtype=torch.float32, attn_implementation="eager")
+    return model.eval()
