@@ -58,7 +58,8 @@ def test_greedy_decode_matches_generate(pair) -> None:  # type: ignore[no-untype
     name, lm, ref = pair
     prompt = _tokens(PROMPT_TOKENS - 10, seed=2)
     with torch.no_grad():
-        out = ref.generate(torch.tensor([prompt]), max_new_tokens=NEW_TOKENS, do_sample=False,
+        out = ref.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt)),
+                           max_new_tokens=NEW_TOKENS, do_sample=False,
                            output_logits=True, return_dict_in_generate=True,
                            eos_token_id=None, pad_token_id=0)
     ref_tokens = out.sequences[0, len(prompt):].tolist()
