@@ -91,8 +91,19 @@ class NullStoreLink(StoreLink):
 
 
 class KVStoreLink(StoreLink):
-    def __init__(self, store: KVStore, ns: Namespace, name: str, *, timeout_s: float = 5.0):
+    def __init__(
+        self,
+        store: KVStore,
+        ns: Namespace,
+        name: str,
+        *,
+        timeout_s: float = 5.0,
+        close_store: bool = True,
+    ) -> None:
+        """``close_store=False``: the caller shares ``store`` between engines and closes it
+        itself."""
         self.store = store
+        self._close_store = close_store
         self.ns = ns
         self.name = name
         self._lock = threading.Lock()
@@ -192,6 +203,8 @@ class KVStoreLink(StoreLink):
         if self._closed:
             return
         self._closed = True
+        if not self._close_store:
+            return
         try:
             self.store.close()
         except KVStoreError as e:

@@ -13,6 +13,7 @@ token maps to.
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -20,8 +21,11 @@ from pathlib import Path
 
 from engine.errors import EngineInputError
 from engine.kv.store_link import KVStoreLink, NullStoreLink, StoreLink
+from kvstore.errors import KVStoreError, StoreUnavailable
 from kvstore.keys import Namespace
 from kvstore.tier import KVStore
+
+log = logging.getLogger("engine.store")
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,9 +42,10 @@ def default_store_dir() -> Path:
     return Path(base) / "kvengine" / "store"
 
 
-def _open_embedded(arg: str, opts: StoreOptions) -> KVStore:
+def _open_embedded(url: str, opts: StoreOptions) -> KVStore:
     from kvstore.embedded import open_embedded
 
+    arg = url.partition(":")[2]
     path = Path(arg) if arg else default_store_dir()
     path.mkdir(parents=True, exist_ok=True)
     return open_embedded(
@@ -58,11 +63,27 @@ def _open_grpc(url: str, opts: StoreOptions) -> KVStore:
     )
 
 
+# scheme prefix -> (link name, opener)
+_OPENERS: dict[str, tuple[str, Callable[[str, StoreOptions], KVStore]]] = {
+    "embedded": ("embedded", _open_embedded),
+    "embedded:": ("embedded", _open_embedded),
+    "grpc://": ("grpc", _open_grpc),
+    "grpcs://": ("grpc", _open_grpc),
+}
+
+
 def store_tenant(store: KVStore) -> str:
     """The tenant the store's credentials map to ("" for an embedded store or a daemon
-    without auth). Uses the store's ``tenant()`` call when it has one."""
+    without auth). Uses the store's ``tenant()`` call when it has one; a store that cannot
+    answer now is a store whose blocks will be misses anyway."""
     ask: Callable[[], str] | None = getattr(store, "tenant", None)
-    return ask() if callable(ask) else ""
+    if not callable(ask):
+        return ""
+    try:
+        return ask()
+    except StoreUnavailable as e:
+        log.warning("kv store cannot say which tenant its token maps to (%s); using none", e)
+        return ""
 
 
 def open_store_link(
@@ -71,14 +92,19 @@ def open_store_link(
     """Open the store ``url`` names and its link for the namespace ``make_ns(tenant)``."""
     if url == "none":
         return NullStoreLink(make_ns(""))
-    if url == "embedded" or url.startswith("embedded:"):
-        name, store = "embedded", _open_embedded(url.partition(":")[2], opts)
-    elif url.startswith(("grpc://", "grpcs://")):
-        name, store = "grpc", _open_grpc(url, opts)
-    else:
+    scheme = "embedded" if url == "embedded" else url.partition(":")[0] + ":"
+    if url.startswith(("grpc://", "grpcs://")):
+        scheme = url.partition("//")[0] + "//"
+    opener = _OPENERS.get(scheme)
+    if opener is None:
         raise EngineInputError(
             f"--kv-store {url!r}: expected none, embedded[:DIR] or grpc://HOST:PORT"
         )
+    name, open_ = opener
+    try:
+        store = open_(url, opts)
+    except KVStoreError as e:  # a locked SSD directory, a bad URL, an unreadable token
+        raise EngineInputError(f"--kv-store {url}: {e}") from None
     try:
         ns = make_ns(store_tenant(store))
     except BaseException:

@@ -1,0 +1,224 @@
+"""``kvengine generate``: run a prompt or a multi-turn session through the engine, with the
+KV store of ``--kv-store`` behind the pool, and report per turn where the prompt's tokens
+came from (pool ``hbm``, store ``dram``/``ssd``, or computed) and how long the first token
+took.
+
+``--json`` prints exactly ``{"namespace": HEX, "turns": [{"prompt_tokens", "hit_tokens":
+{"hbm", "dram", "ssd"}, "computed_tokens", "ttft_s", "decode_tokens_per_s", "token_ids",
+"text"}]}`` (``token_ids`` and ``text`` are the generated answer). Otherwise a table, one
+row per turn as it finishes, and a summary of the pool and the store.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+from tqdm import tqdm
+
+from engine.config import EngineConfig
+from engine.errors import EngineInputError
+from engine.kv.namespace import engine_namespace
+from engine.kv.stores import StoreOptions, default_store_dir, open_store_link
+from engine.llm_engine import LLMEngine
+from engine.sampling_params import SamplingParams
+from engine.sequence import TIERS, Sequence
+from engine.session import Conversation, SessionTurn, read_session_file
+from kvstore.units import parse_size
+
+_DEFAULTS = EngineConfig()
+
+
+@dataclass(frozen=True, slots=True)
+class TurnResult:
+    session: str
+    prompt_tokens: int
+    hit_tokens: dict[str, int]
+    computed_tokens: int
+    ttft_s: float
+    decode_tokens_per_s: float
+    token_ids: list[int]
+    text: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "hit_tokens": dict(self.hit_tokens),
+            "computed_tokens": self.computed_tokens,
+            "ttft_s": self.ttft_s,
+            "decode_tokens_per_s": self.decode_tokens_per_s,
+            "token_ids": self.token_ids,
+            "text": self.text,
+        }
+
+
+def configure(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", required=True, metavar="DIR", help="Hugging Face checkpoint dir")
+    p.add_argument("--kv-store", default="none", metavar="STORE",
+                   help="none (pool prefix caching only), embedded[:DIR] (DRAM + SSD in this "
+                        f"process; DIR defaults to {default_store_dir()}) or grpc://HOST:PORT "
+                        "(a running `kvstore serve`)")
+    p.add_argument("--auth-token-file", metavar="F",
+                   help="grpc: file holding the daemon's bearer token (else $KVSTORE_AUTH_TOKEN)")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--prompt-file", metavar="F", help="one prompt, as plain text")
+    src.add_argument("--session-file", metavar="F.jsonl",
+                     help='one {"user": "..."} per line (optional "session": NAME interleaves '
+                          "conversations); each turn extends the previous prompt and answer")
+    p.add_argument("--max-new-tokens", type=int, default=64, metavar="N")
+    p.add_argument("--greedy", action="store_true", help="argmax decoding (the default)")
+    p.add_argument("--temperature", type=float, metavar="T",
+                   help="sample at this temperature instead of greedy")
+    p.add_argument("--top-p", type=float, default=1.0, metavar="P")
+    p.add_argument("--seed", type=int, default=0, metavar="S",
+                   help="sampling seed (turn i of a session uses S + i)")
+    p.add_argument("--pool-tokens", type=int, default=_DEFAULTS.pool_tokens, metavar="N",
+                   help="KV pool (the hbm tier) size in tokens")
+    p.add_argument("--max-batched-tokens", type=int, default=_DEFAULTS.max_batched_tokens,
+                   metavar="N", help="per-step token budget (prefill chunk size)")
+    p.add_argument("--attention-backend", choices=("torch", "triton"),
+                   help="kernels backend (default: the device's)")
+    p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"),
+                   help="weights and KV dtype (default: the checkpoint's)")
+    p.add_argument("--device", default="cpu", help="torch device of the model and the pool")
+    p.add_argument("--dram", default="1GiB", metavar="SIZE", help="embedded: DRAM tier size")
+    p.add_argument("--ssd-capacity", default="8GiB", metavar="SIZE",
+                   help="embedded: SSD tier size")
+    p.add_argument("--json", action="store_true", help="print the result as one JSON object")
+
+
+def sampling_params(args: argparse.Namespace) -> SamplingParams:
+    if args.temperature is None:
+        return SamplingParams(max_new_tokens=args.max_new_tokens)
+    if args.greedy:
+        raise EngineInputError("--greedy and --temperature exclude each other")
+    return SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+                          top_p=args.top_p, seed=args.seed)
+
+
+def run(args: argparse.Namespace) -> int:
+    logging.basicConfig(format="kvengine: warning: %(message)s", level=logging.WARNING)
+    params = sampling_params(args)
+    store_opts = StoreOptions(
+        dram_bytes=parse_size(args.dram),
+        ssd_capacity_bytes=parse_size(args.ssd_capacity),
+        auth_token_file=args.auth_token_file,
+    )
+    config = EngineConfig(pool_tokens=args.pool_tokens, max_batched_tokens=args.max_batched_tokens,
+                          attention_backend=args.attention_backend)
+    turns = (read_session_file(args.session_file) if args.session_file
+             else [SessionTurn("", _read_text(args.prompt_file))])
+    from engine.model.loader import load_model
+
+    loaded = load_model(args.model, dtype=args.dtype, device=args.device,
+                        progress=not args.json)
+    link = open_store_link(
+        args.kv_store,
+        lambda tenant: engine_namespace(loaded.spec, config.block_tokens, tenant),
+        store_opts,
+    )
+    table = None if args.json else TurnTable()
+    with LLMEngine(loaded.model, config, link) as engine:
+        results = play(engine, loaded.tokenizer, turns, params, raw_prompt=not args.session_file,
+                       on_turn=None if table is None else table.row,
+                       progress=not args.json)
+        store_counters = link.counters()
+        hbm = engine.hbm_stats()
+    failed = store_counters.get("store_errors_total", 0)
+    if failed:
+        print(f"kvengine: kv store {link.name}: {failed} calls failed; their blocks were served "
+              f"as misses", file=sys.stderr)
+    if args.json:
+        json.dump({"namespace": link.ns.fingerprint.hex(),
+                   "turns": [r.to_json() for r in results]}, sys.stdout)
+        sys.stdout.write("\n")
+    else:
+        print(f"\nnamespace {link.ns.fingerprint.hex()}  store {args.kv_store}  "
+              f"pool {config.num_blocks} blocks of {config.block_tokens} tokens, "
+              f"{hbm.counters.get('evicted_blocks_total', 0)} evicted, "
+              f"{store_counters.get('loaded_blocks_total', 0)} loaded from the store, "
+              f"{store_counters.get('committed_blocks_total', 0)} committed")
+    return 0
+
+
+def _read_text(path: str) -> str:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except (OSError, UnicodeDecodeError) as e:
+        raise EngineInputError(f"cannot read prompt file {path}: {e}") from None
+
+
+def play(
+    engine: LLMEngine,
+    tokenizer: Any,
+    turns: list[SessionTurn],
+    params: SamplingParams,
+    *,
+    raw_prompt: bool = False,
+    on_turn: Callable[[int, TurnResult], None] | None = None,
+    progress: bool = False,
+) -> list[TurnResult]:
+    """Run the turns in order, each to completion (its conversation's next turn needs its
+    answer). ``raw_prompt``: one plain-text prompt, no chat template."""
+    eos = engine.model.spec.eos_token_ids
+    conversations: dict[str, Conversation] = {}
+    results: list[TurnResult] = []
+    for i, turn in enumerate(turns):
+        conv = conversations.setdefault(turn.session, Conversation(tokenizer, eos))
+        if raw_prompt:
+            ids = tokenizer.encode(turn.user, add_special_tokens=True)
+        else:
+            ids = conv.next_prompt(turn.user)
+        turn_params = params if params.greedy else replace(params, seed=(params.seed or 0) + i)
+        seq = engine.add_request(ids, turn_params)
+        _run_to_end(engine, seq, progress)
+        text = conv.record_answer(seq.output_ids)
+        s = seq.stats
+        result = TurnResult(
+            session=turn.session,
+            prompt_tokens=seq.num_prompt_tokens,
+            hit_tokens={t: s.hit_tokens[t] for t in TIERS},
+            computed_tokens=s.computed_tokens,
+            ttft_s=s.ttft_s,
+            decode_tokens_per_s=s.decode_tokens_per_s(len(seq.output_ids)),
+            token_ids=seq.output_ids,
+            text=text,
+        )
+        results.append(result)
+        if on_turn is not None:
+            on_turn(i, result)
+    return results
+
+
+def _run_to_end(engine: LLMEngine, seq: Sequence, progress: bool) -> None:
+    with tqdm(total=seq.num_prompt_tokens, unit="tok", desc="prefill", leave=False,
+              disable=None if progress else True) as bar:
+        while not seq.is_finished:
+            engine.step()
+            bar.update(min(seq.num_computed_tokens, seq.num_prompt_tokens) - bar.n)
+
+
+class TurnTable:
+    """The human table: a header, then one row per turn as it finishes."""
+
+    COLUMNS = ("turn", "session", "prompt", "hbm", "dram", "ssd", "computed", "ttft_s",
+               "decode tok/s")
+    WIDTHS = (4, 8, 7, 7, 7, 7, 8, 8, 12)
+
+    def __init__(self) -> None:
+        self._printed = False
+
+    def row(self, i: int, r: TurnResult) -> None:
+        if not self._printed:
+            print(" ".join(c.rjust(w) for c, w in zip(self.COLUMNS, self.WIDTHS, strict=True)))
+            self._printed = True
+        cells = (str(i + 1), r.session[:8] or "-", str(r.prompt_tokens),
+                 str(r.hit_tokens["hbm"]), str(r.hit_tokens["dram"]), str(r.hit_tokens["ssd"]),
+                 str(r.computed_tokens), f"{r.ttft_s:.3f}", f"{r.decode_tokens_per_s:.1f}")
+        print(" ".join(c.rjust(w) for c, w in zip(cells, self.WIDTHS, strict=True)), flush=True)
