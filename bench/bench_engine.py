@@ -1,0 +1,266 @@
+"""Engine benchmarks on the ``small`` checkpoint (issue 10): what the store buys in time to
+first token, and how the engine compares with transformers on the same checkpoint.
+
+- ``ttft``: TTFT of a cold N-token prompt vs the same prompt 95 % cached, the cached part
+  served from the pool (``hbm``), from the embedded store's DRAM, and from its SSD (the
+  store reopened, so its DRAM is empty and reads go to disk through O_DIRECT). Target at
+  32 K: cold / DRAM-hit ≥ 8, cold / SSD-hit ≥ 5, DRAM-hit / pool-hit ≤ 1.25.
+- ``prefill``: cold prefill tokens/s, engine vs transformers' forward (sdpa, the last
+  token's logits only). Target ≥ 0.9.
+- ``batch``: 8 concurrent requests of ragged lengths (1 K–8 K tokens, 128 new tokens
+  each) end to end vs transformers' ``generate`` of the same 8 prompts as one left-padded
+  batch. Target ≥ 1.5.
+
+Each case is the median of ``--rounds`` interleaved rounds; every figure is printed next to
+its peer from the same run. Run each piece alone under ``/work/bin/cpu-exclusive``::
+
+    python -m bench.bench_engine ttft --sizes 4096,16384
+    python -m bench.bench_engine ttft --sizes 32768 --rounds 3
+    python -m bench.bench_engine prefill --sizes 4096,16384
+    python -m bench.bench_engine batch
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from bench.harness import machine
+from engine.config import EngineConfig
+from engine.kv.namespace import engine_namespace
+from engine.kv.store_link import KVStoreLink, NullStoreLink, StoreLink
+from engine.llm_engine import LLMEngine
+from engine.sampling_params import SamplingParams
+from engine.sequence import Sequence
+from kvstore.embedded import open_embedded
+from kvstore.tier import KVStore
+
+CACHED_FRACTION = 0.95
+ONE_TOKEN = SamplingParams(max_new_tokens=1, ignore_eos=True)
+
+
+def default_model_dir() -> Path:
+    from engine.model.revision import default_cache_dir
+
+    return default_cache_dir() / "models" / "small-qwen3"
+
+
+def ensure_model(path: Path) -> Path:
+    if not (path / "config.json").is_file():
+        from engine.model.make_model import make_model
+
+        print(f"making the small model in {path} ...", file=sys.stderr)
+        make_model("qwen3", "small", path, progress=True)
+    return path
+
+
+class Bench:
+    def __init__(self, model_dir: Path, pool_tokens: int, budget: int, store_root: Path) -> None:
+        from engine.model.loader import load_model
+
+        self.model_dir = model_dir
+        self.lm = load_model(model_dir)
+        self.config = EngineConfig(pool_tokens=pool_tokens, max_batched_tokens=budget)
+        self.ns = engine_namespace(self.lm.spec, self.config.block_tokens)
+        self.store_root = store_root
+
+    def engine(self, link: StoreLink | None = None) -> LLMEngine:
+        return LLMEngine(self.lm.model, self.config, link or NullStoreLink(self.ns))
+
+    def prompt(self, n: int, seed: int) -> list[int]:
+        g = torch.Generator().manual_seed(seed)
+        return torch.randint(0, self.lm.spec.vocab_size, (n,), generator=g).tolist()
+
+    def store(self, directory: Path) -> KVStore:
+        return open_embedded(dram_bytes=2 << 30, ssd_dir=str(directory),
+                             ssd_capacity_bytes=8 << 30)
+
+    @staticmethod
+    def run_one(engine: LLMEngine, ids: list[int], params: SamplingParams = ONE_TOKEN
+                ) -> Sequence:
+        (seq,) = engine.generate([ids], params)
+        return seq
+
+    # -- TTFT: cold vs 95 % cached ----------------------------------------------------
+    def ttft_round(self, n: int, seed: int) -> dict[str, tuple[float, dict[str, int]]]:
+        ids = self.prompt(n, seed)
+        prefix = ids[: int(n * CACHED_FRACTION)]
+        out: dict[str, tuple[float, dict[str, int]]] = {}
+
+        def record(name: str, seq: Sequence) -> None:
+            out[name] = (seq.stats.ttft_s, dict(seq.stats.hit_tokens))
+
+        with self.engine() as eng:
+            record("cold", self.run_one(eng, ids))
+        with self.engine() as eng:
+            self.run_one(eng, prefix)
+            record("pool", self.run_one(eng, ids))
+        directory = Path(tempfile.mkdtemp(dir=self.store_root, prefix="bench-engine-"))
+        try:
+            store = self.store(directory)
+            try:
+                with self.engine(KVStoreLink(store, self.ns, "embedded",
+                                             close_store=False)) as eng:
+                    self.run_one(eng, prefix)
+                store.flush()
+                with self.engine(KVStoreLink(store, self.ns, "embedded",
+                                             close_store=False)) as eng:
+                    record("dram", self.run_one(eng, ids))
+            finally:
+                store.close()
+            # A fresh store on the same directory: an empty DRAM tier, reads from the SSD.
+            with self.engine(KVStoreLink(self.store(directory), self.ns, "embedded")) as eng:
+                record("ssd", self.run_one(eng, ids))
+        finally:
+            shutil.rmtree(directory, ignore_errors=True)
+        return out
+
+    # -- cold prefill vs transformers ---------------------------------------------------
+    def hf_model(self) -> Any:
+        from transformers import AutoModelForCausalLM
+
+        model = AutoModelForCausalLM.from_pretrained(
+            self.model_dir, dtype=self.lm.spec.dtype, attn_implementation="sdpa"
+        )
+        return model.eval()
+
+    def prefill_round(self, hf: Any, n: int, seed: int) -> dict[str, float]:
+        ids = self.prompt(n, seed)
+        with self.engine() as eng:
+            t_engine = self.run_one(eng, ids).stats.ttft_s
+        x = torch.tensor([ids])
+        with torch.inference_mode():
+            t0 = time.perf_counter()
+            hf(input_ids=x, logits_to_keep=1, use_cache=False)
+            t_hf = time.perf_counter() - t0
+        return {"engine": n / t_engine, "transformers": n / t_hf}
+
+    # -- 8 ragged requests end to end vs transformers' padded generate ------------------
+    def batch_round(self, hf: Any, lens: list[int], new: int, seed: int) -> dict[str, float]:
+        prompts = [self.prompt(n, seed * 100 + i) for i, n in enumerate(lens)]
+        params = SamplingParams(max_new_tokens=new, ignore_eos=True)
+        with self.engine() as eng:
+            t0 = time.perf_counter()
+            seqs = eng.generate(prompts, params)
+            t_engine = time.perf_counter() - t0
+        if any(len(s.output_ids) != new for s in seqs):
+            raise RuntimeError("the engine stopped a request early")
+        width = max(lens)
+        pad = 0
+        x = torch.full((len(prompts), width), pad, dtype=torch.int64)
+        mask = torch.zeros((len(prompts), width), dtype=torch.int64)
+        for i, p in enumerate(prompts):
+            x[i, width - len(p):] = torch.tensor(p)
+            mask[i, width - len(p):] = 1
+        with torch.inference_mode():
+            t0 = time.perf_counter()
+            out = hf.generate(input_ids=x, attention_mask=mask, max_new_tokens=new,
+                              min_new_tokens=new, do_sample=False, pad_token_id=pad)
+            t_hf = time.perf_counter() - t0
+        if out.shape[1] != width + new:
+            raise RuntimeError("transformers stopped early")
+        tokens = sum(lens) + len(lens) * new
+        return {"engine": tokens / t_engine, "transformers": tokens / t_hf}
+
+
+def median_rounds(rounds: int, fn: Callable[[int], dict[str, Any]]) -> list[dict[str, Any]]:
+    return [fn(r) for r in range(rounds)]
+
+
+def cmd_ttft(b: Bench, sizes: list[int], rounds: int) -> dict[str, Any]:
+    rows = []
+    for n in sizes:
+        runs = median_rounds(rounds, lambda r, n=n: b.ttft_round(n, seed=n + r))
+        med = {k: statistics.median(run[k][0] for run in runs) for k in runs[0]}
+        hits = {k: runs[0][k][1] for k in runs[0]}
+        rows.append({"prompt_tokens": n, "ttft_s": med, "hit_tokens": hits,
+                     "cold_over_pool": med["cold"] / med["pool"],
+                     "cold_over_dram": med["cold"] / med["dram"],
+                     "cold_over_ssd": med["cold"] / med["ssd"],
+                     "dram_over_pool": med["dram"] / med["pool"],
+                     "ssd_over_pool": med["ssd"] / med["pool"]})
+        r = rows[-1]
+        print(f"| {n} | {med['cold']:.2f} | {med['pool']:.2f} | {med['dram']:.2f} | "
+              f"{med['ssd']:.2f} | {r['cold_over_dram']:.1f}× | {r['cold_over_ssd']:.1f}× | "
+              f"{r['dram_over_pool']:.2f} |", flush=True)
+    return {"ttft": rows}
+
+
+def cmd_prefill(b: Bench, sizes: list[int], rounds: int) -> dict[str, Any]:
+    hf = b.hf_model()
+    rows = []
+    for n in sizes:
+        runs = median_rounds(rounds, lambda r, n=n: b.prefill_round(hf, n, seed=7 * n + r))
+        med = {k: statistics.median(run[k] for run in runs) for k in runs[0]}
+        rows.append({"prompt_tokens": n, "tokens_per_s": med,
+                     "ratio": med["engine"] / med["transformers"]})
+        print(f"| {n} | {med['engine']:.0f} | {med['transformers']:.0f} | "
+              f"{rows[-1]['ratio']:.2f} |", flush=True)
+    return {"prefill": rows}
+
+
+def cmd_batch(b: Bench, rounds: int, new: int) -> dict[str, Any]:
+    hf = b.hf_model()
+    lens = [1024, 8192, 2048, 7168, 3072, 6144, 4096, 5120]
+    runs = median_rounds(rounds, lambda r: b.batch_round(hf, lens, new, seed=r))
+    med = {k: statistics.median(run[k] for run in runs) for k in runs[0]}
+    ratio = med["engine"] / med["transformers"]
+    print(f"| {len(lens)} × {min(lens)}–{max(lens)} tokens, {new} new | "
+          f"{med['engine']:.0f} | {med['transformers']:.0f} | {ratio:.2f} |", flush=True)
+    return {"batch": {"prompt_tokens": lens, "new_tokens": new, "tokens_per_s": med,
+                      "ratio": ratio}}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="bench_engine", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("what", nargs="?", default="all", choices=("all", "ttft", "prefill", "batch"))
+    p.add_argument("--model", type=Path, default=None, help="default: the make-run model")
+    p.add_argument("--sizes", default="4096,16384,32768")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--new-tokens", type=int, default=128)
+    p.add_argument("--pool-tokens", type=int, default=65536)
+    p.add_argument("--budget", type=int, default=EngineConfig().max_batched_tokens,
+                   help="per-step token budget (prefill chunk)")
+    p.add_argument("--store-root", type=Path, default=None,
+                   help="where the SSD tier's directories go (a real disk, not tmpfs)")
+    p.add_argument("--json", type=Path, help="also write the figures here")
+    args = p.parse_args(argv)
+    model_dir = ensure_model(args.model or default_model_dir())
+    store_root = args.store_root or model_dir.parent.parent / "bench-store"
+    store_root.mkdir(parents=True, exist_ok=True)
+    b = Bench(model_dir, args.pool_tokens, args.budget, store_root)
+    sizes = [int(s) for s in args.sizes.split(",")]
+    print(f"# {args.what} on {model_dir.name}: {machine()}, torch threads "
+          f"{torch.get_num_threads()}, budget {args.budget} tokens/step, "
+          f"{args.rounds} rounds (median)")
+    with b.engine() as eng:  # warm-up: first-call costs are not the engine's steady state
+        b.run_one(eng, b.prompt(256, 1))
+    result: dict[str, Any] = {}
+    if args.what in ("all", "ttft"):
+        print("| prompt | cold s | pool-hit s | DRAM-hit s | SSD-hit s | cold/DRAM | cold/SSD "
+              "| DRAM/pool |\n|---|---|---|---|---|---|---|---|")
+        result.update(cmd_ttft(b, sizes, args.rounds))
+    if args.what in ("all", "prefill"):
+        print("| prompt | engine tok/s | transformers tok/s | ratio |\n|---|---|---|---|")
+        result.update(cmd_prefill(b, [s for s in sizes if s <= 16384], args.rounds))
+    if args.what in ("all", "batch"):
+        print("| requests | engine tok/s | transformers tok/s | ratio |\n|---|---|---|---|")
+        result.update(cmd_batch(b, args.rounds, args.new_tokens))
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
