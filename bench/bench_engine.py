@@ -29,7 +29,6 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -173,14 +172,10 @@ class Bench:
         return {"engine": tokens / t_engine, "transformers": tokens / t_hf}
 
 
-def median_rounds(rounds: int, fn: Callable[[int], dict[str, Any]]) -> list[dict[str, Any]]:
-    return [fn(r) for r in range(rounds)]
-
-
 def cmd_ttft(b: Bench, sizes: list[int], rounds: int) -> dict[str, Any]:
     rows = []
     for n in sizes:
-        runs = median_rounds(rounds, lambda r, n=n: b.ttft_round(n, seed=n + r))
+        runs = [b.ttft_round(n, seed=n + r) for r in range(rounds)]
         med = {k: statistics.median(run[k][0] for run in runs) for k in runs[0]}
         hits = {k: runs[0][k][1] for k in runs[0]}
         rows.append({"prompt_tokens": n, "ttft_s": med, "hit_tokens": hits,
@@ -200,7 +195,7 @@ def cmd_prefill(b: Bench, sizes: list[int], rounds: int) -> dict[str, Any]:
     hf = b.hf_model()
     rows = []
     for n in sizes:
-        runs = median_rounds(rounds, lambda r, n=n: b.prefill_round(hf, n, seed=7 * n + r))
+        runs = [b.prefill_round(hf, n, seed=7 * n + r) for r in range(rounds)]
         med = {k: statistics.median(run[k] for run in runs) for k in runs[0]}
         rows.append({"prompt_tokens": n, "tokens_per_s": med,
                      "ratio": med["engine"] / med["transformers"]})
@@ -212,7 +207,7 @@ def cmd_prefill(b: Bench, sizes: list[int], rounds: int) -> dict[str, Any]:
 def cmd_batch(b: Bench, rounds: int, new: int) -> dict[str, Any]:
     hf = b.hf_model()
     lens = [1024, 8192, 2048, 7168, 3072, 6144, 4096, 5120]
-    runs = median_rounds(rounds, lambda r: b.batch_round(hf, lens, new, seed=r))
+    runs = [b.batch_round(hf, lens, new, seed=r) for r in range(rounds)]
     med = {k: statistics.median(run[k] for run in runs) for k in runs[0]}
     ratio = med["engine"] / med["transformers"]
     print(f"| {len(lens)} × {min(lens)}–{max(lens)} tokens, {new} new | "

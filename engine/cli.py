@@ -17,6 +17,8 @@ from engine.errors import EngineError
 
 # name -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
+    "generate": ("engine.generate",
+                 "run a prompt or a multi-turn session, the KV store behind the pool"),
     "make-model": ("engine.model.make_model",
                    "write a random-weight checkpoint in the Hugging Face layout"),
     "model-info": ("engine.model.model_info",

@@ -26,6 +26,7 @@ from engine.errors import EngineInputError
 from engine.kv.namespace import engine_namespace
 from engine.kv.stores import StoreOptions, default_store_dir, open_store_link
 from engine.llm_engine import LLMEngine
+from engine.model.loader import load_model
 from engine.sampling_params import SamplingParams
 from engine.sequence import TIERS, Sequence
 from engine.session import Conversation, SessionTurn, read_session_file
@@ -44,6 +45,20 @@ class TurnResult:
     decode_tokens_per_s: float
     token_ids: list[int]
     text: str
+
+    @classmethod
+    def of(cls, seq: Sequence, session: str, text: str) -> TurnResult:
+        s = seq.stats
+        return cls(
+            session=session,
+            prompt_tokens=seq.num_prompt_tokens,
+            hit_tokens={t: s.hit_tokens[t] for t in TIERS},
+            computed_tokens=s.computed_tokens,
+            ttft_s=s.ttft_s,
+            decode_tokens_per_s=s.decode_tokens_per_s(len(seq.output_ids)),
+            token_ids=seq.output_ids,
+            text=text,
+        )
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -70,11 +85,13 @@ def configure(p: argparse.ArgumentParser) -> None:
     src.add_argument("--session-file", metavar="F.jsonl",
                      help='one {"user": "..."} per line (optional "session": NAME interleaves '
                           "conversations); each turn extends the previous prompt and answer")
-    p.add_argument("--max-new-tokens", type=int, default=64, metavar="N")
+    p.add_argument("--max-new-tokens", type=int, default=64, metavar="N",
+                   help="tokens to generate per turn (fewer on an end-of-turn token)")
     p.add_argument("--greedy", action="store_true", help="argmax decoding (the default)")
     p.add_argument("--temperature", type=float, metavar="T",
                    help="sample at this temperature instead of greedy")
-    p.add_argument("--top-p", type=float, default=1.0, metavar="P")
+    p.add_argument("--top-p", type=float, default=1.0, metavar="P",
+                   help="nucleus sampling mass (with --temperature)")
     p.add_argument("--seed", type=int, default=0, metavar="S",
                    help="sampling seed (turn i of a session uses S + i)")
     p.add_argument("--pool-tokens", type=int, default=_DEFAULTS.pool_tokens, metavar="N",
@@ -113,8 +130,6 @@ def run(args: argparse.Namespace) -> int:
                           attention_backend=args.attention_backend)
     turns = (read_session_file(args.session_file) if args.session_file
              else [SessionTurn("", _read_text(args.prompt_file))])
-    from engine.model.loader import load_model
-
     loaded = load_model(args.model, dtype=args.dtype, device=args.device,
                         progress=not args.json)
     link = open_store_link(
@@ -178,18 +193,7 @@ def play(
         turn_params = params if params.greedy else replace(params, seed=(params.seed or 0) + i)
         seq = engine.add_request(ids, turn_params)
         _run_to_end(engine, seq, progress)
-        text = conv.record_answer(seq.output_ids)
-        s = seq.stats
-        result = TurnResult(
-            session=turn.session,
-            prompt_tokens=seq.num_prompt_tokens,
-            hit_tokens={t: s.hit_tokens[t] for t in TIERS},
-            computed_tokens=s.computed_tokens,
-            ttft_s=s.ttft_s,
-            decode_tokens_per_s=s.decode_tokens_per_s(len(seq.output_ids)),
-            token_ids=seq.output_ids,
-            text=text,
-        )
+        result = TurnResult.of(seq, turn.session, conv.record_answer(seq.output_ids))
         results.append(result)
         if on_turn is not None:
             on_turn(i, result)

@@ -3,6 +3,8 @@ the sampled tokens."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from engine.forward_batch import DecodeMeta, ForwardBatch, PrefillMeta
@@ -24,6 +26,9 @@ class ModelRunner:
         self.blocks = blocks
         self.backend = backend
         self.device = cache.device
+        # Observers of every step's logits (rows in the order of the sampled sequences):
+        # how tests compare runs by logits, as the near-tie rule needs.
+        self.logits_observers: list[Callable[[list[Sequence], torch.Tensor], None]] = []
 
     @torch.inference_mode()
     def run(self, batch: ScheduledBatch) -> dict[int, int]:
@@ -31,6 +36,8 @@ class ModelRunner:
         end of its tokens this step (seq_id -> token)."""
         fb, sampled_seqs = self.prepare(batch)
         logits = self.model(fb, self.cache)
+        for observe in self.logits_observers:
+            observe(sampled_seqs, logits)
         tokens = sample(logits, sampled_seqs)
         return {seq.seq_id: tok for seq, tok in zip(sampled_seqs, tokens, strict=True)}
 

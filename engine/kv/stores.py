@@ -14,7 +14,6 @@ token maps to.
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,9 +36,10 @@ class StoreOptions:
 
 
 def default_store_dir() -> Path:
-    """``$XDG_CACHE_HOME/kvengine/store`` (``~/.cache/kvengine/store``)."""
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "kvengine" / "store"
+    """``store/`` in the engine's cache directory (``~/.cache/kvengine/store``)."""
+    from engine.model.revision import default_cache_dir
+
+    return default_cache_dir() / "store"
 
 
 def _open_embedded(url: str, opts: StoreOptions) -> KVStore:

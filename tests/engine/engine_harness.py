@@ -5,7 +5,6 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from concurrent.futures import Future
 from typing import Any
 
 from engine.config import EngineConfig
@@ -17,7 +16,8 @@ from kvstore.buffers import byte_view
 from kvstore.embedded import open_embedded
 from kvstore.errors import StoreUnavailable
 from kvstore.keys import Key, Namespace
-from kvstore.tier import CommitResult, Durability, KVStore, LookupResult, StoreStats
+from kvstore.tier import CommitResult, Durability, KVStore, LookupResult
+from tests.delegating import DelegatingStore
 from tests.engine.fake_model import FakeModel, fake_spec
 
 BT = 4
@@ -52,13 +52,13 @@ def dram_store() -> KVStore:
     return open_embedded(dram_bytes=4 << 20)
 
 
-class WrappedStore(KVStore):
+class WrappedStore(DelegatingStore):
     """A real store with hooks: ``short_get`` makes ``get_into`` copy at most that many
     blocks; ``get_delay_s`` stalls it; ``commit_gate`` holds commits until set; ``dead``
     makes every call raise ``StoreUnavailable``. ``close`` leaves the inner store open."""
 
     def __init__(self, inner: KVStore) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.short_get: int | None = None
         self.get_delay_s = 0.0
         self.commit_gate = threading.Event()
@@ -72,21 +72,27 @@ class WrappedStore(KVStore):
 
     def register(self, ns: Namespace, *, timeout_s: float | None = None) -> None:
         self._alive()
-        self.inner.register(ns, timeout_s=timeout_s)
+        super().register(ns, timeout_s=timeout_s)
 
     def lookup(
         self, ns: Namespace, keys: Sequence[Key], *, timeout_s: float | None = None
     ) -> LookupResult:
         self._alive()
-        return self.inner.lookup(ns, keys, timeout_s=timeout_s)
+        return super().lookup(ns, keys, timeout_s=timeout_s)
 
     def get_into(
-        self, ns: Namespace, keys: Sequence[Key], dst: Any, *, timeout_s: float | None = None
+        self,
+        ns: Namespace,
+        keys: Sequence[Key],
+        dst: Any,
+        *,
+        timeout_s: float | None = None,
+        checksums: list[int] | None = None,
     ) -> int:
         self._alive()
         if self.get_delay_s:
             time.sleep(self.get_delay_s)
-        got = self.inner.get_into(ns, keys, dst, timeout_s=timeout_s)
+        got = super().get_into(ns, keys, dst, timeout_s=timeout_s, checksums=checksums)
         return got if self.short_get is None else min(got, self.short_get)
 
     def commit(
@@ -101,21 +107,7 @@ class WrappedStore(KVStore):
         self.commit_gate.wait()
         self._alive()
         self.commits.append({i: bytes(byte_view(p)) for i, p in payloads.items()})
-        return self.inner.commit(ns, keys, payloads, durability=durability, timeout_s=timeout_s)
-
-    def prefetch(
-        self, ns: Namespace, keys: Sequence[Key], *, timeout_s: float | None = None
-    ) -> Future[int]:
-        return self.inner.prefetch(ns, keys, timeout_s=timeout_s)
-
-    def flush(self, *, timeout_s: float | None = None) -> None:
-        self.inner.flush(timeout_s=timeout_s)
-
-    def delete_namespace(self, ns: Namespace, *, timeout_s: float | None = None) -> int:
-        return self.inner.delete_namespace(ns, timeout_s=timeout_s)
-
-    def stats(self, *, timeout_s: float | None = None) -> StoreStats:
-        return self.inner.stats(timeout_s=timeout_s)
+        return super().commit(ns, keys, payloads, durability=durability, timeout_s=timeout_s)
 
     def close(self) -> None:
         pass

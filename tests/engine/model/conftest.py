@@ -1,5 +1,5 @@
-"""Fixtures for the model tests: transformers-written checkpoints, built once per session,
-and a private revision cache so tests never write to the user's cache directory."""
+"""Fixtures for the model tests: transformers-written checkpoints, built once per session
+(the private revision cache is ``tests/engine/conftest.py``'s)."""
 
 from __future__ import annotations
 
@@ -8,12 +8,6 @@ from pathlib import Path
 import pytest
 
 from tests.engine.model.hf_checkpoints import CASES, write_case
-
-
-@pytest.fixture(autouse=True)
-def _private_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
-                   ) -> None:
-    monkeypatch.setenv("KVENGINE_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "cache"))
 
 
 @pytest.fixture(scope="session")

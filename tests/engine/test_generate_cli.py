@@ -1,0 +1,147 @@
+"""``kvengine generate``: the JSON it prints, the table for humans, two processes sharing
+an embedded store, and bad input as one line with exit status 2."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from engine import cli
+from tests.engine.sessions import agent_session, write_session_file
+
+TURN_KEYS = {"prompt_tokens", "hit_tokens", "computed_tokens", "ttft_s",
+             "decode_tokens_per_s", "token_ids", "text"}
+
+
+@pytest.fixture(scope="module")
+def session_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_session_file(tmp_path_factory.mktemp("sessions") / "agents.jsonl",
+                              agent_session(turns_each=2))
+
+
+def generate(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    code = cli.main(["generate", *args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_json_is_exactly_the_documented_shape(
+    tiny_dir: Path, session_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, _ = generate(capsys, "--model", str(tiny_dir), "--session-file",
+                            str(session_file), "--max-new-tokens", "5", "--json")
+    assert code == 0
+    doc = json.loads(out)
+    assert set(doc) == {"namespace", "turns"} and len(bytes.fromhex(doc["namespace"])) == 16
+    assert len(doc["turns"]) == 4
+    for turn in doc["turns"]:
+        assert set(turn) == TURN_KEYS
+        assert set(turn["hit_tokens"]) == {"hbm", "dram", "ssd"}
+        assert len(turn["token_ids"]) == 5 and isinstance(turn["text"], str)
+        assert sum(turn["hit_tokens"].values()) + turn["computed_tokens"] == turn["prompt_tokens"]
+    # The second agent's first turn shares the header the first agent computed.
+    assert doc["turns"][1]["hit_tokens"]["hbm"] > 0
+    # Each conversation's next turn extends its previous prompt and answer.
+    assert doc["turns"][2]["prompt_tokens"] > doc["turns"][0]["prompt_tokens"] + 5
+
+
+def test_table_for_humans(tiny_dir: Path, tmp_path: Path,
+                          capsys: pytest.CaptureFixture[str]) -> None:
+    prompt = tmp_path / "p.txt"
+    prompt.write_text("one plain prompt, no chat template")
+    code, out, _ = generate(capsys, "--model", str(tiny_dir), "--prompt-file", str(prompt),
+                            "--max-new-tokens", "3")
+    assert code == 0
+    lines = out.splitlines()
+    assert lines[0].split()[:3] == ["turn", "session", "prompt"]
+    assert lines[1].split()[0] == "1" and "namespace" in out
+
+
+def test_sampling_is_reproducible_by_seed(tiny_dir: Path, tmp_path: Path,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    prompt = tmp_path / "p.txt"
+    prompt.write_text("sample from here")
+
+    def tokens(seed: str) -> list[int]:
+        code, out, _ = generate(capsys, "--model", str(tiny_dir), "--prompt-file", str(prompt),
+                                "--max-new-tokens", "12", "--temperature", "1.5", "--top-p",
+                                "0.9", "--seed", seed, "--json")
+        assert code == 0
+        return list(json.loads(out)["turns"][0]["token_ids"])
+
+    assert tokens("3") == tokens("3")
+    assert tokens("3") != tokens("4")
+
+
+def test_two_processes_share_the_embedded_store(
+    tiny_dir: Path, session_file: Path, tmp_path: Path
+) -> None:
+    """The second process starts with an empty DRAM tier: its hits come from the SSD."""
+    cmd = [sys.executable, "-m", "engine.cli", "generate", "--model", str(tiny_dir),
+           "--session-file", str(session_file), "--kv-store", f"embedded:{tmp_path / 'store'}",
+           "--dram", "64MiB", "--ssd-capacity", "256MiB", "--max-new-tokens", "5", "--json"]
+    runs = []
+    for _ in range(2):
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr
+        runs.append(json.loads(proc.stdout))
+    first, second = runs
+    assert first["namespace"] == second["namespace"]
+    assert first["turns"][0]["computed_tokens"] == first["turns"][0]["prompt_tokens"]
+    assert second["turns"][0]["hit_tokens"]["ssd"] > 0
+    assert second["turns"][0]["computed_tokens"] < 64
+    assert sum(t["computed_tokens"] for t in second["turns"]) < sum(
+        t["computed_tokens"] for t in first["turns"]
+    )
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--kv-store", "redis://x"], "expected none, embedded[:DIR] or grpc://HOST:PORT"),
+        (["--greedy", "--temperature", "0.5"], "exclude each other"),
+        (["--pool-tokens", "128"], "--pool-tokens"),
+        (["--dram", "lots"], "lots"),
+    ],
+)
+def test_bad_flags_are_one_line_and_exit_2(
+    tiny_dir: Path, session_file: Path, capsys: pytest.CaptureFixture[str],
+    extra: list[str], message: str,
+) -> None:
+    code, _, err = generate(capsys, "--model", str(tiny_dir), "--session-file",
+                            str(session_file), *extra)
+    assert code == 2
+    assert err.count("\n") == 1 and message in err
+
+
+def test_prompt_longer_than_the_context_is_a_clear_error(
+    tiny_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    prompt = tmp_path / "long.txt"
+    prompt.write_text("agent tool block chain " * 3000)
+    code, _, err = generate(capsys, "--model", str(tiny_dir), "--prompt-file", str(prompt),
+                            "--pool-tokens", "65536")
+    assert code == 2 and "exceeds the model's context of 8192 tokens" in err
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ('{"user": "hi"}\nnot json\n', ":2: not JSON"),
+        ('{"text": "hi"}\n', ':1: expected {"user": "..."}'),
+        ('{"user": "hi", "role": "x"}\n', "unknown keys"),
+        ("\n", "holds no turns"),
+    ],
+)
+def test_bad_session_files_name_the_line(
+    tiny_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], content: str,
+    message: str,
+) -> None:
+    path = tmp_path / "s.jsonl"
+    path.write_text(content)
+    code, _, err = generate(capsys, "--model", str(tiny_dir), "--session-file", str(path))
+    assert code == 2 and message in err

@@ -1,0 +1,152 @@
+"""The same multi-turn agent session with every kind of prefix caching agrees with a run
+without any: pool hits (``none``), the embedded store (DRAM, then SSD in a fresh store), a
+real ``kvstore serve`` over gRPC, and a daemon killed mid-session. Tiny model, float32;
+tokens compared with the near-tie rule and logits within tolerance."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from engine.generate import TurnResult
+from engine.kv.namespace import engine_namespace
+from engine.kv.store_link import StoreLink
+from engine.kv.stores import StoreOptions, open_store_link
+from engine.model.loader import LoadedModel
+from engine.session import Conversation
+from kvstore.daemon.process import DaemonProcess
+from kvstore.keys import chain_keys
+from tests.engine.sessions import (
+    Recorded,
+    agent_session,
+    assert_same_session,
+    engine_for,
+    play_recorded,
+    play_uncached,
+)
+
+TURNS = agent_session()
+
+
+@pytest.fixture(scope="module")
+def reference(tiny: LoadedModel) -> Recorded:
+    return play_uncached(tiny, TURNS)
+
+
+def hits(rec: Recorded, tier: str) -> int:
+    return sum(t.hit_tokens[tier] for t in rec.turns)
+
+
+def check_accounting(turns: list[TurnResult]) -> None:
+    for t in turns:
+        assert sum(t.hit_tokens.values()) + t.computed_tokens == t.prompt_tokens
+
+
+STORE = StoreOptions(dram_bytes=64 << 20, ssd_capacity_bytes=256 << 20)
+
+
+def link_for(lm: LoadedModel, url: str) -> StoreLink:
+    return open_store_link(url, lambda tenant: engine_namespace(lm.spec, 64, tenant), STORE)
+
+
+def test_reference_computes_everything(reference: Recorded) -> None:
+    assert all(t.computed_tokens == t.prompt_tokens for t in reference.turns)
+    assert len({t.prompt_tokens for t in reference.turns}) == len(TURNS)
+
+
+def test_pool_hits_agree_with_no_caching(tiny: LoadedModel, reference: Recorded) -> None:
+    with engine_for(tiny) as eng:
+        rec = play_recorded(eng, tiny, TURNS)
+        evicted = eng.hbm_stats().counters["evicted_blocks_total"]
+    assert assert_same_session(rec, reference, "none") == len(TURNS)
+    assert hits(rec, "hbm") > 0 and evicted > 0  # the pool is smaller than the session
+    check_accounting(rec.turns)
+
+
+def test_embedded_store_agrees_in_this_and_a_fresh_store(
+    tiny: LoadedModel, reference: Recorded, tmp_path: Path
+) -> None:
+    url = f"embedded:{tmp_path / 'store'}"
+    with engine_for(tiny, link_for(tiny, url)) as eng:
+        first = play_recorded(eng, tiny, TURNS)
+    assert assert_same_session(first, reference, "embedded") == len(TURNS)
+    assert hits(first, "dram") > 0  # the other agent evicted this one's blocks from the pool
+    # A fresh store on the same directory: its DRAM is empty, the SSD has everything.
+    with engine_for(tiny, link_for(tiny, url)) as eng:
+        second = play_recorded(eng, tiny, TURNS)
+        assert eng.link.counters().get("store_errors_total", 0) == 0
+    assert assert_same_session(second, reference, "embedded, fresh store") == len(TURNS)
+    assert hits(second, "ssd") > 0
+    assert second.turns[0].computed_tokens < 64  # all but the last partial block was stored
+    check_accounting(first.turns + second.turns)
+
+
+def test_grpc_daemon_agrees(tiny: LoadedModel, reference: Recorded) -> None:
+    with DaemonProcess(["--dram", "64MiB"]) as daemon:
+        with engine_for(tiny, link_for(tiny, daemon.url)) as eng:
+            first = play_recorded(eng, tiny, TURNS)
+        with engine_for(tiny, link_for(tiny, daemon.url)) as eng:
+            second = play_recorded(eng, tiny, TURNS)
+            assert eng.link.counters().get("store_errors_total", 0) == 0
+    assert assert_same_session(first, reference, "grpc") == len(TURNS)
+    assert assert_same_session(second, reference, "grpc, second engine") == len(TURNS)
+    assert hits(second, "dram") > hits(first, "dram") > 0
+    check_accounting(first.turns + second.turns)
+
+
+def test_daemon_killed_mid_session_costs_misses_not_errors(
+    tiny: LoadedModel, reference: Recorded, caplog: pytest.LogCaptureFixture
+) -> None:
+    daemon = DaemonProcess(["--dram", "64MiB"])
+    try:
+        with engine_for(tiny, link_for(tiny, daemon.url)) as eng:
+
+            def kill_after_second_turn(i: int, _: TurnResult) -> None:
+                if i == 1:
+                    daemon.kill()
+
+            rec = play_recorded(eng, tiny, TURNS, on_turn=kill_after_second_turn)
+            failed = eng.link.counters().get("store_errors_total", 0)
+    finally:
+        daemon.stop()
+    assert assert_same_session(rec, reference, "grpc, daemon killed") == len(TURNS)
+    assert failed > 0
+    late = rec.turns[2:]
+    assert sum(t.hit_tokens["dram"] + t.hit_tokens["ssd"] for t in late) == 0
+    assert sum(t.hit_tokens["hbm"] for t in late) > 0  # the pool still serves what it holds
+    warnings = [r for r in caplog.records if r.name == "engine.store"]
+    assert 1 <= len(warnings) <= 3  # once per kind of failure, not once per call
+    check_accounting(rec.turns)
+
+
+def _flip_payload_byte(ssd_dir: Path, key: bytes) -> None:
+    """Flip one payload byte of the stored block ``key`` (found by its header, DESIGN §4)."""
+    for path in sorted(ssd_dir.rglob("slab-*")):
+        data = path.read_bytes()
+        for off in range(0, len(data) - 64, 4096):
+            if data[off : off + 4] == b"KVB1" and data[off + 24 : off + 40] == key:
+                with path.open("r+b") as f:
+                    f.seek(off + 64 + 1000)
+                    byte = f.read(1)[0]
+                    f.seek(off + 64 + 1000)
+                    f.write(bytes([byte ^ 0x10]))
+                return
+    raise AssertionError("block not found in any slab")
+
+
+def test_a_corrupt_block_is_a_miss(tiny: LoadedModel, reference: Recorded,
+                                   tmp_path: Path) -> None:
+    url = f"embedded:{tmp_path / 'store'}"
+    with engine_for(tiny, link_for(tiny, url)) as eng:
+        play_recorded(eng, tiny, TURNS)
+    ns = engine_namespace(tiny.spec, 64)
+    first_prompt = Conversation(tiny.tokenizer).next_prompt(TURNS[0].user)
+    _flip_payload_byte(tmp_path / "store", chain_keys(ns, first_prompt)[3])
+    with engine_for(tiny, link_for(tiny, url)) as eng:
+        rec = play_recorded(eng, tiny, TURNS)
+        stats = eng.link.stats()
+    assert assert_same_session(rec, reference, "embedded, corrupt block") == len(TURNS)
+    assert rec.turns[0].hit_tokens["ssd"] == 3 * 64  # the prefix ends at the corrupt block
+    assert stats is not None and stats.counters.get("corrupt_blocks_total", 0) + sum(
+        t.counters.get("corrupt_blocks_total", 0) for t in stats.tiers) >= 1
