@@ -24,8 +24,24 @@ proto: $(STAMP)
 	  $(PY) -m grpc_tools.protoc -I. --python_out=. --pyi_out=. --grpc_python_out=. $(PROTO); \
 	fi
 
+# The main job: two coding agents sharing a long context, played through the engine with the
+# embedded store behind a pool smaller than their working set; then the same session in a
+# fresh process, whose hits come from the store's DRAM and SSD. The small model is made once
+# and kept in the engine's cache dir (outside git); each run starts with an empty store.
+ENGINE_CACHE := $(or $(KVENGINE_CACHE_DIR),$(HOME)/.cache/kvengine)
+DEMO_MODEL   := $(ENGINE_CACHE)/models/small-qwen3
+DEMO_FLAGS    = --model $(DEMO_MODEL) --session-file examples/agent_session.jsonl \
+                --max-new-tokens 32 --greedy --pool-tokens 6144 --dram 256MiB --ssd-capacity 2GiB
+
 run: setup
-	$(PY) -m kvstore demo
+	@test -f $(DEMO_MODEL)/config.json || \
+	  $(VENV)/bin/kvengine make-model --arch qwen3 --preset small --out $(DEMO_MODEL)
+	@mkdir -p $(ENGINE_CACHE) && store=$$(mktemp -d $(ENGINE_CACHE)/demo-store.XXXXXX) && \
+	  echo "== 1st process, empty store: pool (hbm) hits, and DRAM hits for what the pool evicted" && \
+	  $(VENV)/bin/kvengine generate $(DEMO_FLAGS) --kv-store embedded:$$store && \
+	  echo "== 2nd process, same store: its DRAM starts empty, so the first hits come from SSD" && \
+	  $(VENV)/bin/kvengine generate $(DEMO_FLAGS) --kv-store embedded:$$store; \
+	  rc=$$?; rm -rf $$store; exit $$rc
 
 test: setup
 	$(PY) -m pytest
@@ -35,7 +51,7 @@ bench: setup
 
 lint: setup
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/mypy kvstore storage_nodes clients
+	$(VENV)/bin/mypy kvstore storage_nodes clients engine kernels
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis .mypy_cache .ruff_cache
