@@ -93,7 +93,7 @@ def build(d: Path, n: int) -> int:
     ix = Index(d / "index", map_bytes=64 << 30, slab_bytes=SLAB_BYTES)
     fp = space.fingerprint
     bucket = int(time.time() // 60)
-    with ix.begin(write=True) as txn:
+    with ix.write() as txn:
         for s in range(slabs):
             used = min(per, n - s * per)
             txn.put(_U32.pack(s), _SLAB.pack(space.block_bytes, used), db=ix.slabs)
@@ -104,7 +104,7 @@ def build(d: Path, n: int) -> int:
     step = 1_000_000
     for lo in range(0, n, step):
         hi = min(n, lo + step)
-        with ix.begin(write=True) as txn:
+        with ix.write() as txn:
             txn.cursor(db=ix.keys).putmulti(
                 (
                     (fp + key_of(i), _LOC.pack(i // per, i % per, bucket, i + 1, i + 1))

@@ -25,6 +25,7 @@ from storage_nodes.ssd.config import SSDConfig, slot_bytes_for
 from storage_nodes.ssd.errors import SSDIOError
 from storage_nodes.ssd.index import Index, Txn
 from storage_nodes.ssd.recency import Recency
+from storage_nodes.ssd.slab_table import SlabTable
 from storage_nodes.ssd.slabs import FULL_ERRNOS, SlabFiles
 
 log = logging.getLogger("storage_nodes.ssd")
@@ -32,7 +33,6 @@ log = logging.getLogger("storage_nodes.ssd")
 Slot = tuple[int, int]  # (slab, slot)
 _REFILL = 1024
 _VICTIM_BATCH = 256
-_EVICT_AHEAD_MAX = 256
 _GROW_RETRY_S = 60.0  # after a slab could not be created for lack of space
 
 
@@ -44,10 +44,12 @@ class SlotAllocator:
         files: SlabFiles,
         recency: Recency,
         count: Callable[[Counter[str]], None],
+        table: SlabTable,
     ) -> None:
         self._config = config
         self._index = index
         self._files = files
+        self._table = table
         self._recency = recency
         self._count = count
         self._lock = threading.Lock()
@@ -55,11 +57,9 @@ class SlotAllocator:
         self._cached: set[Slot] = set()
         self._reserved: set[Slot] = set()
         self._reserved_in: Counter[int] = Counter()
-        self._pressure: set[int] = set()  # classes that evicted to make room
         self._grow_blocked_until = 0.0
         with index.begin() as txn:
             self.slab_class = {s: i.block_bytes for s, i in index.slab_table(txn).items()}
-        self._shrink_to_capacity()
 
     def nslots(self, block_bytes: int) -> int:
         return self._config.slab_bytes // slot_bytes_for(block_bytes)
@@ -94,67 +94,6 @@ class SlotAllocator:
                     self._cache.setdefault(self.slab_class[s[0]], []).append(s)
                     self._cached.add(s)
 
-    def _watermark(self, block_bytes: int) -> int:
-        """Free slots a full class keeps in reserve: 1/64 of it, at most 256."""
-        held = sum(1 for bb in self.slab_class.values() if bb == block_bytes)
-        return min(_EVICT_AHEAD_MAX, held * self.nslots(block_bytes) // 64)
-
-    def top_up(self, txn: Txn, block_bytes: int) -> Counter[str]:
-        """Inside a put's publish transaction, keep a watermark of free slots in the class
-        by evicting its least recent blocks in that same transaction — only for a class
-        that already had to evict, so a store that is merely full never loses a block
-        nobody needed room for. The next put then finds committed free slots and skips
-        its own eviction commit (an fsync pair); the price is that a class under pressure
-        holds up to the watermark fewer blocks than it could. Best effort: skipped when
-        another thread holds the allocator, which may itself be waiting for this
-        transaction (taking the lock here would invert the lock order)."""
-        counts: Counter[str] = Counter()
-        if block_bytes not in self._pressure or not self._lock.acquire(blocking=False):
-            return counts
-        try:
-            mark = self._watermark(block_bytes)
-            cache = self._cache.setdefault(block_bytes, [])
-            if len(cache) < mark:
-                self._refill(block_bytes)  # committed free slots only (a read transaction)
-            free = len(cache)
-            if free >= mark:
-                return counts
-            self._recency.flush_into(self._index, txn)
-            expiry = self._config.expiry_bucket(self._config.clock())
-            want = mark - free
-            seen: set[bytes] = set()
-            used = self._index.deltas()
-            for extra in (8, 32, 128, 512):  # a bounded look at the oldest blocks
-                window = [
-                    fk
-                    for fk in islice(self._index.iter_lru(txn), len(seen) + want + extra)
-                    if fk not in seen
-                ]
-                if not window:
-                    break
-                for fk in window:
-                    seen.add(fk)
-                    loc = self._index.get(txn, fk)
-                    if loc is None or self.slab_class[loc.slab] != block_bytes:
-                        continue  # other classes shrink only through whole-slab hand-over
-                    self._note_eviction(counts, loc.bucket, expiry)
-                    self._index.remove(txn, fk, loc, used=used)
-                    seen.discard(fk)  # gone from the index: no longer in any window
-                    want -= 1
-                    if not want:
-                        break
-                if not want:
-                    break
-            used.flush(txn)
-            return counts
-        finally:
-            self._lock.release()
-
-    def count(self, counts: Counter[str]) -> None:
-        """Apply counters of a ``top_up`` once its transaction committed."""
-        if counts:
-            self._count(counts)
-
     def _refill(self, block_bytes: int) -> bool:
         cache = self._cache.setdefault(block_bytes, [])
         with self._index.begin() as txn:
@@ -188,18 +127,25 @@ class SlotAllocator:
                 e,
             )
             return False
-        with self._index.begin(write=True) as txn:
+        with self._index.write() as txn:
             self._index.create_slab(txn, slab, block_bytes, self.nslots(block_bytes))
+        self._save_table({**self.slab_class, slab: block_bytes})
         self.slab_class[slab] = block_bytes
         return True
 
+    def _save_table(self, table: dict[int, int]) -> None:
+        """Durable before a slot of a new or handed-over slab can be written: a rebuild
+        reads each slab's headers at its class's slot offsets (``slab_table.py``)."""
+        self._table.write(self._config.slab_bytes, table)
+
     # -- eviction -----------------------------------------------------------------------
     def _evict(self, block_bytes: int, need: int) -> bool:
-        self._pressure.add(block_bytes)
+        """Evict the ``need`` least recent blocks this put needs room for — no more, so
+        every eviction counted is a real capacity eviction (DESIGN §6)."""
         counts: Counter[str] = Counter()
         expiry = self._config.expiry_bucket(self._config.clock())
         freed = 0
-        with self._index.begin(write=True) as txn:
+        with self._index.write() as txn:
             self._recency.flush_into(self._index, txn)
             skip: set[bytes] = set()
             while freed < need:
@@ -224,6 +170,8 @@ class SlotAllocator:
                         freed += self._hand_over(txn, loc.slab, block_bytes, counts, expiry)
                     if freed >= need:
                         break
+        if counts["slab_handovers"]:
+            self._save_table(self.slab_class)
         self._count(counts)
         self._config.crash_hook("after_free")
         return freed > 0
@@ -261,13 +209,13 @@ class SlotAllocator:
             counts["evictions"] += 1
             counts["retention_violations_total"] += 1
 
-    def _shrink_to_capacity(self) -> None:
-        """Slabs beyond a reduced capacity are emptied and deleted at open."""
+    def shrink_to_capacity(self) -> None:
+        """Slabs beyond a reduced capacity are emptied and deleted (at open)."""
         extra = sorted(s for s in self.slab_class if s >= self._config.chunks)
         if not extra:
             return
         counts: Counter[str] = Counter()
-        with self._index.begin(write=True) as txn:
+        with self._index.write() as txn:
             for slab in extra:
                 for fk in list(self._index.iter_slab(txn, slab)):
                     loc = self._index.get(txn, fk)
@@ -277,6 +225,7 @@ class SlotAllocator:
                         self._index.remove(txn, fk, loc)
                 bb = self.slab_class.pop(slab)
                 self._index.retire_slab(txn, slab, bb, self.nslots(bb))
+        self._save_table(self.slab_class)
         for slab in extra:
             self._files.path(slab).unlink(missing_ok=True)
         self._count(counts)

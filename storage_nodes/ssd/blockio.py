@@ -10,18 +10,22 @@ touched. Both split work into batches of at most ``staging_max_bytes``.
 from __future__ import annotations
 
 import errno
-from collections.abc import Callable, Sequence
+import struct
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import xxhash
 
-from kvstore.block import check_header, encode_block_into
+from kvstore.block import FORMAT_VERSION, HEADER_BYTES, MAGIC, check_header
 from kvstore.errors import BlockChecksumError, BlockError
 from storage_nodes.ssd.config import ALIGN_BYTES, SSDConfig, slot_bytes_for
 from storage_nodes.ssd.errors import SSDIOError
 from storage_nodes.ssd.index import Location
 from storage_nodes.ssd.io_backend import IOBackend, IORequest
 from storage_nodes.ssd.slabs import SlabFiles, StagingPool
+
+# magic, version, flags, fingerprint, key, payload length, xxh3-64, created-at µs (§4)
+_HEADER = struct.Struct("<4sHH16s16sQQQ")
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,7 +51,7 @@ class BlockIO:
         self._config = config
         self._files = files
         self._io = io
-        self._staging = StagingPool()
+        self.staging = StagingPool()
 
     def per_batch(self, block_bytes: int) -> int:
         return max(1, self._config.staging_max_bytes // slot_bytes_for(block_bytes))
@@ -68,7 +72,7 @@ class BlockIO:
         sums: list[int] = []
         for start in range(0, len(locs), step):
             part = list(locs[start : start + step])
-            buf = self._staging.acquire(len(part) * sb)
+            buf = self.staging.acquire(len(part) * sb)
             try:
                 mv = memoryview(buf)
                 reqs: list[IORequest] = []
@@ -85,7 +89,7 @@ class BlockIO:
                     fingerprint, block_bytes, keys, part, reqs, mv, out, start, sums
                 )
             finally:
-                self._staging.release(buf)
+                self.staging.release(buf)
             failure = failure or unopened
             if failure is not None:
                 n = copied + failure.index - start
@@ -146,7 +150,7 @@ class BlockIO:
         """A degraded tier's health check through the engine's own I/O path: write and
         sync a page of a probe file, read it back, read the first page of every slab.
         None when all of it worked, else what failed."""
-        buf = self._staging.acquire((len(slabs) + 1) * ALIGN_BYTES)
+        buf = self.staging.acquire((len(slabs) + 1) * ALIGN_BYTES)
         try:
             mv = memoryview(buf)
             page = mv[:ALIGN_BYTES]
@@ -172,52 +176,57 @@ class BlockIO:
             finally:
                 self._files.drop_probe(fd)
         finally:
-            self._staging.release(buf)
+            self.staging.release(buf)
 
     def write_durable(
         self,
         fingerprint: bytes,
         block_bytes: int,
         keys: Sequence[bytes],
-        rows: Sequence[memoryview],
+        data: memoryview,
+        rows: Sequence[int],
         slots: Sequence[tuple[int, int]],
-        between: Callable[[], None] | None = None,
         checksums: Sequence[int] | None = None,
     ) -> None:
-        """Write ``rows[i]`` encoded for ``keys[i]`` into ``slots[i]`` and sync the data;
-        ``between()`` runs while the device works (the caller prepares its index
-        transaction there). ``checksums[i]`` (made at commit) goes into row ``i``'s header
-        as given; ``None`` computes them. Raises ``SSDIOError`` on any failure."""
+        """Encode row ``rows[j]`` of ``data`` for ``keys[j]`` into ``slots[j]``, write them
+        and sync the data. ``checksums[j]`` (made at commit) goes into the header as
+        given; ``None``: the checksum of the copy being written. Raises ``SSDIOError``
+        on any failure."""
         sb = slot_bytes_for(block_bytes)
-        buf = self._staging.acquire(len(keys) * sb)
+        bb = block_bytes
+        buf = self.staging.acquire(len(keys) * sb)
         try:
             mv = memoryview(buf)
             now_us = int(self._config.clock() * 1_000_000)
             reqs = []
             fds: dict[int, None] = {}
+            fd_of = self._files.fd
             for j, (slab, slot) in enumerate(slots):
-                fd = self._files.fd(slab)
+                fd = fd_of(slab)
                 fds[fd] = None
                 reqs.append(IORequest(fd, slot * sb, mv[j * sb : (j + 1) * sb]))
+            pack = _HEADER.pack_into
+            digest = xxhash.xxh3_64_intdigest
 
             def encode(j: int) -> None:
-                csum = None if checksums is None else checksums[j]
-                encode_block_into(
-                    mv[j * sb : (j + 1) * sb], fingerprint, keys[j], rows[j], now_us, csum
-                )
+                # DESIGN §4, written in place
+                off = j * sb
+                body = mv[off + HEADER_BYTES : off + HEADER_BYTES + bb]
+                i = rows[j]
+                body[:] = data[i * bb : (i + 1) * bb]
+                csum = digest(body) if checksums is None else checksums[j]
+                pack(mv, off, MAGIC, FORMAT_VERSION, 0, fingerprint, keys[j], bb, csum, now_us)
 
-            def mid() -> None:
-                self._config.crash_hook("before_data_sync")
-                if between is not None:
-                    between()
-
-            res, synced = self._io.write_and_sync(reqs, list(fds), prepare=encode, between=mid)
+            crash = self._config.crash_hook
+            res, synced = self._io.write_and_sync(
+                reqs, list(fds), prepare=encode, between=lambda: crash("before_data_sync")
+            )
             bad = [r for r in res if r < 0]
             if bad:
                 raise SSDIOError(f"{len(bad)} of {len(res)} slot writes failed", -bad[0])
             bad = [r for r in synced if r < 0]
             if bad or len(synced) != len(fds):
                 raise SSDIOError("data sync failed", -bad[0] if bad else errno.EIO)
-            self._config.crash_hook("after_data_sync")
+            crash("after_data_sync")
         finally:
-            self._staging.release(buf)
+            self.staging.release(buf)

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from storage_nodes.ssd.errors import SSDConfigError
+from storage_nodes.ssd.marker import read_boot_id
 
 ALIGN_BYTES = 4096
 DEFAULT_RETENTION_S = 72 * 3600.0
@@ -19,8 +20,20 @@ def no_crash(point: str) -> None:
     """The production crash hook: crash points are no-ops."""
 
 
-#: The named points where ``SSDConfig.crash_hook`` is called (tests crash there).
-CRASH_POINTS = ("before_data_sync", "after_data_sync", "inside_index_commit", "after_free")
+#: The named points where ``SSDConfig.crash_hook`` is called (tests crash there);
+#: ``index_synced`` follows every point where the index became durable (a strict
+#: commit, an explicit sync), so a power-cut simulator knows what a cut would keep.
+CRASH_POINTS = (
+    "before_data_sync",
+    "after_data_sync",
+    "inside_index_commit",
+    "after_free",
+    "index_synced",
+)
+#: ``fast``: index commits are not synced; after a power cut or OS crash the index is
+#: rebuilt from the slot headers. ``strict``: every index commit is synced (LMDB
+#: sync + metasync), so an open never rebuilds unless LMDB reports corruption.
+INDEX_DURABILITY = ("fast", "strict")
 
 
 @dataclass(frozen=True)
@@ -36,6 +49,11 @@ class SSDConfig:
     ``"uring"``, ``"pread"``, or the test-only ``"crashsim"`` / ``"faulty"``.
     ``clock`` returns seconds since the epoch; retention and block timestamps use it,
     so tests inject a fake one. ``crash_hook`` is called at each of ``CRASH_POINTS``.
+    ``index_durability``: see ``INDEX_DURABILITY`` (data is synced before every
+    acknowledgement in both). ``boot_id`` tells a process crash (same boot: the page
+    cache kept every index write) from a power cut; tests inject one to simulate a
+    reboot. ``probe_interval_s``: how often a degraded tier checks whether it can
+    recover.
     """
 
     dir: Path
@@ -53,7 +71,9 @@ class SSDConfig:
     index_map_bytes: int = 64 << 30
     io_error_limit: int = 16
     probe_interval_s: float = 10.0
+    index_durability: str = "fast"
     clock: Callable[[], float] = field(default=time.time, compare=False)
+    boot_id: Callable[[], str] = field(default=read_boot_id, compare=False, repr=False)
     crash_hook: Callable[[str], None] = field(default=no_crash, compare=False, repr=False)
     #: True when ``slab_bytes`` was left to the default: an existing directory's slab
     #: size then wins over the one the capacity would choose.
@@ -101,6 +121,11 @@ class SSDConfig:
                 raise SSDConfigError(f"ssd {name} must be finite")
         if self.sweep_interval_s is not None and not self.sweep_interval_s > 0:
             raise SSDConfigError("ssd sweep_interval_s must be > 0 or None (no background sweeper)")
+        if self.index_durability not in INDEX_DURABILITY:
+            raise SSDConfigError(
+                f"ssd index_durability must be one of {INDEX_DURABILITY}, "
+                f"got {self.index_durability!r}"
+            )
         if self.direct_io not in (None, True, False):
             raise SSDConfigError("ssd direct_io must be True, False or None (probe)")
 

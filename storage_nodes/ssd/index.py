@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import struct
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -57,21 +58,38 @@ class SlabInfo:
     used: int
 
 
+def _no_hook() -> None:
+    pass
+
+
 class Index:
     def __init__(
-        self, path: Path, *, map_bytes: int, slab_bytes: int, adopt_stored: bool = False
+        self,
+        path: Path,
+        *,
+        map_bytes: int,
+        slab_bytes: int,
+        adopt_stored: bool = False,
+        strict: bool = False,
+        on_sync: Callable[[], None] = _no_hook,
     ) -> None:
         """``adopt_stored``: an existing index's slab size wins over ``slab_bytes``
-        (which was only a default); otherwise a different one is an ``SSDFormatError``."""
+        (which was only a default); otherwise a different one is an ``SSDFormatError``.
+        ``strict``: every commit is synced (LMDB ``sync``/``metasync``); otherwise commits
+        only reach the page cache and ``sync()`` makes them durable (DESIGN §6: the index
+        is then rebuilt from the slot headers after a power cut). ``on_sync`` runs after
+        each point where the index became durable (tests simulate power cuts with it)."""
         path.mkdir(parents=True, exist_ok=True)
+        self.strict = strict
+        self._on_sync = on_sync
         try:
             self.env = lmdb.open(
                 str(path),
                 map_size=map_bytes,
                 max_dbs=8,
                 subdir=True,
-                sync=True,
-                metasync=True,
+                sync=strict,
+                metasync=strict,
                 readahead=False,
                 max_readers=512,
                 lock=True,
@@ -111,8 +129,28 @@ class Index:
             )
         return stored
 
-    def begin(self, *, write: bool = False) -> Txn:
-        return self.env.begin(write=write)
+    def begin(self) -> Txn:
+        """A read-only transaction."""
+        return self.env.begin()
+
+    @contextmanager
+    def write(self) -> Iterator[Txn]:
+        """A write transaction, committed when the block exits (aborted on an exception).
+        Never hold one across device I/O: LMDB has one writer at a time."""
+        txn = self.env.begin(write=True)
+        try:
+            yield txn
+        except BaseException:
+            txn.abort()
+            raise
+        txn.commit()
+        if self.strict:
+            self._on_sync()
+
+    def sync(self) -> None:
+        """Make every committed transaction durable."""
+        self.env.sync(True)
+        self._on_sync()
 
     def close(self) -> None:
         self.env.close()
@@ -153,6 +191,30 @@ class Index:
             txn.put(_SLOT.pack(loc.slab, loc.slot), reason, db=self.quar)
         else:
             txn.put(_FREE.pack(bb, loc.slab, loc.slot), b"", db=self.free)
+
+    def adopt(
+        self,
+        txn: Txn,
+        found: list[tuple[bytes, int, int, int]],
+        bucket_of: Callable[[float], int],
+    ) -> int:
+        """Rebuild: publish blocks found on disk as (fkey, created µs, slab, slot), with
+        seq = gen = created µs; of two slots with one key the newer stays, the other is
+        freed. Returns how many records were added (net)."""
+        used = self.deltas()
+        added = 0
+        for fk, created, slab, slot in found:
+            cur = self.get(txn, fk)
+            if cur is not None:
+                if cur.gen >= created:
+                    continue
+                self.remove(txn, fk, cur, used=used)
+                added -= 1
+            loc = Location(slab, slot, bucket_of(created / 1e6), created, created)
+            self.insert(txn, fk, loc, used)
+            added += 1
+        used.flush(txn)
+        return added
 
     def retouch(self, txn: Txn, fkey: bytes, loc: Location, bucket: int, seq: int) -> None:
         txn.delete(_LRU.pack(loc.bucket, loc.seq) + fkey, db=self.lru)

@@ -55,7 +55,7 @@ class IndexView:
         """Remove ``fkey`` and quarantine its slot if the index still points it at this
         very block (same slot, same generation). ``False``: the block was evicted and
         its slot reused while we read it — a race, not corruption."""
-        with self._index.begin(write=True) as txn:
+        with self._index.write() as txn:
             cur = self._index.get(txn, fkey)
             if cur is None or (cur.slab, cur.slot, cur.gen) != (loc.slab, loc.slot, loc.gen):
                 return False
@@ -65,7 +65,7 @@ class IndexView:
     def delete_namespace(self, fingerprint: bytes) -> int:
         total = 0
         while True:
-            with self._index.begin(write=True) as txn:
+            with self._index.write() as txn:
                 batch = list(islice(self._index.iter_namespace(txn, fingerprint), _DELETE_BATCH))
                 for fk in batch:
                     loc = self._index.get(txn, fk)

@@ -51,5 +51,6 @@ def build_stats(
         "mode": mode,
         "queue_depth": str(config.queue_depth),
         "retention_s": str(config.retention_s),
+        "index_durability": config.index_durability,
     }
     return TierStats("ssd", config.capacity_bytes, used_bytes, tuple(classes), out, info)

@@ -26,7 +26,7 @@ def sweep_expired(config: SSDConfig, index: Index, recency: Recency) -> int:
     total = 0
     first = True
     while True:
-        with index.begin(write=True) as txn:
+        with index.write() as txn:
             if first:
                 recency.flush_into(index, txn)
                 first = False

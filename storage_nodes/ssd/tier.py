@@ -11,12 +11,12 @@ raising into the caller; misuse raises ``ValueError`` subclasses as the contract
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
-from dataclasses import replace
 from typing import Any
 
 import lmdb
@@ -26,16 +26,16 @@ from kvstore.errors import InvalidArgument, StoreUnavailable, UnknownNamespace
 from kvstore.keys import KEY_BYTES, Key, Namespace
 from kvstore.tier import PutResult, Tier, TierStats
 from storage_nodes.ssd.allocator import SlotAllocator
-from storage_nodes.ssd.blockio import BlockIO, ReadFailure
+from storage_nodes.ssd.blockio import ReadFailure
 from storage_nodes.ssd.config import SSDConfig, slot_bytes_for
 from storage_nodes.ssd.errors import SSDConfigError, SSDIOError
 from storage_nodes.ssd.health import Health
-from storage_nodes.ssd.index import Index
 from storage_nodes.ssd.io_backend import IOBackend, make_backend
 from storage_nodes.ssd.lock import DirLock
 from storage_nodes.ssd.lookup import IndexView
+from storage_nodes.ssd.opening import IndexLifecycle
+from storage_nodes.ssd.rebuild import RebuildReport
 from storage_nodes.ssd.recency import Recency
-from storage_nodes.ssd.slabs import SlabFiles
 from storage_nodes.ssd.stats import build_stats
 from storage_nodes.ssd.sweeper import Maintenance, sweep_expired
 from storage_nodes.ssd.writer import GroupCommit
@@ -58,6 +58,7 @@ _COUNTERS = (
     "recoveries",
 )
 _STORE_ERRORS = (SSDIOError, lmdb.Error, OSError)
+_CORRUPT = (lmdb.CorruptedError, lmdb.PageNotFoundError)
 
 
 class SSDTier(Tier):
@@ -75,27 +76,26 @@ class SSDTier(Tier):
         self._inflight = 0
         self._gate = threading.Condition()
         self._maint: Maintenance | None = None
+        self._life = IndexLifecycle(config)
         opened: list[Any] = []
         try:
             self._io: IOBackend = make_backend(config.io_backend, config.queue_depth)
             opened.append(self._io)
-            self._index = Index(
-                config.dir / "index",
-                map_bytes=config.index_map_bytes,
-                slab_bytes=config.slab_bytes,
-                adopt_stored=config.slab_auto,
-            )
-            opened.append(self._index)
-            if self._index.slab_bytes != config.slab_bytes:
-                config = self.config = replace(config, slab_bytes=self._index.slab_bytes)
-            self._files = SlabFiles(config.dir, config.slab_bytes, config.direct_io, config.chunks)
-            opened.append(self._files)
+            o = self._life.open(self._io)
+            config = self.config = o.config
+            self._index, self._files, self._blocks = o.index, o.files, o.blocks
+            self.rebuild_report: RebuildReport | None = o.rebuilt
+            opened += [self._index, self._files]
             with self._index.begin() as txn:
                 first_seq = self._index.seq_high_water(txn) + 1
             self._recency = Recency(config, first_seq)
             self._view = IndexView(config, self._index, self._recency)
-            self._alloc = SlotAllocator(config, self._index, self._files, self._recency, self._add)
-            self._blocks = BlockIO(config, self._files, self._io)
+            self._alloc = SlotAllocator(
+                config, self._index, self._files, self._recency, self._add, self._life.table
+            )
+            room = self._files.room_at_open and self._life.begin_writes()
+            if room:
+                self._alloc.shrink_to_capacity()  # an index write: only once marked dirty
             self._writer = GroupCommit(
                 config, self._index, self._view, self._recency, self._alloc, self._blocks
             )
@@ -104,7 +104,7 @@ class SSDTier(Tier):
                 res.close()
             self._dirlock.release()
             raise
-        if not self._files.room_at_open:
+        if not room:
             self._health.degrade("read-only", "the file system refused a 4 KiB write at open")
         if config.sweep_interval_s is not None:
             self._maint = Maintenance(
@@ -153,6 +153,9 @@ class SSDTier(Tier):
 
     def _store_failed(self, e: BaseException, *, writing: bool) -> None:
         self._inc("io_errors_total")
+        if isinstance(e, _CORRUPT):
+            self._life.corrupt()  # the next open rebuilds the index from the slot headers
+            self._health.degrade("off", f"index corrupt: {e}")
         self._health.store_failed(e, writing=writing)
 
     def _class_of(self, ns: Namespace) -> int:
@@ -231,6 +234,8 @@ class SSDTier(Tier):
             self._inc("corrupt_blocks_total")
             return
         reason = (f"errno {f.errno}" if f.errno else type(f.error).__name__).encode()
+        if not self._life.dirty:
+            return  # read-only from a full disk at open: no index writes at all
         if not self._view.quarantine(fkey, f.loc, reason):
             self._inc("read_races")
         elif not f.errno:
@@ -322,9 +327,20 @@ class SSDTier(Tier):
             self._probe_if_due()
 
     def delete_namespace(self, ns: Namespace) -> int:
+        """Drop every block of ``ns``. A durable tombstone is written first, so a rebuild
+        of the index from the slot headers (after a power cut) cannot bring them back."""
         with self._op():
             self._class_of(ns)
+            if not self._life.dirty:
+                return 0
+            now = self.config.clock()
+            keep_s = self.config.retention_s
             try:
+                self._life.tombstones.add(
+                    ns.fingerprint,
+                    int(now * 1e6) + 1,
+                    forget_before_us=0 if math.isinf(keep_s) else int((now - keep_s) * 1e6),
+                )
                 return self._view.delete_namespace(ns.fingerprint)
             except _STORE_ERRORS as e:
                 self._store_failed(e, writing=True)
@@ -348,8 +364,11 @@ class SSDTier(Tier):
     def _probe_checks(self) -> str | None:
         why = self._blocks.probe(sorted(self._alloc.slab_class))
         if why is None:
-            with self._index.begin(write=True) as txn:
+            if not self._life.begin_writes():
+                return "the shutdown marker cannot be written"
+            with self._index.write() as txn:
                 self._index.note_probe(txn, time.time())
+            self._alloc.shrink_to_capacity()
         return why
 
     def _probe_if_due(self) -> None:
@@ -363,7 +382,7 @@ class SSDTier(Tier):
             if self._mode != "ok":
                 return
             try:
-                with self._index.begin(write=True) as txn:
+                with self._index.write() as txn:
                     self._recency.flush_into(self._index, txn)
             except _STORE_ERRORS as e:
                 self._store_failed(e, writing=True)
@@ -398,8 +417,9 @@ class SSDTier(Tier):
 
     def check_integrity(self) -> None:
         with self._op():
-            with self._index.begin(write=True) as txn:
-                self._recency.flush_into(self._index, txn)
+            if self._life.dirty:
+                with self._index.write() as txn:
+                    self._recency.flush_into(self._index, txn)
             with self._index.begin() as txn:
                 self._index.check(txn, chunks=self.config.chunks, slab_bytes=self.config.slab_bytes)
                 self._alloc.check(txn)
@@ -409,10 +429,11 @@ class SSDTier(Tier):
             return
         try:
             if self._mode == "ok":
-                with self._index.begin(write=True) as txn:
+                with self._index.write() as txn:
                     self._recency.flush_into(self._index, txn)
+            self._life.close_clean(self._index)
         except _STORE_ERRORS as e:
-            log.error("SSD tier %s: touches lost at close: %s", self.config.dir, e)
+            log.error("SSD tier %s: unclean close: %s", self.config.dir, e)
         finally:
             self._release()
 

@@ -1,12 +1,13 @@
-"""Group commit: reserve slots, write and sync the data, publish in one transaction.
+"""Group commit: reserve slots, write and sync the data, then publish in one transaction.
 
 The order is the crash-safety argument: a block is named by the index only after its
-bytes are durable, and the slots it lands in were free in a committed transaction.
+bytes are durable, and the slots it lands in were free in a committed transaction. The
+index transaction is opened only once the data is durable, so no write transaction is
+ever held across device I/O and concurrent puts overlap their writes.
 """
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Sequence
 
 from storage_nodes.ssd.allocator import Slot, SlotAllocator
@@ -53,39 +54,29 @@ class GroupCommit:
         if not idx:
             return 0, 0
         bb = block_bytes
-        rows = [data[i * bb : (i + 1) * bb] for i in idx]
-        keys = [fkeys[i][16:] for i in idx]
-        sums = None if checksums is None else [checksums[i] for i in idx]
-        # The index transaction is built while the data is on its way to the device and
-        # committed only once the data sync completed: the order crash safety needs,
-        # without paying for the index work on the critical path.
-        txn = self._index.begin(write=True)
-        outcome: list[tuple[set[int], int]] = []
-        evicted: list[Counter[str]] = []
-
-        def stage() -> None:
-            outcome.append(self._stage(txn, idx, fkeys, slots, stamps))
-            evicted.append(self._alloc.top_up(txn, bb))
-
         try:
             self._blocks.write_durable(
-                fingerprint, bb, keys, rows, slots, between=stage, checksums=sums
+                fingerprint,
+                bb,
+                [fkeys[i][16:] for i in idx],
+                data,
+                idx,
+                slots,
+                None if checksums is None else [checksums[i] for i in idx],
             )
-            self._index.set_seq_high_water(txn, self._recency.high_water)
-            self._config.crash_hook("inside_index_commit")
-            txn.commit()
+            with self._index.write() as txn:
+                published, raced = self._publish(txn, idx, fkeys, slots, stamps)
+                self._index.set_seq_high_water(txn, self._recency.high_water)
+                self._config.crash_hook("inside_index_commit")
         except BaseException:
-            txn.abort()
             self._alloc.release(slots, still_free=True)
             raise
-        self._alloc.count(evicted[0])
-        published, raced = outcome[0]
         self._alloc.release([slots[j] for j in published], still_free=False)
         unused = [slots[j] for j in range(len(idx)) if j not in published]
         self._alloc.release(unused, still_free=True)
         return len(published), raced
 
-    def _stage(
+    def _publish(
         self,
         txn: Txn,
         idx: list[int],
@@ -93,22 +84,23 @@ class GroupCommit:
         slots: list[Slot],
         stamps: Sequence[Stamp],
     ) -> tuple[set[int], int]:
-        """Index records for the group, inside the not yet committed ``txn``."""
+        """Index records for the group, inside the publishing transaction."""
         expiry = self._view.expiry()
         published: set[int] = set()
         raced = 0
-        used = self._index.deltas()
+        index = self._index
+        used = index.deltas()
         for j, i in enumerate(idx):
             fk = fkeys[i]
-            cur = self._index.get(txn, fk)
+            cur = index.get(txn, fk)
             if cur is not None:
                 if self._view.live(fk, cur, expiry):
                     raced += 1  # another put published it first; our slot stays free
                     continue
-                self._index.remove(txn, fk, cur, used=used)  # replace the expired copy
+                index.remove(txn, fk, cur, used=used)  # replace the expired copy
             bucket, seq = stamps[i]
             slab, slot = slots[j]
-            self._index.insert(txn, fk, Location(slab, slot, bucket, seq, seq), used)
+            index.insert(txn, fk, Location(slab, slot, bucket, seq, seq), used)
             published.add(j)
         used.flush(txn)
         return published, raced

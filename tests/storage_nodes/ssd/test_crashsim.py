@@ -1,10 +1,14 @@
-"""Crash safety (b): the crashsim backend drops every write not followed by a sync.
+"""Crash safety (b): power cuts of the whole directory — slab writes and the index's own
+writes (``powercut.PowerCut``) — in both index durability modes.
 
-A seeded random workload runs on a real directory through ``crashsim``; at a random
-crash point (or between operations) the power is cut: unsynced writes vanish (or a
-random subset survives, in any order). After reopening, every indexed key must read
-back exactly and ``check_integrity`` must pass; every put acknowledged before the
-crash must still be there unless capacity evicted it.
+A seeded random workload runs on a real directory; at a random crash point (or between
+operations) the power is cut: unsynced slab writes vanish (or a random subset lands),
+the index file keeps its last durable state plus a random subset of the pages written
+since. The directory is reopened as after a reboot (another ``boot_id``): the fast mode
+rebuilds its index from the slot headers, the strict mode trusts its synced index. Then
+every indexed key must read back exactly, ``check_integrity`` must pass, nothing may be
+counted corrupt, and every put acknowledged before the cut must still be there (with a
+capacity that never evicts).
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
+import lmdb
 import pytest
 
 from storage_nodes.ssd import CRASH_POINTS, SimulatedCrash, SSDTier
@@ -24,17 +29,20 @@ from tests.storage_nodes.ssd.helpers import (
     small_ns,
     verify_all,
 )
+from tests.storage_nodes.ssd.powercut import PowerCut
+
+MODES = ["fast", "strict"]
 
 
 class RandomCut:
-    def __init__(self, rng: random.Random, p: float) -> None:
-        self.rng, self.p = rng, p
-        self.tier: SSDTier | None = None
-        self.keep = 0.0
+    def __init__(self, rng: random.Random, p: float, keep: float) -> None:
+        self.rng, self.p, self.keep = rng, p, keep
+        self.power: PowerCut | None = None
 
     def __call__(self, point: str) -> None:
-        if self.tier is not None and self.rng.random() < self.p:
-            self.tier.io_backend.crash(keep_fraction=self.keep, seed=self.rng.randrange(1 << 30))
+        power = self.power
+        if power is not None and power.tier is not None and self.rng.random() < self.p:
+            power.cut(keep_fraction=self.keep, seed=self.rng.randrange(1 << 30))
             raise SimulatedCrash(point)
 
 
@@ -43,49 +51,62 @@ def _workload(t: SSDTier, rng: random.Random, acked: set[bytes], steps: int) -> 
     for _ in range(steps):
         op = rng.random()
         keys = chain(ns, rng.randint(1, 24), salt=rng.randrange(12))
-        if op < 0.6:
+        if op < 0.55:
             r = t.put(ns, keys, rows(ns, keys))
             if r.inserted + r.present == len(keys):  # acknowledged as stored
                 acked.update(keys)
-        elif op < 0.8:
+        elif op < 0.75:
             t.touch(ns, keys)
-        else:
+            if rng.random() < 0.3:
+                t.flush_touches()
+        elif op < 0.97:
             dst = bytearray(len(keys) * ns.block_bytes)
             h = t.get_into(ns, keys, dst)
             assert bytes(dst[: h * ns.block_bytes]) == rows(ns, keys[:h])
+        else:
+            t.sweep()
 
 
-@pytest.mark.parametrize("seed", range(8))
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("seed", range(6))
 @pytest.mark.parametrize("keep", [0.0, 0.5])
-def test_random_power_cuts(tmp_path: Path, seed: int, keep: float) -> None:
+def test_random_power_cuts(tmp_path: Path, mode: str, seed: int, keep: float) -> None:
     ns = small_ns()
-    rng = random.Random(seed * 7919 + int(keep * 10))
+    rng = random.Random(seed * 7919 + int(keep * 10) + (mode == "strict"))
     cap = rng.choice([2, 8]) * SLAB  # 2 slabs: evictions all the time; 8: none
     clock = FakeClock()
     d = tmp_path / "ssd"
     acked: set[bytes] = set()
-    for _round in range(3):
-        cut = RandomCut(rng, p=0.15)
-        cut.keep = keep
+    rebuilt = 0
+    for boot in ("1", "2", "3"):
+        cut = RandomCut(rng, p=0.12, keep=keep)
+        power = PowerCut(d, then=cut)
+        cut.power = power
+        cfg = dict(capacity_bytes=cap, clock=clock, index_durability=mode)
         t = SSDTier(
-            make_config(d, io_backend="crashsim", capacity_bytes=cap, crash_hook=cut, clock=clock)
+            make_config(
+                d, io_backend="crashsim", crash_hook=power.hook, boot_id=f"b{boot}".strip, **cfg
+            )
         )
+        rebuilt += t.rebuild_report is not None
         t.register(ns)
-        cut.tier = t
+        power.tier = t
         try:
             _workload(t, rng, acked, steps=40)
-            t.io_backend.crash(keep_fraction=keep, seed=seed)  # cut between operations
+            power.cut(keep_fraction=keep, seed=seed)  # cut between operations
         except SimulatedCrash:
             pass
-        t.abandon()
-        t = SSDTier(make_config(d, io_backend="pread", capacity_bytes=cap, clock=clock))
+        power.settle()
+        t = SSDTier(make_config(d, io_backend="pread", boot_id=f"r{boot}".strip, **cfg))
+        assert (t.rebuild_report is not None) == (mode == "fast")
         t.register(ns)
         t.check_integrity()
         verify_all(t, ns)
         assert t.stats().counters["corrupt_blocks_total"] == 0
         if cap == 8 * SLAB:  # 12 salts x 24 blocks always fit: nothing acked may be lost
             assert acked <= set(t.iter_keys(ns))
-        t.close()
+        t.close()  # a clean close: the next open trusts the index
+    assert rebuilt == 0  # clean closes are never rebuilt
 
 
 def test_crashsim_really_drops_unsynced_writes(tmp_path: Path) -> None:
@@ -96,7 +117,7 @@ def test_crashsim_really_drops_unsynced_writes(tmp_path: Path) -> None:
 
     def hook(point: str) -> None:
         if point == "before_data_sync" and box:
-            box[0].io_backend.crash()
+            box[0].io_backend.crash()  # type: ignore[attr-defined]
             raise SimulatedCrash(point)
 
     t = SSDTier(make_config(d, io_backend="crashsim", crash_hook=hook))
@@ -105,35 +126,73 @@ def test_crashsim_really_drops_unsynced_writes(tmp_path: Path) -> None:
     k = chain(ns, 4)
     with pytest.raises(SimulatedCrash):
         t.put(ns, k, rows(ns, k))
-    assert t.io_backend.dropped_writes == 4
+    assert t.io_backend.dropped_writes == 4  # type: ignore[attr-defined]
     t.abandon()
     raw = b"".join(p.read_bytes() for p in sorted((d / "slabs").glob("slab-*")))
     assert rows(ns, k)[: ns.block_bytes] not in raw
 
 
-@pytest.mark.parametrize("point", CRASH_POINTS)
-def test_each_point_with_dropped_writes(tmp_path: Path, point: str) -> None:
+def test_powercut_really_drops_unsynced_index_pages(tmp_path: Path) -> None:
+    """Guard the guard: in fast mode the index is not synced per put, so a cut with
+    nothing kept leaves the index as it was at open — the keys are gone from it, and only
+    the rebuild from the slot headers brings them back."""
     ns = small_ns()
     d = tmp_path / "ssd"
-    box: list[SSDTier] = []
+    power = PowerCut(d)
+    t = SSDTier(make_config(d, io_backend="crashsim", crash_hook=power.hook, boot_id=lambda: "1"))
+    t.register(ns)
+    power.tier = t
+    k = chain(ns, 6)
+    assert t.put(ns, k, rows(ns, k)).inserted == 6
+    power.cut(keep_fraction=0.0)
+    power.settle()
+    env = lmdb.open(str(d / "index"), readonly=True, lock=False, max_dbs=8)
+    with env.begin() as txn:  # what the cut left of the index: the state at open
+        assert txn.stat(env.open_db(b"keys", txn=txn, create=False))["entries"] == 0
+    env.close()
+    t = SSDTier(make_config(d, io_backend="pread", boot_id=lambda: "2"))
+    t.register(ns)
+    assert t.rebuild_report is not None and t.rebuild_report.blocks == 6
+    assert verify_all(t, ns) == 6
+    t.check_integrity()
+    t.close()
 
-    def hook(p: str) -> None:
-        if p == point and box:
-            box[0].io_backend.crash()
+
+CASES = [("fast", p) for p in CRASH_POINTS if p != "index_synced"] + [
+    ("strict", p) for p in CRASH_POINTS
+]
+
+
+@pytest.mark.parametrize(("mode", "point"), CASES)
+def test_each_point_with_dropped_writes(tmp_path: Path, mode: str, point: str) -> None:
+    ns = small_ns()
+    d = tmp_path / "ssd"
+    armed: list[bool] = []
+
+    def at_point(p: str) -> None:
+        if p == point and armed:
+            power.cut()
             raise SimulatedCrash(p)
 
-    t = SSDTier(make_config(d, io_backend="crashsim", capacity_bytes=2 * SLAB, crash_hook=hook))
+    power = PowerCut(d, then=at_point)
+    cfg = dict(capacity_bytes=2 * SLAB, index_durability=mode)
+    t = SSDTier(
+        make_config(d, io_backend="crashsim", crash_hook=power.hook, boot_id=lambda: "1", **cfg)
+    )
     t.register(ns)
+    power.tier = t
     a = chain(ns, 128, salt=1)
     t.put(ns, a, rows(ns, a))
-    box.append(t)
+    armed.append(True)
     b = chain(ns, 8, salt=2)
     with pytest.raises(SimulatedCrash):
         t.put(ns, b, rows(ns, b))
-    t.abandon()
-    t = SSDTier(make_config(d, io_backend="pread", capacity_bytes=2 * SLAB))
+    power.settle()
+    t = SSDTier(make_config(d, io_backend="pread", boot_id=lambda: "2", **cfg))
     t.register(ns)
     t.check_integrity()
     assert verify_all(t, ns) >= 120
-    assert t.contains(ns, b) == 0
+    assert t.stats().counters["corrupt_blocks_total"] == 0
+    if point in ("before_data_sync",):
+        assert t.contains(ns, b) == 0  # its data never became durable
     t.close()

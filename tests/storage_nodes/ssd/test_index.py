@@ -21,7 +21,7 @@ def _fk(i: int) -> bytes:
 @pytest.fixture
 def index(tmp_path: Path):
     ix = Index(tmp_path / "ix", map_bytes=64 << 20, slab_bytes=SLAB)
-    with ix.begin(write=True) as txn:
+    with ix.write() as txn:
         ix.create_slab(txn, 0, BB, 16)
         for i in range(5):
             ix.insert(txn, _fk(i), Location(0, i, 10 + i, i + 1, i + 1))
@@ -37,7 +37,7 @@ def _check(ix: Index) -> None:
 
 def test_records_and_scans(index: Index) -> None:
     _check(index)
-    with index.begin(write=True) as txn:
+    with index.write() as txn:
         assert index.get(txn, _fk(2)) == Location(0, 2, 12, 3, 3)
         assert list(index.iter_lru(txn))[:2] == [_fk(0), _fk(1)]
         assert list(index.iter_lru(txn, below_bucket=12)) == [_fk(0), _fk(1)]
@@ -58,7 +58,7 @@ def test_records_and_scans(index: Index) -> None:
 
 
 def test_insert_into_a_used_slot_is_refused(index: Index) -> None:
-    with pytest.raises(IntegrityError), index.begin(write=True) as txn:
+    with pytest.raises(IntegrityError), index.write() as txn:
         index.insert(txn, _fk(9), Location(0, 3, 1, 9, 9))
 
 
@@ -66,7 +66,7 @@ def test_insert_into_a_used_slot_is_refused(index: Index) -> None:
     "damage", ["slot_map", "lru", "free_and_used", "used_count", "seq", "bad_slab"]
 )
 def test_check_catches_damage(index: Index, damage: str) -> None:
-    with index.begin(write=True) as txn:
+    with index.write() as txn:
         if damage == "slot_map":
             txn.delete(_SLOT.pack(0, 3), db=index.slots)
         elif damage == "lru":

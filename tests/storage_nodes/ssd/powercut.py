@@ -1,0 +1,75 @@
+"""A power-cut simulator for a whole SSD directory, index included (test-only).
+
+What a power cut keeps of each kind of write the engine makes:
+
+* slab writes: only those followed by a sync of their file — the ``crashsim`` backend
+  holds every write until its fd is synced and ``crash()`` drops the rest (or lets a
+  random subset land, in any order);
+* the LMDB index: its content at its last durable point — the engine calls its crash
+  hook with ``index_synced`` after each (every commit in strict mode, an explicit sync
+  in fast mode), and the simulator snapshots ``data.mdb`` there — plus a random subset
+  of the 4 KiB pages written since (a disk that persisted some unsynced writes, in any
+  order; a page beyond the durable end of the file may come back as zeros);
+* small durable files (``STATE``, ``slabs/TABLE``, ``TOMBSTONES``): kept as they are,
+  the engine writes them with fsync + rename + directory fsync.
+
+After ``cut()`` and ``settle()``, reopen the directory with another ``boot_id``: that
+is the reboot.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from pathlib import Path
+
+from storage_nodes.ssd import SSDTier
+
+PAGE = 4096
+
+
+class PowerCut:
+    def __init__(self, directory: Path, then: Callable[[str], None] | None = None) -> None:
+        self.dir = Path(directory)
+        self.then = then  # a further crash hook (e.g. a random cut), called after ours
+        self.tier: SSDTier | None = None
+        self._durable_index = b""
+        self._at_cut: tuple[bytes, float, int] = (b"", 0.0, 0)
+        self.index_pages_mixed = 0
+
+    @property
+    def data_mdb(self) -> Path:
+        return self.dir / "index" / "data.mdb"
+
+    def hook(self, point: str) -> None:
+        """Pass as ``SSDConfig.crash_hook``."""
+        if point == "index_synced":
+            self._durable_index = self.data_mdb.read_bytes()
+        if self.then is not None:
+            self.then(point)
+
+    def cut(self, *, keep_fraction: float = 0.0, seed: int = 0) -> None:
+        """Cut the power now (also from inside a crash hook): unsynced slab writes are
+        dropped and the index file is captured as it is at this instant. Raise
+        ``SimulatedCrash`` after it inside a hook; then call ``settle()``."""
+        tier = self.tier
+        assert tier is not None, "attach the tier first: cut.tier = tier"
+        tier.io_backend.crash(keep_fraction=keep_fraction, seed=seed)  # type: ignore[attr-defined]
+        self._at_cut = (self.data_mdb.read_bytes(), keep_fraction, seed)
+
+    def settle(self) -> None:
+        """After the cut unwound: stop the tier as a crash would, and leave the index file
+        as a disk would after losing its unsynced pages."""
+        if self.tier is not None:
+            self.tier.abandon()
+            self.tier = None
+        now, keep_fraction, seed = self._at_cut
+        rng = random.Random(seed)
+        old = self._durable_index
+        out = bytearray(old.ljust(len(now), b"\0")[: max(len(old), len(now))])
+        for off in range(0, len(now), PAGE):
+            new_page = now[off : off + PAGE]
+            if new_page != out[off : off + PAGE] and rng.random() < keep_fraction:
+                out[off : off + PAGE] = new_page
+                self.index_pages_mixed += 1
+        self.data_mdb.write_bytes(bytes(out))
