@@ -41,6 +41,9 @@ _U32 = struct.Struct(">I")
 _BB = struct.Struct(">Q")
 
 Txn = lmdb.Transaction
+#: What LMDB raises for an index it cannot trust (MDB_CORRUPTED, MDB_INVALID, a page
+#: that is not there): the index is rebuilt from the slot headers.
+CORRUPT = (lmdb.CorruptedError, lmdb.InvalidError, lmdb.PageNotFoundError)
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,6 +97,8 @@ class Index:
                 max_readers=512,
                 lock=True,
             )
+        except CORRUPT:
+            raise  # the opener rebuilds the index from the slot headers
         except lmdb.Error as e:
             raise SSDFormatError(f"cannot open SSD index {path}: {e}") from e
         db = self.env.open_db

@@ -11,12 +11,10 @@ import logging
 import shutil
 from dataclasses import dataclass, replace
 
-import lmdb
-
 from storage_nodes.ssd.blockio import BlockIO
 from storage_nodes.ssd.config import SSDConfig
 from storage_nodes.ssd.errors import SSDFormatError
-from storage_nodes.ssd.index import Index
+from storage_nodes.ssd.index import CORRUPT, Index
 from storage_nodes.ssd.io_backend import IOBackend
 from storage_nodes.ssd.marker import ShutdownMarker
 from storage_nodes.ssd.rebuild import RebuildReport, rebuild_index
@@ -24,7 +22,6 @@ from storage_nodes.ssd.slab_table import SlabTable, Tombstones
 from storage_nodes.ssd.slabs import FULL_ERRNOS, SlabFiles
 
 log = logging.getLogger("storage_nodes.ssd")
-_CORRUPT = (lmdb.CorruptedError, lmdb.InvalidError, lmdb.PageNotFoundError)
 _NEVER_THIS_BOOT = "rebuild"  # a boot id no machine has: the next open rebuilds
 
 
@@ -62,7 +59,7 @@ class IndexLifecycle:
                 with index.begin() as txn:  # touch the trees: LMDB may find them corrupt
                     index.slab_table(txn)
                     index.seq_high_water(txn)
-            except _CORRUPT as e:
+            except CORRUPT as e:
                 if index is not None:
                     index.close()
                 index, why = None, f"index corrupt: {e}"

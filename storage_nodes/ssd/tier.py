@@ -30,6 +30,7 @@ from storage_nodes.ssd.blockio import ReadFailure
 from storage_nodes.ssd.config import SSDConfig, slot_bytes_for
 from storage_nodes.ssd.errors import SSDConfigError, SSDIOError
 from storage_nodes.ssd.health import Health
+from storage_nodes.ssd.index import CORRUPT
 from storage_nodes.ssd.io_backend import IOBackend, make_backend
 from storage_nodes.ssd.lock import DirLock
 from storage_nodes.ssd.lookup import IndexView
@@ -58,7 +59,6 @@ _COUNTERS = (
     "recoveries",
 )
 _STORE_ERRORS = (SSDIOError, lmdb.Error, OSError)
-_CORRUPT = (lmdb.CorruptedError, lmdb.PageNotFoundError)
 
 
 class SSDTier(Tier):
@@ -153,7 +153,7 @@ class SSDTier(Tier):
 
     def _store_failed(self, e: BaseException, *, writing: bool) -> None:
         self._inc("io_errors_total")
-        if isinstance(e, _CORRUPT):
+        if isinstance(e, CORRUPT):
             self._life.corrupt()  # the next open rebuilds the index from the slot headers
             self._health.degrade("off", f"index corrupt: {e}")
         self._health.store_failed(e, writing=writing)

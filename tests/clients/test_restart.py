@@ -77,9 +77,7 @@ def test_a_restarted_daemon_is_transparent(spawn_daemon: SpawnDaemon, kind: str,
 
 
 @pytest.mark.parametrize("kind", ["sync", "async"])
-def test_a_lost_segment_on_get_falls_back_then_remaps(
-    spawn_daemon: SpawnDaemon, kind: str
-) -> None:
+def test_a_lost_segment_on_get_falls_back_then_remaps(spawn_daemon: SpawnDaemon, kind: str) -> None:
     # The first call after the restart is a read through shared memory: it must fall back
     # to gRPC for that call (no error), and the next call maps a fresh segment.
     d = spawn_daemon()

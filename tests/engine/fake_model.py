@@ -16,13 +16,27 @@ from engine.model.spec import ModelSpec
 VOCAB = 97
 
 
-def fake_spec(layers: int = 2, kv_heads: int = 1, head_dim: int = 4, context: int = 4096,
-              eos: tuple[int, ...] = ()) -> ModelSpec:
+def fake_spec(
+    layers: int = 2,
+    kv_heads: int = 1,
+    head_dim: int = 4,
+    context: int = 4096,
+    eos: tuple[int, ...] = (),
+) -> ModelSpec:
     return ModelSpec(
-        model_id="fake", architecture="Fake", num_layers=layers, hidden_size=8, num_heads=2,
-        num_kv_heads=kv_heads, head_dim=head_dim, vocab_size=VOCAB,
-        max_context_tokens=context, dtype=torch.float32, layer_windows=(None,) * layers,
-        eos_token_ids=eos, revision="fake-r1",
+        model_id="fake",
+        architecture="Fake",
+        num_layers=layers,
+        hidden_size=8,
+        num_heads=2,
+        num_kv_heads=kv_heads,
+        head_dim=head_dim,
+        vocab_size=VOCAB,
+        max_context_tokens=context,
+        dtype=torch.float32,
+        layer_windows=(None,) * layers,
+        eos_token_ids=eos,
+        revision="fake-r1",
     )
 
 
@@ -45,8 +59,9 @@ class FakeModel(CausalLM):
         for layer in range(s.num_layers):
             val = kv_value(batch.input_ids, batch.positions, layer)
             k = val[:, None, None].expand(-1, s.num_kv_heads, s.head_dim).contiguous()
-            kernels.write_kv_slots(k, -k, kv.k[layer], kv.v[layer], batch.slot_mapping,
-                                   backend=batch.backend)
+            kernels.write_kv_slots(
+                k, -k, kv.k[layer], kv.v[layer], batch.slot_mapping, backend=batch.backend
+            )
         rows = batch.logits_indices
         logits = torch.zeros(len(rows), s.vocab_size)
         for i, r in enumerate(rows.tolist()):

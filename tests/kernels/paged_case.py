@@ -64,10 +64,17 @@ def make_case(
     ks = torch.tensor(kv_starts, dtype=torch.int32) if kv_starts is not None else None
     dev = torch.device(device)
     return PagedCase(
-        q.to(dev), k_pool.to(dev), v_pool.to(dev), cu.to(dev), tables.to(dev),
+        q.to(dev),
+        k_pool.to(dev),
+        v_pool.to(dev),
+        cu.to(dev),
+        tables.to(dev),
         torch.tensor(seq_lens, dtype=torch.int32, device=dev),
-        ks.to(dev) if ks is not None else None, window, head_dim**-0.5,
-        [k.to(dev) for k in k_seqs], [v.to(dev) for v in v_seqs],
+        ks.to(dev) if ks is not None else None,
+        window,
+        head_dim**-0.5,
+        [k.to(dev) for k in k_seqs],
+        [v.to(dev) for v in v_seqs],
     )
 
 
@@ -104,8 +111,19 @@ def decode_view(case: PagedCase) -> PagedCase:
     last = (case.cu_seqlens_q[1:] - 1).long()
     q = case.q[last]
     cu = torch.arange(q.shape[0] + 1, dtype=torch.int32, device=q.device)
-    return PagedCase(q, case.k_pool, case.v_pool, cu, case.block_tables, case.seq_lens,
-                     case.kv_start, case.window, case.scale, case.k_seqs, case.v_seqs)
+    return PagedCase(
+        q,
+        case.k_pool,
+        case.v_pool,
+        cu,
+        case.block_tables,
+        case.seq_lens,
+        case.kv_start,
+        case.window,
+        case.scale,
+        case.k_seqs,
+        case.v_seqs,
+    )
 
 
 TOLERANCE = {torch.float32: 2e-4, torch.float16: 2e-2, torch.bfloat16: 6e-2}

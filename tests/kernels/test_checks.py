@@ -10,10 +10,17 @@ from tests.kernels.paged_case import make_case
 
 
 def _prefill(case, **over):
-    args = dict(q=case.q, k_pool=case.k_pool, v_pool=case.v_pool,
-                cu_seqlens_q=case.cu_seqlens_q, block_tables=case.block_tables,
-                seq_lens=case.seq_lens, scale=case.scale, window=case.window,
-                kv_start=case.kv_start)
+    args = dict(
+        q=case.q,
+        k_pool=case.k_pool,
+        v_pool=case.v_pool,
+        cu_seqlens_q=case.cu_seqlens_q,
+        block_tables=case.block_tables,
+        seq_lens=case.seq_lens,
+        scale=case.scale,
+        window=case.window,
+        kv_start=case.kv_start,
+    )
     args.update(over)
     return kernels.paged_prefill_attention(**args)
 
@@ -70,6 +77,12 @@ def test_unknown_backend() -> None:
     case = make_case([40], [8])
     with pytest.raises(kernels.KernelArgumentError, match="unknown attention backend"):
         kernels.paged_prefill_attention(
-            case.q, case.k_pool, case.v_pool, case.cu_seqlens_q, case.block_tables,
-            case.seq_lens, case.scale, backend="nope",
+            case.q,
+            case.k_pool,
+            case.v_pool,
+            case.cu_seqlens_q,
+            case.block_tables,
+            case.seq_lens,
+            case.scale,
+            backend="nope",
         )

@@ -10,8 +10,14 @@ from hypothesis import strategies as st
 import kernels
 
 
-def _pools(layers: int, blocks: int, bt: int = 8, kvh: int = 2, hd: int = 4,
-           dtype: torch.dtype = torch.float32) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+def _pools(
+    layers: int,
+    blocks: int,
+    bt: int = 8,
+    kvh: int = 2,
+    hd: int = 4,
+    dtype: torch.dtype = torch.float32,
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     gen = torch.Generator().manual_seed(layers * 1000 + blocks)
     ks = [torch.randn(blocks, bt, kvh, hd, generator=gen).to(dtype) for _ in range(layers)]
     vs = [torch.randn(blocks, bt, kvh, hd, generator=gen).to(dtype) for _ in range(layers)]
@@ -42,13 +48,14 @@ def test_write_kv_slots_places_each_token_and_skips_negative() -> None:
     data=st.data(),
     dtype=st.sampled_from([torch.float32, torch.bfloat16, torch.float16]),
 )
-def test_read_then_write_blocks_round_trips(layers: int, blocks: int, data: st.DataObject,
-                                            dtype: torch.dtype) -> None:
+def test_read_then_write_blocks_round_trips(
+    layers: int, blocks: int, data: st.DataObject, dtype: torch.dtype
+) -> None:
     ks, vs = _pools(layers, blocks, dtype=dtype)
-    ids = data.draw(st.lists(st.integers(0, blocks - 1), min_size=1, max_size=blocks,
-                             unique=True))
-    chosen = data.draw(st.lists(st.integers(0, layers - 1), min_size=1, max_size=layers,
-                                unique=True))
+    ids = data.draw(st.lists(st.integers(0, blocks - 1), min_size=1, max_size=blocks, unique=True))
+    chosen = data.draw(
+        st.lists(st.integers(0, layers - 1), min_size=1, max_size=layers, unique=True)
+    )
     block_ids = torch.tensor(ids, dtype=torch.int32)
     out = torch.empty(len(ids), len(chosen), 2, 8, 2, 4, dtype=dtype)
     kernels.read_kv_blocks(ks, vs, block_ids, chosen, out)
@@ -92,5 +99,6 @@ def test_copy_refuses_bad_ids_and_shapes() -> None:
     with pytest.raises(kernels.KernelArgumentError, match="dtype"):
         kernels.write_kv_blocks(ks, vs, torch.tensor([0]), [0, 1], out.half())
     with pytest.raises(kernels.KernelArgumentError, match="slot_mapping"):
-        kernels.write_kv_slots(torch.zeros(1, 2, 4), torch.zeros(1, 2, 4), ks[0], vs[0],
-                               torch.tensor([24]))
+        kernels.write_kv_slots(
+            torch.zeros(1, 2, 4), torch.zeros(1, 2, 4), ks[0], vs[0], torch.tensor([24])
+        )

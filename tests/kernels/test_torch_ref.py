@@ -34,8 +34,13 @@ def cases(draw: st.DrawFn, decode: bool = False) -> dict:
     if draw(st.booleans()):
         kv_starts = [draw(st.integers(0, s - q)) for s, q in zip(seq_lens, q_lens, strict=True)]
     return dict(
-        seq_lens=seq_lens, q_lens=q_lens, heads=heads, kv_heads=kv_heads,
-        block_tokens=draw(st.sampled_from([16, 32, 64])), window=window, kv_starts=kv_starts,
+        seq_lens=seq_lens,
+        q_lens=q_lens,
+        heads=heads,
+        kv_heads=kv_heads,
+        block_tokens=draw(st.sampled_from([16, 32, 64])),
+        window=window,
+        kv_starts=kv_starts,
         seed=draw(st.integers(0, 2**16)),
     )
 
@@ -55,8 +60,16 @@ def test_prefill_matches_dense(path: str, kw: dict, chunk: int) -> None:
     mp = _patched(path, chunk)
     try:
         got = kernels.paged_prefill_attention(
-            case.q, case.k_pool, case.v_pool, case.cu_seqlens_q, case.block_tables,
-            case.seq_lens, case.scale, case.window, case.kv_start, backend="torch",
+            case.q,
+            case.k_pool,
+            case.v_pool,
+            case.cu_seqlens_q,
+            case.block_tables,
+            case.seq_lens,
+            case.scale,
+            case.window,
+            case.kv_start,
+            backend="torch",
         )
     finally:
         mp.undo()
@@ -71,8 +84,15 @@ def test_decode_matches_dense(path: str, kw: dict, chunk: int) -> None:
     mp = _patched(path, chunk)
     try:
         got = kernels.paged_decode_attention(
-            case.q, case.k_pool, case.v_pool, case.block_tables, case.seq_lens, case.scale,
-            case.window, case.kv_start, backend="torch",
+            case.q,
+            case.k_pool,
+            case.v_pool,
+            case.block_tables,
+            case.seq_lens,
+            case.scale,
+            case.window,
+            case.kv_start,
+            backend="torch",
         )
     finally:
         mp.undo()
@@ -82,14 +102,28 @@ def test_decode_matches_dense(path: str, kw: dict, chunk: int) -> None:
 @PATHS
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_half_precision(path: str, dtype: torch.dtype) -> None:
-    kw = dict(seq_lens=[200, 77], q_lens=[64, 77], heads=8, kv_heads=2, block_tokens=32,
-              window=50, dtype=dtype)
+    kw = dict(
+        seq_lens=[200, 77],
+        q_lens=[64, 77],
+        heads=8,
+        kv_heads=2,
+        block_tokens=32,
+        window=50,
+        dtype=dtype,
+    )
     case = make_case(**kw)
     mp = _patched(path, 48)
     try:
         got = kernels.paged_prefill_attention(
-            case.q, case.k_pool, case.v_pool, case.cu_seqlens_q, case.block_tables,
-            case.seq_lens, case.scale, case.window, backend="torch",
+            case.q,
+            case.k_pool,
+            case.v_pool,
+            case.cu_seqlens_q,
+            case.block_tables,
+            case.seq_lens,
+            case.scale,
+            case.window,
+            backend="torch",
         )
     finally:
         mp.undo()
@@ -101,7 +135,12 @@ def test_empty_query_chunk_is_allowed() -> None:
     kw = dict(seq_lens=[40, 30], q_lens=[0, 5])
     case = make_case(**kw)
     got = kernels.paged_prefill_attention(
-        case.q, case.k_pool, case.v_pool, case.cu_seqlens_q, case.block_tables, case.seq_lens,
+        case.q,
+        case.k_pool,
+        case.v_pool,
+        case.cu_seqlens_q,
+        case.block_tables,
+        case.seq_lens,
         case.scale,
     )
     _check(got, kw, case)

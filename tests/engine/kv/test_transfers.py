@@ -68,8 +68,9 @@ def test_a_fresh_engine_loads_the_prefix_from_the_store(store: WrappedStore) -> 
         # The loaded blocks hold the first engine's K/V, and the commit sent only the rest.
         keys = b.block_keys(second.ns)
         for i, block in enumerate(second.blocks.pool.longest_prefix(keys[:stored])):
-            got = torch.stack([second.cache.k[layer][block.block_id, :, 0, 0]
-                               for layer in range(LAYERS)])
+            got = torch.stack(
+                [second.cache.k[layer][block.block_id, :, 0, 0] for layer in range(LAYERS)]
+            )
             assert torch.equal(got, expected_block(follow, i, BT, LAYERS))
     assert min(store.commits[-1]) == stored
 
