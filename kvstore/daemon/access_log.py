@@ -9,6 +9,7 @@ loses at most the open one. ``NullAccessLog`` is the no-``--access-log`` case.
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
@@ -22,6 +23,7 @@ import pyarrow.parquet as pq
 from kvstore.accesslog.schema import ACCESS_LOG_SCHEMA
 from kvstore.errors import IntegrityError, InvalidArgument
 
+log = logging.getLogger(__name__)
 OPEN_SUFFIX = ".parquet.open"
 DONE_SUFFIX = ".parquet"
 
@@ -106,19 +108,39 @@ class ParquetAccessLog(AccessLog):
     def _run(self) -> None:
         tick = min(self.config.flush_s, self.config.rotate_s)
         while not self._stop.wait(tick):
-            self._write_pending()
-            if (
-                self._writer is not None
-                and time.monotonic() - self._opened_at >= self.config.rotate_s
-            ):
-                self._close_file()
+            try:
+                self._write_pending()
+                if (
+                    self._writer is not None
+                    and time.monotonic() - self._opened_at >= self.config.rotate_s
+                ):
+                    self._close_file()
+            except Exception:  # one bad batch or a full disk never stops the log for all
+                log.exception("access log: writing failed; continuing")
 
     def _write_pending(self) -> None:
         with self._lock:
             rows, self._pending = self._pending, []
         if not rows:
             return
-        table = pa.Table.from_pydict(
+        try:
+            table = self._table(rows)
+        except (pa.ArrowException, OverflowError, ValueError, TypeError):
+            log.exception("access log: %d rows could not be encoded; dropped", len(rows))
+            self.rows_dropped += len(rows)
+            return
+        if self._writer is None:
+            self._seq += 1
+            name = f"access-{time.time_ns() // 1000:016d}-{os.getpid()}-{self._seq:06d}"
+            self._open_path = os.path.join(self.config.dir, name + OPEN_SUFFIX)
+            self._writer = pq.ParquetWriter(self._open_path, ACCESS_LOG_SCHEMA)
+            self._opened_at = time.monotonic()
+        self._writer.write_table(table)
+        self.rows_written += len(rows)
+
+    @staticmethod
+    def _table(rows: list[LookupRecord]) -> pa.Table:
+        return pa.Table.from_pydict(
             {
                 "ts_us": [r.ts_us for r in rows],
                 "tenant": [r.tenant for r in rows],
@@ -133,14 +155,6 @@ class ParquetAccessLog(AccessLog):
             },
             schema=ACCESS_LOG_SCHEMA,
         )
-        if self._writer is None:
-            self._seq += 1
-            name = f"access-{time.time_ns() // 1000:016d}-{os.getpid()}-{self._seq:06d}"
-            self._open_path = os.path.join(self.config.dir, name + OPEN_SUFFIX)
-            self._writer = pq.ParquetWriter(self._open_path, ACCESS_LOG_SCHEMA)
-            self._opened_at = time.monotonic()
-        self._writer.write_table(table)
-        self.rows_written += len(rows)
 
     def _close_file(self) -> None:
         if self._writer is None:
