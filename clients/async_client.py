@@ -21,6 +21,7 @@ from grpc import aio
 from clients.breaker import CircuitBreaker
 from clients.config import ClientConfig
 from clients.core import ClientCore
+from clients.identity import Identity, TenantDeleted
 from clients.plan import Call, Plan, T, run_plan_async
 from clients.proto import kvstore_pb2_grpc as pb_grpc
 from clients.shm import Staging
@@ -144,6 +145,15 @@ class AsyncGrpcStore:
 
     async def stats(self, *, timeout_s: float | None = None) -> StoreStats:
         return await self._run(self.core.stats(timeout_s))
+
+    async def whoami(self, *, timeout_s: float | None = None) -> Identity:
+        """The tenant this client's token maps to (build namespaces with it) and its rights."""
+        return await self._run(self.core.whoami(timeout_s))
+
+    async def delete_tenant(self, tenant: str, *, timeout_s: float | None = None) -> TenantDeleted:
+        """Admin only (``NotAdmin`` otherwise): drop every namespace of ``tenant`` the
+        daemon has known, from every tier."""
+        return await self._run(self.core.delete_tenant(tenant, timeout_s))
 
     async def close(self) -> None:
         if self.core.closed:

@@ -14,7 +14,7 @@ import grpc
 
 from clients.breaker import CircuitBreaker
 from clients.config import ClientConfig
-from clients.errors import RETRYABLE, UNAVAILABLE_CODES, CircuitOpen, error_for
+from clients.errors import RETRYABLE, UNAVAILABLE_CODES, CircuitOpen, error_for, too_large
 from kvstore.errors import KVStoreError, StoreUnavailable
 
 
@@ -54,11 +54,14 @@ class Attempts:
     def failed(self, code: grpc.StatusCode, details: str | None) -> float:
         """After an RPC error: the seconds to wait before the next attempt. Raises the
         mapped ``KVStoreError`` when the call must not be retried."""
+        self._last = error_for(code, details)
+        if too_large(code, details):  # misuse, and no word from the daemon: no verdict
+            self._breaker.abstain()
+            raise self._last from None
         if code in UNAVAILABLE_CODES:
             self._breaker.on_failure()
         else:
             self._breaker.on_success()  # the daemon answered; the request was bad
-        self._last = error_for(code, details)
         room_s = self._deadline - time.monotonic()
         if self._retry and code in RETRYABLE and room_s > self._backoff_s:
             wait_s = self._backoff_s

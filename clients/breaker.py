@@ -68,6 +68,12 @@ class CircuitBreaker:
             self._failures = 0
             self._trial_out = False
 
+    def abstain(self) -> None:
+        """The call ended without telling anything about the store (a request refused
+        locally as misuse): count nothing, but hand a half-open trial back."""
+        with self._lock:
+            self._trial_out = False
+
     def on_failure(self) -> None:
         with self._lock:
             self._failures += 1

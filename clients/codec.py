@@ -18,8 +18,16 @@ from kvstore.errors import BlockError, InvalidArgument
 from kvstore.keys import KEY_BYTES, Key, Namespace
 
 CHUNK_BYTES = 1 << 20
-#: gRPC message limit on both ends: one chunk plus protobuf framing.
-MAX_MESSAGE_BYTES = CHUNK_BYTES + (64 << 10)
+#: Keys one request may name (a chain of 2M tokens at 64 tokens a block). Clients refuse
+#: more before sending; daemons and nodes refuse more too (``ServerLimits``).
+MAX_KEYS_PER_REQUEST = 1 << 15
+#: Wire bytes per key of the largest request (``CommitStaged`` naming every key: the key
+#: field, a packed index and a 64-byte header field, each with its tag and length).
+_WIRE_BYTES_PER_KEY = (2 + 16) + 5 + (2 + 64)
+#: gRPC message limit on both ends: one chunk, or a request at the key limit, plus the
+#: namespace and framing. The limits agree, so a request within the key limit is never
+#: refused for its size (that would read as an overloaded daemon, not as misuse).
+MAX_MESSAGE_BYTES = max(CHUNK_BYTES, MAX_KEYS_PER_REQUEST * _WIRE_BYTES_PER_KEY) + (64 << 10)
 
 _TO_PROTO: dict[str, Any] = {"dram": pb.DURABILITY_DRAM, "ssd": pb.DURABILITY_SSD}
 _FROM_PROTO: dict[int, str] = {int(v): k for k, v in _TO_PROTO.items()}
@@ -64,7 +72,9 @@ def ns_from_proto(spec: pb.NamespaceSpec) -> Namespace:
     return ns
 
 
-def check_keys(keys: Sequence[bytes]) -> list[Key]:
+def check_keys(keys: Sequence[bytes], limit: int = MAX_KEYS_PER_REQUEST) -> list[Key]:
+    if len(keys) > limit:
+        raise InvalidArgument(f"{len(keys)} keys exceed the limit of {limit} per request")
     out = [bytes(k) for k in keys]
     for k in out:
         if len(k) != KEY_BYTES:

@@ -22,11 +22,12 @@ from clients.attempts import Attempts
 from clients.breaker import CircuitBreaker
 from clients.config import ClientConfig
 from clients.errors import StagingLost
+from clients.identity import Identity, TenantDeleted
 from clients.plan import Call, Plan, T
 from clients.proto import kvstore_pb2 as pb
 from clients.shm import Staging, map_segment
 from kvstore.block import verify_rows
-from kvstore.errors import KVStoreError, StoreUnavailable, UnknownNamespace
+from kvstore.errors import InvalidArgument, KVStoreError, StoreUnavailable, UnknownNamespace
 from kvstore.keys import Key, Namespace
 from kvstore.tier import CommitResult, LookupResult, StoreStats
 
@@ -42,6 +43,7 @@ class ClientCore:
         self.breaker = CircuitBreaker(config.breaker)
         self.corrupt_blocks = 0
         self.closed = False
+        self.identity: Identity | None = None  # the last WhoAmI answer
         self._registered: dict[bytes, Namespace] = {}
         self._lock = threading.Lock()
         self._staging: Staging | None = None
@@ -151,7 +153,7 @@ class ClientCore:
         req = pb.LookupRequest(
             ns=codec.ns_to_proto(rq.check_ns(ns)),
             keys=codec.check_keys(keys),
-            prompt_tokens=prompt_tokens,
+            prompt_tokens=rq.check_prompt_tokens(prompt_tokens),
         )
         deadline = self.deadline(timeout_s)
 
@@ -360,6 +362,18 @@ class ClientCore:
             self.corrupt_blocks
         )
         return StoreStats(st.tiers, counters)
+
+    def whoami(self, timeout_s: float | None) -> Plan[Identity]:
+        resp = yield Call("WhoAmI", self.deadline(timeout_s), pb.WhoAmIRequest())
+        self.identity = Identity(resp.tenant, resp.admin, resp.authenticated)
+        return self.identity
+
+    def delete_tenant(self, tenant: str, timeout_s: float | None) -> Plan[TenantDeleted]:
+        if not isinstance(tenant, str):
+            raise InvalidArgument(f"tenant must be a str, got {type(tenant).__name__}")
+        req = pb.DeleteTenantRequest(tenant=tenant)
+        resp = yield Call("DeleteTenant", self.deadline(timeout_s), req)
+        return TenantDeleted(int(resp.deleted_blocks), int(resp.namespaces))
 
 
 def _const(value: T) -> Plan[T]:

@@ -33,6 +33,15 @@ class CircuitOpen(ClientError, kv.StoreUnavailable):
     """The store failed repeatedly; calls are skipped until the cool-down ends."""
 
 
+class Overloaded(ClientError, kv.StoreUnavailable):
+    """The daemon refused the call for now (bytes in flight at its bound, every RPC slot
+    busy): RESOURCE_EXHAUSTED. Retried within the deadline like an unavailable daemon."""
+
+
+class NotAdmin(AccessDenied):
+    """An admin-only call (``DeleteTenant``) made with a tenant's token."""
+
+
 # Misuse classes a daemon may name; anything else INVALID_ARGUMENT is InvalidArgument.
 _MISUSE = {
     cls.__name__: cls
@@ -46,7 +55,7 @@ _MISUSE = {
 }
 
 #: Codes after which a retry (within the deadline) may succeed.
-RETRYABLE = frozenset({grpc.StatusCode.UNAVAILABLE})
+RETRYABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED})
 #: Codes that say "the store is not answering": they count against the circuit breaker.
 UNAVAILABLE_CODES = frozenset(
     {
@@ -58,11 +67,26 @@ UNAVAILABLE_CODES = frozenset(
 )
 
 
+#: gRPC's own RESOURCE_EXHAUSTED for a message over the size limit (either end): the
+#: request is too large, which is misuse, not an overloaded or unreachable daemon.
+_MESSAGE_TOO_LARGE = ("Sent message larger than max", "Received message larger than max")
+
+
+def too_large(code: grpc.StatusCode, details: str | None) -> bool:
+    """gRPC refused a message over the size limit: the request is misuse, the daemon's
+    health unknown (the refusal may not even have left this process)."""
+    return code == grpc.StatusCode.RESOURCE_EXHAUSTED and (details or "").startswith(
+        _MESSAGE_TOO_LARGE
+    )
+
+
 def status_for(exc: BaseException) -> tuple[grpc.StatusCode, str]:
     """Server side: the status code and details to abort with for ``exc``."""
     name = type(exc).__name__
     if isinstance(exc, kv.NotDurable):  # not retried, not held against the breaker
         return grpc.StatusCode.DATA_LOSS, f"NotDurable: {exc}"
+    if isinstance(exc, Overloaded):
+        return grpc.StatusCode.RESOURCE_EXHAUSTED, f"{name}: {exc}"
     if isinstance(exc, AccessDenied):
         return grpc.StatusCode.PERMISSION_DENIED, f"{name}: {exc}"
     if isinstance(exc, kv.UnknownNamespace):
@@ -83,7 +107,13 @@ def error_for(code: grpc.StatusCode, details: str | None) -> kv.KVStoreError:
     """Client side: the kvstore error to raise for a failed RPC."""
     details = details or code.name
     name, _, msg = details.partition(": ")
+    if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+        if details.startswith(_MESSAGE_TOO_LARGE):
+            return kv.InvalidArgument(f"request too large for the protocol: {details}")
+        return Overloaded(msg if name == "Overloaded" else details)
     if code == grpc.StatusCode.PERMISSION_DENIED:
+        if name == "NotAdmin":
+            return NotAdmin(msg)
         return AccessDenied(msg or details)
     if code == grpc.StatusCode.UNAUTHENTICATED:
         return AuthenticationFailed(f"daemon refused the token: {msg or details}")

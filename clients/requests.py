@@ -26,6 +26,16 @@ def check_ns(ns: Any) -> Namespace:
     return ns
 
 
+#: The access log stores ``prompt_tokens`` as int64 (DESIGN §8).
+MAX_PROMPT_TOKENS = (1 << 63) - 1
+
+
+def check_prompt_tokens(n: Any) -> int:
+    if not isinstance(n, int) or isinstance(n, bool) or not 0 <= n <= MAX_PROMPT_TOKENS:
+        raise InvalidArgument(f"prompt_tokens must be an int in [0, 2**63), got {n!r}")
+    return n
+
+
 def dst_rows(ns: Namespace, keys: Sequence[Key], dst: Any) -> memoryview:
     return rows_view(dst, len(keys), ns.block_bytes, writable=True)
 

@@ -26,6 +26,7 @@ import grpc
 from clients.breaker import CircuitBreaker
 from clients.config import ClientConfig, config_from_url
 from clients.core import ClientCore
+from clients.identity import Identity, TenantDeleted
 from clients.plan import Call, Plan, T, run_plan
 from clients.proto import kvstore_pb2_grpc as pb_grpc
 from clients.shm import Staging
@@ -186,6 +187,21 @@ class GrpcStore(KVStore):
 
     def stats(self, *, timeout_s: float | None = None) -> StoreStats:
         return self._run(self.core.stats(timeout_s))
+
+    @property
+    def tenant(self) -> str:
+        """The tenant of this client's token (asked once, then remembered)."""
+        known = self.core.identity
+        return (known or self.whoami()).tenant
+
+    def whoami(self, *, timeout_s: float | None = None) -> Identity:
+        """The tenant this client's token maps to (build namespaces with it) and its rights."""
+        return self._run(self.core.whoami(timeout_s))
+
+    def delete_tenant(self, tenant: str, *, timeout_s: float | None = None) -> TenantDeleted:
+        """Admin only (``NotAdmin`` otherwise): drop every namespace of ``tenant`` the
+        daemon has known, from every tier."""
+        return self._run(self.core.delete_tenant(tenant, timeout_s))
 
     def close(self) -> None:
         if self.core.closed:

@@ -18,7 +18,7 @@ import math
 import threading
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -391,6 +391,14 @@ class DramTier(Tier):
                 cs.policy.access(key)
 
     # -- introspection ----------------------------------------------------------------
+    def namespace_blocks(self, fingerprints: Collection[bytes]) -> dict[bytes, int]:
+        wanted = set(fingerprints)
+        with self._lock:
+            held: Counter[bytes] = Counter()
+            for cs in self._classes.values():
+                held.update(cs.owner.values())
+        return {fp: held[fp] for fp in wanted}
+
     def stats(self) -> TierStats:
         with self._lock:
             classes = []

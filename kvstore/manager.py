@@ -353,20 +353,29 @@ class TierManager(KVStore):
 
         return self._pool.submit(promote)
 
-    def flush(self, *, timeout_s: float | None = None) -> None:
-        self._drain(timeout_s)
-        refused = self._wb.claim_refused(self._wb.last_ticket())
+    def writeback_mark(self) -> int:
+        """The write-back position covering every block accepted so far: ``flush(upto=``
+        a mark ``)`` waits for those blocks and not for ones accepted later."""
+        return self._wb.last_ticket()
+
+    def flush(self, *, timeout_s: float | None = None, upto: int | None = None) -> None:
+        ticket = self._wb.last_ticket() if upto is None else upto
+        self._drain(timeout_s, ticket)
+        refused = self._wb.claim_refused(ticket)
         if refused:
             with self._lock:
                 self.counters["flush_not_durable_total"] += 1
             below = ", ".join(t.name for t in self.tiers[1:])
             raise NotDurable(refused, f"refused by the tier below DRAM ({below})")
 
-    def _drain(self, timeout_s: float | None) -> None:
-        """Wait until every block accepted so far has been written back (or refused)."""
+    def _drain(self, timeout_s: float | None, ticket: int | None = None) -> None:
+        """Wait until every block accepted so far (up to ``ticket``) has been written back
+        (or refused)."""
         if self._closed:
             raise StoreUnavailable("store is closed")
-        if not self._wb.wait(self._wb.last_ticket(), _deadline(timeout_s)):
+        if ticket is None:
+            ticket = self._wb.last_ticket()
+        if not self._wb.wait(ticket, _deadline(timeout_s)):
             raise StoreUnavailable("flush did not finish before its deadline")
 
     def delete_namespace(self, ns: Namespace, *, timeout_s: float | None = None) -> int:

@@ -28,7 +28,7 @@ daemon puts them on the wire; the manager keeps them when it promotes), and
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -172,6 +172,11 @@ class Tier(ABC):
     @abstractmethod
     def stats(self) -> TierStats:
         """Counters and capacity in blocks per size class."""
+
+    def namespace_blocks(self, fingerprints: Collection[bytes]) -> Mapping[bytes, int] | None:
+        """Blocks held per namespace fingerprint (for a tenant's own stats), or ``None``
+        when this tier cannot count them."""
+        return None
 
     @abstractmethod
     def check_integrity(self) -> None:

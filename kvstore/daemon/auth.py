@@ -1,6 +1,8 @@
 """Bearer-token authentication and namespace ownership (DESIGN §7).
 
-``--auth-token-file`` holds ``token tenant`` lines. Every RPC carries
+``--auth-token-file`` holds ``token tenant`` lines; a third field ``admin`` marks a token
+that sees every tenant's stats and may delete a whole tenant (it still reads and writes
+only its own tenant's namespaces). Every RPC carries
 ``authorization: Bearer TOKEN``; the token is compared in constant time against every
 known token (no early exit, no dict lookup keyed by the secret), and a tenant may only
 name namespaces whose ``tenant`` field is its own. Without a token file every caller is
@@ -12,6 +14,7 @@ from __future__ import annotations
 import hmac
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from clients.errors import AccessDenied
 from kvstore.errors import InvalidArgument
@@ -22,12 +25,29 @@ class AuthError(Exception):
     """The caller did not present a valid token (maps to UNAUTHENTICATED)."""
 
 
+@dataclass(frozen=True, slots=True)
+class Caller:
+    """Who is calling: ``tenant`` None means unrestricted (no token file); ``admin`` sees
+    the whole daemon (Stats, Flush) and may delete tenants."""
+
+    tenant: str | None
+    admin: bool = False
+
+    @property
+    def sees_everything(self) -> bool:
+        return self.tenant is None or self.admin
+
+
 class Authenticator(ABC):
     """Turns request metadata into a tenant and guards namespace ownership."""
 
     @abstractmethod
     def tenant_of(self, metadata: Sequence[tuple[str, str | bytes]]) -> str | None:
         """The caller's tenant (``None``: unrestricted); raises ``AuthError``."""
+
+    def caller(self, metadata: Sequence[tuple[str, str | bytes]]) -> Caller:
+        """The caller's tenant and rights; raises ``AuthError``."""
+        return Caller(self.tenant_of(metadata))
 
     def check_namespace(self, tenant: str | None, ns: Namespace) -> None:
         """Raise ``AccessDenied`` unless ``tenant`` owns ``ns``."""
@@ -51,12 +71,18 @@ class OpenAuth(Authenticator):
 
 
 class TokenAuth(Authenticator):
-    def __init__(self, tokens: dict[str, str]) -> None:
+    def __init__(self, tokens: dict[str, str], admins: frozenset[str] = frozenset()) -> None:
+        """``tokens`` maps token -> tenant; tokens in ``admins`` carry the admin right."""
         if not tokens:
             raise InvalidArgument("the auth token file defines no tokens")
-        self._tokens = [(t.encode(), tenant) for t, tenant in tokens.items()]
+        self._tokens = [
+            (t.encode(), Caller(tenant, admin=t in admins)) for t, tenant in tokens.items()
+        ]
 
     def tenant_of(self, metadata: Sequence[tuple[str, str | bytes]]) -> str | None:
+        return self.caller(metadata).tenant
+
+    def caller(self, metadata: Sequence[tuple[str, str | bytes]]) -> Caller:
         presented = b""
         for k, v in metadata:
             if k == "authorization":
@@ -66,18 +92,19 @@ class TokenAuth(Authenticator):
                 presented = value[len(b"Bearer ") :]
         if not presented:
             raise AuthError("missing authorization: Bearer TOKEN")
-        found: str | None = None
-        for token, tenant in self._tokens:  # all compared: timing does not depend on which
+        found: Caller | None = None
+        for token, who in self._tokens:  # all compared: timing does not depend on which
             if hmac.compare_digest(token, presented):
-                found = tenant
+                found = who
         if found is None:
             raise AuthError("unknown token")
         return found
 
 
 def load_token_file(path: str) -> TokenAuth:
-    """Parse ``token tenant`` lines (``#`` comments, blank lines ignored)."""
+    """Parse ``token tenant [admin]`` lines (``#`` comments, blank lines ignored)."""
     tokens: dict[str, str] = {}
+    admins: set[str] = set()
     try:
         with open(path, encoding="utf-8") as f:
             lines = f.read().splitlines()
@@ -88,12 +115,14 @@ def load_token_file(path: str) -> TokenAuth:
         if not line or line.startswith("#"):
             continue
         parts = line.split()
-        if len(parts) != 2:
-            raise InvalidArgument(f"{path}:{n}: expected 'token tenant'")
-        token, tenant = parts
+        if len(parts) not in (2, 3) or (len(parts) == 3 and parts[2] != "admin"):
+            raise InvalidArgument(f"{path}:{n}: expected 'token tenant' or 'token tenant admin'")
+        token, tenant = parts[:2]
+        if len(parts) == 3:
+            admins.add(token)
         if len(token) < 16:
             raise InvalidArgument(f"{path}:{n}: token shorter than 16 characters")
         if token in tokens:
             raise InvalidArgument(f"{path}:{n}: duplicate token")
         tokens[token] = tenant
-    return TokenAuth(tokens)
+    return TokenAuth(tokens, frozenset(admins))

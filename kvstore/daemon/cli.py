@@ -11,7 +11,8 @@ import argparse
 import json
 from typing import Any
 
-from kvstore.daemon.config import DaemonConfig
+from kvstore.daemon.config import DaemonConfig, ServerLimits
+from kvstore.errors import InvalidArgument
 from kvstore.units import parse_duration, parse_size
 
 
@@ -43,6 +44,17 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tls-key", default=None, help="PEM private key")
     p.add_argument("--workers", type=int, default=32, help="RPC worker threads")
     p.add_argument(
+        "--max-inflight",
+        default="1GiB",
+        help="bound on the bytes all gRPC-path calls buffer together; beyond it calls are "
+        "refused (RESOURCE_EXHAUSTED) and clients retry",
+    )
+    p.add_argument(
+        "--stream-idle-timeout",
+        default="30s",
+        help="cancel a Commit/Get stream that moves nothing for this long",
+    )
+    p.add_argument(
         "--no-shm", dest="shm", action="store_false", help="do not offer the shared-memory path"
     )
 
@@ -68,6 +80,18 @@ def config_from_args(args: argparse.Namespace) -> DaemonConfig:
         tls_key_file=args.tls_key,
         workers=int(args.workers),
         shm=bool(args.shm),
+        limits=limits_from_args(args),
+    )
+
+
+def limits_from_args(args: argparse.Namespace) -> ServerLimits:
+    inflight = parse_size(args.max_inflight)
+    if inflight <= 0:
+        raise InvalidArgument("--max-inflight must be positive")
+    return ServerLimits(
+        max_request_bytes=min(ServerLimits().max_request_bytes, inflight),
+        max_inflight_bytes=inflight,
+        stream_idle_timeout_s=parse_duration(args.stream_idle_timeout),
     )
 
 

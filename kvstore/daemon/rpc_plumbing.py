@@ -9,7 +9,7 @@ from typing import TypeVar
 import grpc
 
 from clients.errors import status_for
-from kvstore.daemon.auth import Authenticator, AuthError
+from kvstore.daemon.auth import Authenticator, AuthError, Caller
 from kvstore.daemon.metrics import DaemonMetrics
 
 log = logging.getLogger(__name__)
@@ -28,8 +28,11 @@ class RpcPlumbing:
     metrics: DaemonMetrics
 
     def _tenant(self, ctx: grpc.ServicerContext, method: str) -> str | None:
+        return self._caller(ctx, method).tenant
+
+    def _caller(self, ctx: grpc.ServicerContext, method: str) -> Caller:
         try:
-            return self.auth.tenant_of(ctx.invocation_metadata())
+            return self.auth.caller(ctx.invocation_metadata())
         except AuthError as e:
             self.metrics.rpc_errors.labels(method, "UNAUTHENTICATED").inc()
             ctx.abort(grpc.StatusCode.UNAUTHENTICATED, str(e))
@@ -43,10 +46,15 @@ class RpcPlumbing:
         ctx.abort(code, details)
 
     def _unary(self, ctx: grpc.ServicerContext, method: str, fn: Callable[[str | None], T]) -> T:
+        return self._unary_as(ctx, method, lambda caller: fn(caller.tenant))
+
+    def _unary_as(self, ctx: grpc.ServicerContext, method: str, fn: Callable[[Caller], T]) -> T:
+        """``_unary`` for calls whose answer depends on the caller's rights, not only its
+        tenant (Stats, Flush, WhoAmI, DeleteTenant)."""
         with self.metrics.timed(method):
-            tenant = self._tenant(ctx, method)
+            caller = self._caller(ctx, method)
             try:
-                return fn(tenant)
+                return fn(caller)
             except Exception as e:
                 self._fail(ctx, method, e)
                 raise  # unreachable

@@ -16,6 +16,7 @@ from grpc_health.v1 import health_pb2
 from clients.proto import kvstore_pb2_grpc as pb_grpc
 from kvstore.daemon.access_log import make_access_log
 from kvstore.daemon.auth import Authenticator, OpenAuth, load_token_file
+from kvstore.daemon.catalog import open_catalog
 from kvstore.daemon.config import DaemonConfig
 from kvstore.daemon.metrics import DaemonMetrics
 from kvstore.daemon.runner import Bound, grpc_server, run_until_signalled
@@ -53,7 +54,13 @@ class Daemon:
             else None
         )
         self.servicer = KVStoreServicer(
-            self.store, self.auth, self.access_log, self.metrics, self.staging, lim
+            self.store,
+            self.auth,
+            self.access_log,
+            self.metrics,
+            self.staging,
+            lim,
+            open_catalog(config.ssd_dir),
         )
         self.server, self.health = grpc_server(config.workers, "kvstore-rpc")
         pb_grpc.add_KVStoreServicer_to_server(self.servicer, self.server)
@@ -88,6 +95,7 @@ class Daemon:
             except Exception:
                 log.exception("flush at shutdown failed")
             self.store.close()
+            self.servicer.close()
             self.access_log.close()
             if self.staging is not None:
                 self.staging.close()

@@ -5,8 +5,11 @@ it names, then validates the whole request before touching the store, so a refus
 malformed request has no side effects. ``Commit`` buffers the blocks of one request,
 verifies each one's header and checksum as it completes, and commits once: a malformed
 chunk aborts the request with nothing stored, while a stream that ends early (the
-client went away) commits the complete, verified blocks before the break and nothing
-else (DESIGN §7).
+client went away, or sat idle past the deadline and was cancelled) commits the
+complete, verified blocks before the break and nothing else (DESIGN §7). The buffers a
+call needs (gRPC-path payloads, staged rows copied out) come out of one daemon-wide byte
+budget (``ByteBudget``). The calls that are not about one namespace (Stats, Flush,
+WhoAmI, DeleteTenant, staging) are in ``ControlRpcs``.
 
 Checksums end to end (DESIGN §4): what the daemon sends with a block is the checksum
 stored with it since its commit, never one computed from its own memory, so a byte
@@ -17,7 +20,7 @@ segment before they are checked and committed, so what is checked is what is sto
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import grpc
@@ -25,14 +28,18 @@ import grpc
 from clients import codec
 from clients.proto import kvstore_pb2 as pb
 from clients.proto import kvstore_pb2_grpc as pb_grpc
-from clients.requests import stats_to_proto
+from clients.requests import MAX_PROMPT_TOKENS
 from kvstore.block import now_us
 from kvstore.daemon.access_log import AccessLog, LookupRecord
 from kvstore.daemon.auth import Authenticator
+from kvstore.daemon.budget import ByteBudget, row_buffer
+from kvstore.daemon.catalog import MemoryCatalog
 from kvstore.daemon.config import ServerLimits
+from kvstore.daemon.control_rpcs import ControlRpcs
 from kvstore.daemon.metrics import DaemonMetrics
-from kvstore.daemon.rpc_plumbing import RpcPlumbing
-from kvstore.daemon.staging import DATA_OFFSET, StagingArea
+from kvstore.daemon.staging import StagingArea
+from kvstore.daemon.tenants import TenantLedger
+from kvstore.daemon.watchdog import IdleWatchdog
 from kvstore.errors import BlockError, InvalidArgument
 from kvstore.keys import Key, Namespace
 from kvstore.tier import KVStore
@@ -40,7 +47,7 @@ from kvstore.tier import KVStore
 log = logging.getLogger(__name__)
 
 
-class KVStoreServicer(RpcPlumbing, pb_grpc.KVStoreServicer):
+class KVStoreServicer(ControlRpcs, pb_grpc.KVStoreServicer):
     def __init__(
         self,
         store: KVStore,
@@ -49,6 +56,7 @@ class KVStoreServicer(RpcPlumbing, pb_grpc.KVStoreServicer):
         metrics: DaemonMetrics,
         staging: StagingArea | None,
         limits: ServerLimits | None = None,
+        catalog: MemoryCatalog | None = None,
     ) -> None:
         self.store = store
         self.auth = auth
@@ -56,6 +64,20 @@ class KVStoreServicer(RpcPlumbing, pb_grpc.KVStoreServicer):
         self.metrics = metrics
         self.staging = staging
         self.limits = limits if limits is not None else ServerLimits()
+        self.catalog = catalog if catalog is not None else MemoryCatalog()
+        self.ledger = TenantLedger()
+        self.budget = ByteBudget(self.limits.max_inflight_bytes)
+        self.watchdog = IdleWatchdog(self.limits.stream_idle_timeout_s)
+
+    def close(self) -> None:
+        self.watchdog.close()
+        self.catalog.close()
+
+    def check_integrity(self) -> None:
+        self.ledger.check_integrity()
+        self.budget.check_integrity()
+        self.watchdog.check_integrity()
+        self.catalog.check_integrity()
 
     # -- plumbing -------------------------------------------------------------------
     def _ns(self, tenant: str | None, spec: pb.NamespaceSpec) -> Namespace:
@@ -93,6 +115,7 @@ class KVStoreServicer(RpcPlumbing, pb_grpc.KVStoreServicer):
         def run(tenant: str | None) -> pb.RegisterNamespaceResponse:
             ns = self._ns(tenant, req.ns)
             self.store.register(ns, timeout_s=self._timeout(ctx))
+            self.catalog.add(ns)
             return pb.RegisterNamespaceResponse(block_bytes=ns.block_bytes)
 
         return self._unary(ctx, "RegisterNamespace", run)
@@ -109,9 +132,17 @@ class KVStoreServicer(RpcPlumbing, pb_grpc.KVStoreServicer):
         def run(tenant: str | None) -> pb.LookupResponse:
             ns = self._ns(tenant, req.ns)
             keys = self._keys(req.keys)
+            if req.prompt_tokens > MAX_PROMPT_TOKENS:
+                raise InvalidArgument(f"prompt_tokens must be < 2**63, got {req.prompt_tokens}")
             res = self.store.lookup(ns, keys, timeout_s=self._timeout(ctx))
             tiers = tuple(res.tiers)
             self.metrics.record_lookup(ns.block_bytes, ns.block_tokens, len(keys), tiers)
+            self.ledger.count(
+                ns.tenant,
+                lookups_total=1,
+                lookup_blocks_total=len(keys),
+                lookup_hit_blocks_total=res.hit_blocks,
+            )
             self.access_log.record(
                 LookupRecord(
                     ts_us=now_us(),
@@ -137,36 +168,55 @@ class KVStoreServicer(RpcPlumbing, pb_grpc.KVStoreServicer):
                 ns = self._ns(tenant, req.ns)
                 keys = self._keys(req.keys)
                 nbytes = self._rows_bytes(ns, len(keys))
-                bb = ns.block_bytes
-                sums: list[int] = []
                 if req.HasField("staging"):
                     rows = self._staged_rows(tenant, req.staging, nbytes)
-                    hit = self.store.get_into(
-                        ns, keys, rows, timeout_s=self._timeout(ctx), checksums=sums
-                    )
-                    self.metrics.bytes_out.labels("shm", str(bb)).inc(hit * bb)
+                    hit, sums = self._get(ns, keys, rows, "shm", ctx)
                     yield pb.GetResponse(done=pb.GetDone(hit_blocks=hit, checksums=sums))
                     return
-                buf = memoryview(bytearray(nbytes))
-                hit = self.store.get_into(
-                    ns, keys, buf, timeout_s=self._timeout(ctx), checksums=sums
-                )
+                with self.budget.hold(nbytes), row_buffer(nbytes) as buf:
+                    hit, sums = self._get(ns, keys, buf, "grpc", ctx)
+                    yield from self._send_blocks(ns, keys, buf, hit, sums, ctx)
             except Exception as e:
                 self._fail(ctx, "Get", e)
                 return
-            fp = ns.fingerprint
+            yield pb.GetResponse(done=pb.GetDone(hit_blocks=hit))
+
+    def _get(
+        self, ns: Namespace, keys: list[Key], rows: memoryview, path: str, ctx: grpc.ServicerContext
+    ) -> tuple[int, list[int]]:
+        """The hit prefix copied into ``rows``, with the checksums stored with its blocks."""
+        sums: list[int] = []
+        hit = self.store.get_into(ns, keys, rows, timeout_s=self._timeout(ctx), checksums=sums)
+        self.metrics.bytes_out.labels(path, str(ns.block_bytes)).inc(hit * ns.block_bytes)
+        self.ledger.count(
+            ns.tenant, gets_total=1, get_blocks_total=len(keys), get_hit_blocks_total=hit
+        )
+        return hit, sums
+
+    def _send_blocks(
+        self,
+        ns: Namespace,
+        keys: list[Key],
+        buf: memoryview,
+        hit: int,
+        sums: list[int],
+        ctx: grpc.ServicerContext,
+    ) -> Iterator[pb.GetResponse]:
+        """Stream the hit rows; a reader that stops taking them is cancelled when idle."""
+        fp, bb = ns.fingerprint, ns.block_bytes
+        with self.watchdog.watch("Get", ctx) as stream:
             for i in range(hit):
                 row = buf[i * bb : (i + 1) * bb]
                 for chunk in codec.iter_chunks(i, fp, keys[i], row, checksum=sums[i]):
                     yield pb.GetResponse(chunk=chunk)
-            self.metrics.bytes_out.labels("grpc", str(bb)).inc(hit * bb)
-            yield pb.GetResponse(done=pb.GetDone(hit_blocks=hit))
+                    stream.moved()
 
     def Commit(self, it: Iterator[pb.CommitRequest], ctx: grpc.ServicerContext) -> Any:
         with self.metrics.timed("Commit"):
             tenant = self._tenant(ctx, "Commit")
             try:
-                return self._commit(tenant, it, ctx)
+                with self.watchdog.watch("Commit", ctx) as stream:
+                    return self._commit(tenant, _moving(it, stream.moved), ctx)
             except Exception as e:
                 if isinstance(e, BlockError):
                     self.metrics.rejected_blocks.labels(type(e).__name__).inc()
@@ -191,12 +241,10 @@ class KVStoreServicer(RpcPlumbing, pb_grpc.KVStoreServicer):
             msg = next(it, None)
             if msg is None or msg.WhichOneof("part") != "staged" or next(it, None) is not None:
                 raise InvalidArgument("a staged Commit carries exactly one StagedHeaders message")
-            payloads = self._staged_payloads(
-                tenant, op.staging, msg.staged.headers, ns, keys, indices, nbytes
+            return self._commit_staged(
+                tenant, op.staging, msg.staged.headers, ns, keys, indices, durability, ctx
             )
-            path, incomplete = "shm", 0
-        else:
-            rows = memoryview(bytearray(nbytes))
+        with self.budget.hold(nbytes), row_buffer(nbytes) as rows:
             asm = codec.BlockAssembler(ns, keys, rows, slots)
             truncated = False
             try:
@@ -205,16 +253,35 @@ class KVStoreServicer(RpcPlumbing, pb_grpc.KVStoreServicer):
                         raise InvalidArgument("after CommitOpen a stream carries only chunks")
                     asm.add(msg.chunk)
             except grpc.RpcError:
-                truncated = True  # the client went away: keep what fully arrived
+                truncated = True  # the client went away (or idled): keep what fully arrived
             payloads = {idx: rows[slots[idx] * bb : (slots[idx] + 1) * bb] for idx in asm.complete}
-            path, incomplete = "grpc", len(indices) - len(asm.complete)
+            incomplete = len(indices) - len(asm.complete)
             if truncated or not ctx.is_active():
                 log.info(
                     "commit stream ended early: %d of %d blocks complete",
                     len(payloads),
                     len(indices),
                 )
-        return self._store_commit(ns, keys, payloads, durability, path, incomplete, ctx)
+            try:
+                return self._store_commit(ns, keys, payloads, durability, "grpc", incomplete, ctx)
+            finally:
+                payloads.clear()  # drop the views so the buffer can be unmapped
+
+    def _commit_staged(
+        self,
+        tenant: str | None,
+        ref: pb.StagingRef,
+        headers: Sequence[bytes],
+        ns: Namespace,
+        keys: list[Key],
+        indices: list[int],
+        durability: str,
+        ctx: grpc.ServicerContext,
+    ) -> pb.CommitResponse:
+        nbytes = self._rows_bytes(ns, len(indices))
+        with self.budget.hold(nbytes):  # the rows are copied out of the segment
+            payloads = self._staged_payloads(tenant, ref, headers, ns, keys, indices, nbytes)
+            return self._store_commit(ns, keys, payloads, durability, "shm", 0, ctx)
 
     def _staged_payloads(
         self,
@@ -263,6 +330,14 @@ class KVStoreServicer(RpcPlumbing, pb_grpc.KVStoreServicer):
             timeout_s=self._timeout(ctx),
         )
         self.metrics.bytes_in.labels(path, str(ns.block_bytes)).inc(res.inserted * ns.block_bytes)
+        self.ledger.count(
+            ns.tenant,
+            commits_total=1,
+            commit_blocks_total=res.inserted,
+            commit_present_blocks_total=res.present,
+            dropped_blocks_total=res.dropped,
+        )
+        self.ledger.note_commit(ns.tenant, self.store)
         return pb.CommitResponse(
             inserted=res.inserted,
             present=res.present,
@@ -276,9 +351,7 @@ class KVStoreServicer(RpcPlumbing, pb_grpc.KVStoreServicer):
             ns = self._ns(tenant, req.ns)
             keys = self._keys(req.keys)
             rows = self._staged_rows(tenant, req.staging, self._rows_bytes(ns, len(keys)))
-            sums: list[int] = []
-            hit = self.store.get_into(ns, keys, rows, timeout_s=self._timeout(ctx), checksums=sums)
-            self.metrics.bytes_out.labels("shm", str(ns.block_bytes)).inc(hit * ns.block_bytes)
+            hit, sums = self._get(ns, keys, rows, "shm", ctx)
             return pb.GetDone(hit_blocks=hit, checksums=sums)
 
         return self._unary(ctx, "GetStaged", run)
@@ -289,11 +362,9 @@ class KVStoreServicer(RpcPlumbing, pb_grpc.KVStoreServicer):
             keys = self._keys(req.keys)
             indices = self._indices(keys, req.indices)
             durability = codec.durability_from_proto(req.durability)
-            nbytes = self._rows_bytes(ns, len(indices))
-            payloads = self._staged_payloads(
-                tenant, req.staging, req.headers, ns, keys, indices, nbytes
+            return self._commit_staged(
+                tenant, req.staging, req.headers, ns, keys, indices, durability, ctx
             )
-            return self._store_commit(ns, keys, payloads, durability, "shm", 0, ctx)
 
         return self._unary(ctx, "CommitStaged", run)
 
@@ -308,40 +379,11 @@ class KVStoreServicer(RpcPlumbing, pb_grpc.KVStoreServicer):
 
         return self._unary(ctx, "Prefetch", run)
 
-    def Flush(self, req: pb.FlushRequest, ctx: grpc.ServicerContext) -> Any:
-        def run(tenant: str | None) -> pb.FlushResponse:
-            self.store.flush(timeout_s=self._timeout(ctx))
-            return pb.FlushResponse()
 
-        return self._unary(ctx, "Flush", run)
-
-    def Stats(self, req: pb.StatsRequest, ctx: grpc.ServicerContext) -> Any:
-        return self._unary(
-            ctx,
-            "Stats",
-            lambda tenant: stats_to_proto(self.store.stats(timeout_s=self._timeout(ctx))),
-        )
-
-    def OpenStaging(self, req: pb.OpenStagingRequest, ctx: grpc.ServicerContext) -> Any:
-        def run(tenant: str | None) -> pb.OpenStagingResponse:
-            if self.staging is None:
-                raise InvalidArgument("this daemon offers no shared-memory staging")
-            seg = self.staging.open(tenant, req.size_bytes)
-            return pb.OpenStagingResponse(
-                staging_id=seg.id,
-                path=seg.path,
-                size_bytes=seg.size_bytes,
-                data_offset=DATA_OFFSET,
-                nonce=seg.nonce,
-            )
-
-        return self._unary(ctx, "OpenStaging", run)
-
-    def CloseStaging(self, req: pb.CloseStagingRequest, ctx: grpc.ServicerContext) -> Any:
-        def run(tenant: str | None) -> pb.CloseStagingResponse:
-            if self.staging is None:
-                raise InvalidArgument("this daemon offers no shared-memory staging")
-            self.staging.close_segment(tenant, req.staging_id)
-            return pb.CloseStagingResponse()
-
-        return self._unary(ctx, "CloseStaging", run)
+def _moving(
+    it: Iterator[pb.CommitRequest], moved: Callable[[], None]
+) -> Iterator[pb.CommitRequest]:
+    """``it``, telling the watchdog of every message."""
+    for msg in it:
+        moved()
+        yield msg

@@ -102,3 +102,45 @@ def test_daemon_log_survives_kill_9(spawn_daemon: SpawnDaemon, tmp_path: Path) -
     # Whatever is left open is the only casualty, and readers can tell it apart by name.
     leftovers = set(os.listdir(logdir)) - {os.path.basename(f) for f in done}
     assert all(name.endswith(".parquet.open") for name in leftovers)
+
+
+def test_a_row_that_cannot_be_encoded_never_stops_the_writer(tmp_path: Path) -> None:
+    # Issue 14 (item 12): prompt_tokens = 2**63 killed the writer thread, so one tenant
+    # could stop the access log for everyone.
+    log = ParquetAccessLog(AccessLogConfig(dir=str(tmp_path), rotate_s=0.3, flush_s=0.05))
+    keys = make_chain(NS, 2, seed=5)
+    log.record(record(1 << 63, keys))
+    time.sleep(0.3)
+    assert log._thread.is_alive()
+    log.record(record(7, keys))
+    time.sleep(0.3)
+    log.close()
+    rows = [r for f in glob.glob(str(tmp_path / "*.parquet")) for r in pq.read_table(f).to_pylist()]
+    assert [r["prompt_tokens"] for r in rows] == [7]
+    assert (log.rows_written, log.rows_dropped) == (1, 1)
+
+
+def test_the_daemon_refuses_prompt_tokens_past_int64(
+    spawn_daemon: SpawnDaemon, tmp_path: Path
+) -> None:
+    import grpc
+
+    from clients.codec import ns_to_proto
+    from clients.proto import kvstore_pb2 as pb
+    from clients.proto import kvstore_pb2_grpc as pb_grpc
+
+    logdir = tmp_path / "log"
+    d = spawn_daemon("--access-log", str(logdir), "--access-log-rotate", "1s")
+    keys = make_chain(NS, 2, seed=6)
+    with grpc.insecure_channel(d.target) as ch, GrpcStore(ClientConfig(target=d.target)) as c:
+        c.register(NS)
+        stub = pb_grpc.KVStoreStub(ch)
+        with pytest.raises(grpc.RpcError) as e:
+            stub.Lookup(pb.LookupRequest(ns=ns_to_proto(NS), keys=keys, prompt_tokens=1 << 63))
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        with pytest.raises(InvalidArgument):  # the client refuses it before sending
+            c.lookup(NS, keys, prompt_tokens=1 << 63)
+        c.lookup(NS, keys, prompt_tokens=123)
+    assert d.stop() == 0
+    rows = [r for f in glob.glob(str(logdir / "*.parquet")) for r in pq.read_table(f).to_pylist()]
+    assert [r["prompt_tokens"] for r in rows] == [123]
