@@ -33,11 +33,17 @@ class GatedTier(Tier):
         self.gate = threading.Event()
 
     def put(
-        self, ns: Namespace, keys: Sequence[Key], src: Any, *, present_ok: bool = True
+        self,
+        ns: Namespace,
+        keys: Sequence[Key],
+        src: Any,
+        *,
+        present_ok: bool = True,
+        checksums: Sequence[int] | None = None,
     ) -> PutResult:
         if ns.tenant == self.tenant:
             self.gate.wait(30)
-        return self.inner.put(ns, keys, src, present_ok=present_ok)
+        return self.inner.put(ns, keys, src, present_ok=present_ok, checksums=checksums)
 
     def register(self, ns: Namespace) -> None:
         self.inner.register(ns)
@@ -45,8 +51,10 @@ class GatedTier(Tier):
     def contains(self, ns: Namespace, keys: Sequence[Key]) -> int:
         return self.inner.contains(ns, keys)
 
-    def get_into(self, ns: Namespace, keys: Sequence[Key], dst: Any) -> int:
-        return self.inner.get_into(ns, keys, dst)
+    def get_into(
+        self, ns: Namespace, keys: Sequence[Key], dst: Any, *, checksums: list[int] | None = None
+    ) -> int:
+        return self.inner.get_into(ns, keys, dst, checksums=checksums)
 
     def touch(self, ns: Namespace, keys: Sequence[Key]) -> None:
         self.inner.touch(ns, keys)
@@ -81,10 +89,11 @@ def test_a_tenants_flush_does_not_wait_for_another_tenants_later_blocks(store: A
     ka, kb = make_chain(NS_A, 3, seed=1), make_chain(NS_B, 3, seed=2)
     s.commit(NS_A, ka, payloads(NS_A, ka))
     ledger.note_commit("alice", s)
+    ledger.flush("alice", s, timeout_s=5)
+    assert low.contains(NS_A, ka) == 3  # alice's flush waited for her blocks
     s.commit(NS_B, kb, payloads(NS_B, kb))  # its write-back now hangs at the gate
     ledger.note_commit("bob", s)
-    ledger.flush("alice", s, timeout_s=5)  # returns: alice's blocks are below
-    assert low.contains(NS_A, ka) == 3
+    ledger.flush("alice", s, timeout_s=1)  # and not for bob's, accepted later
     with pytest.raises(StoreUnavailable):
         ledger.flush("bob", s, timeout_s=0.2)
     with pytest.raises(StoreUnavailable):
