@@ -71,7 +71,7 @@ def one_round(
 
 
 def test_many_held_commits_stay_within_the_bound(spawn_daemon: SpawnDaemon) -> None:
-    d = spawn_daemon("--max-inflight", str(INFLIGHT), "--stream-idle-timeout", "1s", "--no-shm")
+    d = spawn_daemon("--max-inflight", str(INFLIGHT), "--stream-idle-timeout", "3s", "--no-shm")
     cfg = ClientConfig(target=d.target, shm="off", default_timeout_s=20)
     with GrpcStore(cfg) as c, grpc.insecure_channel(d.target) as ch:
         c.register(BIG)
@@ -88,7 +88,7 @@ def test_many_held_commits_stay_within_the_bound(spawn_daemon: SpawnDaemon) -> N
             # The two admitted ones sat idle and were cancelled by the daemon; each kept
             # at most its one complete, verified block,
             assert codes.count(grpc.StatusCode.CANCELLED) == 2, codes
-            assert time.monotonic() - t0 < 15
+            assert time.monotonic() - t0 < 25
             # and never the half-sent one (a starved daemon may have cancelled a stream
             # before its first block was in, so 0 is possible there too).
             for code, k in zip(codes, chains, strict=True):
@@ -104,7 +104,7 @@ def test_many_held_commits_stay_within_the_bound(spawn_daemon: SpawnDaemon) -> N
 
 
 def test_an_overloaded_daemon_is_retried_within_the_deadline(spawn_daemon: SpawnDaemon) -> None:
-    d = spawn_daemon("--max-inflight", str(32 * MiB), "--stream-idle-timeout", "1s", "--no-shm")
+    d = spawn_daemon("--max-inflight", str(32 * MiB), "--stream-idle-timeout", "3s", "--no-shm")
     cfg = ClientConfig(
         target=d.target,
         shm="off",
