@@ -188,11 +188,11 @@ class GrpcStore(KVStore):
     def stats(self, *, timeout_s: float | None = None) -> StoreStats:
         return self._run(self.core.stats(timeout_s))
 
-    @property
-    def tenant(self) -> str:
-        """The tenant of this client's token (asked once, then remembered)."""
+    def tenant(self, *, timeout_s: float | None = None) -> str:
+        """The tenant of this client's token, for the namespaces it builds (asked once,
+        then remembered)."""
         known = self.core.identity
-        return (known or self.whoami()).tenant
+        return (known or self.whoami(timeout_s=timeout_s)).tenant
 
     def whoami(self, *, timeout_s: float | None = None) -> Identity:
         """The tenant this client's token maps to (build namespaces with it) and its rights."""

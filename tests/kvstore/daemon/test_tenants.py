@@ -51,7 +51,10 @@ def test_whoami(spawn_daemon: SpawnDaemon, tmp_path: Path) -> None:
     with client(d.target, tokens["alice"]) as a, client(d.target, tokens["ops"]) as o:
         me = a.whoami()
         assert (me.tenant, me.admin, me.authenticated) == ("alice", False, True)
-        assert a.tenant == "alice"
+        assert a.tenant() == "alice"
+        from engine.kv.stores import store_tenant  # what the engine builds namespaces with
+
+        assert store_tenant(a) == "alice"
         assert o.whoami().admin
     open_daemon = spawn_daemon()
     with GrpcStore(ClientConfig(target=open_daemon.target, shm="off")) as c:
