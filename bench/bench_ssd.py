@@ -54,7 +54,9 @@ def ns_for(block_bytes: int) -> Namespace:
 
 
 class Ours:
-    def __init__(self, d: Path, block_bytes: int, ws_bytes: int, backend: str) -> None:
+    def __init__(
+        self, d: Path, block_bytes: int, ws_bytes: int, backend: str, durability: str
+    ) -> None:
         shutil.rmtree(d, ignore_errors=True)
         slab = 64 << 20
         cap = (ws_bytes * 9 // 8 // slab + 1) * slab
@@ -65,6 +67,7 @@ class Ours:
                 slab_bytes=slab,
                 io_backend=backend,
                 staging_max_bytes=160 << 20,
+                index_durability=durability,
             )
         )
         self.ns = ns_for(block_bytes)
@@ -222,8 +225,16 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--backend", default="auto")
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--sizes", default=None, help="block sizes in KiB, e.g. 256 or 64,2048")
+    ap.add_argument("--qds", default=None, help="queue depths, e.g. 32 or 1,32")
+    ap.add_argument(
+        "--index-durability", default="fast", choices=("fast", "strict"), help="SSD index mode"
+    )
     a = ap.parse_args()
     sizes = (256 << 10,) if a.quick else SIZES
+    if a.sizes:
+        sizes = tuple(int(x) << 10 for x in a.sizes.split(","))
+    qds = tuple(int(x) for x in a.qds.split(",")) if a.qds else QDS
     if a.quick:
         a.seconds, a.ws = 0.5, 256 << 20
     have_fio = shutil.which("fio") is not None
@@ -233,9 +244,9 @@ def main() -> int:
     )
     rows = []
     for bs in sizes:
-        ours = Ours(a.dir / f"store-{bs >> 10}k", bs, a.ws, a.backend)
+        ours = Ours(a.dir / f"store-{bs >> 10}k", bs, a.ws, a.backend, a.index_durability)
         fio_file = a.dir / f"fio-{bs >> 10}k" if have_fio else None
-        for qd in QDS:
+        for qd in qds:
             for row in compare(ours, fio_file, bs, qd, a):
                 rows.append(row)
                 print(json.dumps(row), flush=True)

@@ -148,10 +148,14 @@ class SlotAllocator:
         with self._index.write() as txn:
             self._recency.flush_into(self._index, txn)
             skip: set[bytes] = set()
+            used = self._index.deltas()  # slab use counts written once per slab
             while freed < need:
                 batch = [
                     fk
-                    for fk in islice(self._index.iter_lru(txn), len(skip) + _VICTIM_BATCH)
+                    # a window of what is still needed: a put of 32 looks at ~32 keys
+                    for fk in islice(
+                        self._index.iter_lru(txn), len(skip) + min(need - freed, _VICTIM_BATCH)
+                    )
                     if fk not in skip
                 ]
                 if not batch:
@@ -162,14 +166,16 @@ class SlotAllocator:
                         continue
                     if self.slab_class[loc.slab] == block_bytes:
                         self._note_eviction(counts, loc.bucket, expiry)
-                        self._index.remove(txn, fk, loc)
+                        self._index.remove(txn, fk, loc, used=used)
                         freed += 1
                     elif self._reserved_in[loc.slab]:
                         skip.add(fk)  # a put of that class is writing into this slab
                     else:
+                        used.flush(txn)  # the hand-over reads the slab's use count
                         freed += self._hand_over(txn, loc.slab, block_bytes, counts, expiry)
                     if freed >= need:
                         break
+            used.flush(txn)
         if counts["slab_handovers"]:
             self._save_table(self.slab_class)
         self._count(counts)
