@@ -35,8 +35,23 @@ from kvstore.tier import PutResult, SizeClassStats, Tier, TierStats
 
 _DEFAULT_CHUNK_BYTES = 64 << 20
 #: Longest single copy on the read path: small enough that the rows are still in the
-#: core's cache (L2) when their checksums are computed right after.
-_RUN_BYTES = 512 << 10
+#: core's cache (L2) when their checksums are computed right after. (One memcpy per
+#: run: torch's multi-threaded copy was tried and loses, because its worker threads
+#: fall asleep during the hashing between runs and each wake-up costs more than it saves.)
+_RUN_BYTES = 1 << 20
+
+
+_COUNTERS = (
+    "get_blocks",
+    "get_misses",
+    "put_blocks",
+    "put_dropped",
+    "evictions",
+    "chunk_moves",
+    "leases_expired_total",
+    "corrupt_blocks_total",  # copies that failed their checksum (DESIGN §4)
+    "quarantined_blocks_total",  # of those, blocks whose stored copy was bad: dropped
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,7 +94,7 @@ class DramTier(Tier):
         self._lock = threading.RLock()
         self._tick = 0
         self._closed = False
-        self.counters: Counter[str] = Counter()
+        self.counters: Counter[str] = Counter(dict.fromkeys(_COUNTERS, 0))
 
     # -- helpers --------------------------------------------------------------------
     def _state(self, ns: Namespace) -> _ClassState:
@@ -217,10 +232,15 @@ class DramTier(Tier):
         with self._lock:
             cs = self._state(ns)
             fp = ns.fingerprint
-            slots = [cs.slot[k] if cs.owner.get(k) == fp else None for k in keys]
-            n = slots.index(None) if None in slots else len(slots)
-            held = cast(list[int], slots[:n])
-            sums = [cs.csum[k] for k in keys[:n]]
+            owner, slot_of, csum = cs.owner, cs.slot, cs.csum
+            held: list[int] = []
+            sums: list[int] = []
+            for k in keys:
+                if owner.get(k) != fp:
+                    break
+                held.append(slot_of[k])
+                sums.append(csum[k])
+            n = len(held)
             got = self._copy_verified(cs, held, sums, out)
             if got < n:
                 self._corrupt(cs, keys[got], held[got], out[got * bb : (got + 1) * bb])
@@ -237,21 +257,18 @@ class DramTier(Tier):
         """Copy the blocks in ``held`` slots to rows of ``out`` and check each copy against
         its stored checksum; returns how many leading rows passed.
 
-        Runs of adjacent slots move in one copy (fewer Python-level copies for small
-        blocks), but no run is longer than ``_RUN_BYTES``, so the rows are still in the
-        core's cache when they are hashed right after."""
+        Runs of adjacent slots (a chain put in one call) move in one copy, but no run is
+        longer than ``_RUN_BYTES``, so the rows are still in cache when they are hashed
+        right after."""
         sc, view, bb = cs.sc, self._pool.view, cs.sc.block_bytes
         digest = xxhash.xxh3_64_intdigest
         per_run = max(1, _RUN_BYTES // bb)
+        spc = sc.slots_per_chunk
         n, i = len(held), 0
         while i < n:
+            # A run: slots that follow each other inside one chunk (one memory range).
             j = i + 1
-            while (
-                j < n
-                and j - i < per_run
-                and held[j] == held[j - 1] + 1
-                and sc.chunk_of(held[j]) == sc.chunk_of(held[i])
-            ):
+            while j < n and j - i < per_run and held[j] == held[j - 1] + 1 and held[j] % spc:
                 j += 1
             off = self._pool.offset(sc, held[i])
             out[i * bb : j * bb] = view[off : off + (j - i) * bb]

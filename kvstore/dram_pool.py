@@ -84,9 +84,10 @@ class DramPool:
         chunk = self.free_chunks.pop()
         sc.chunks.add(chunk)
         base = chunk * sc.slots_per_chunk
-        # Reverse so pop() hands out ascending slots: neighbouring blocks of one commit
-        # land in neighbouring memory, and reads of a chain coalesce into one copy.
-        sc.free.extend(range(base + sc.slots_per_chunk - 1, base - 1, -1))
+        # pop() hands out descending slots: a put inserts a chain last→first, so its
+        # blocks land in ascending memory in chain order and a read of the chain is one
+        # copy.
+        sc.free.extend(range(base, base + sc.slots_per_chunk))
         return True
 
     def release_chunk(self, sc: SizeClass, chunk: int) -> None:

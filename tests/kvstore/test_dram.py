@@ -147,6 +147,10 @@ def test_adjacent_blocks_are_read_in_one_copy_and_stay_correct() -> None:
     t = make()
     keys = chain(SMALL, 12, seed=9)
     put(t, SMALL, keys)
+    # A put inserts last→first; the chain still lands in ascending adjacent slots, so a
+    # read of it is one memory range.
+    slots = [t._classes[SMALL.block_bytes].slot[k] for k in keys]
+    assert slots == list(range(slots[0], slots[0] + 12))
     assert verify(t, SMALL, keys) == 12
     assert verify(t, SMALL, keys[3:9]) == 6
 
