@@ -407,6 +407,7 @@ class TierManager(KVStore):
             return TierStats(tier.name, 0, 0, info={"error": f"{type(e).__name__}: {e}"})
 
     def check_integrity(self) -> None:
+        self._wb.check_integrity()
         for tier in self.tiers:
             tier.check_integrity()
 

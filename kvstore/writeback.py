@@ -27,6 +27,7 @@ from collections import Counter, deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from kvstore.errors import IntegrityError
 from kvstore.keys import Key, Namespace
 from kvstore.tier import Tier
 
@@ -96,6 +97,10 @@ class WriteBack(ABC):
     def claim_refused(self, ticket: int) -> int: ...
 
     @abstractmethod
+    def check_integrity(self) -> None:
+        """Re-derive the bookkeeping; raise ``IntegrityError``."""
+
+    @abstractmethod
     def note_hits(self, ns: Namespace, keys: Sequence[Key]) -> None:
         """Blocks served from the top tier: refresh their lower copies' retention soon."""
 
@@ -130,6 +135,9 @@ class NullWriteBack(WriteBack):
 
     def claim_refused(self, ticket: int) -> int:
         return 0
+
+    def check_integrity(self) -> None:
+        pass  # nothing is ever held
 
     def note_hits(self, ns: Namespace, keys: Sequence[Key]) -> None:
         pass
@@ -228,6 +236,17 @@ class ThreadWriteBack(WriteBack):
             while self._refusals and self._refusals[0][0] <= ticket:
                 n += self._refusals.popleft()[1]
             return n
+
+    def check_integrity(self) -> None:
+        with self._cond:
+            queued = sum(len(b.data) for b in self._queue)
+            if self._dirty < queued or self._reserved < 0:
+                raise IntegrityError("write-back: dirty bytes below what is queued")
+            seqs = [s for s, _ in self._refusals]
+            if seqs != sorted(seqs) or any(s > self._done_seq for s in seqs):
+                raise IntegrityError("write-back: refusal log out of order or ahead of done")
+            if any(n <= 0 for _, n in self._refusals):
+                raise IntegrityError("write-back: empty refusal record")
 
     def note_hits(self, ns: Namespace, keys: Sequence[Key]) -> None:
         with self._cond:

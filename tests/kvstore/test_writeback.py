@@ -15,6 +15,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kvstore.dram import DramConfig, DramTier
 from kvstore.errors import NotDurable
@@ -95,6 +97,7 @@ def test_read_only_ssd_is_never_acknowledged(store: Opened) -> None:
     assert c["commit_not_durable_total"] == 1 and c["flush_not_durable_total"] == 2
     dst = bytearray(5 * BB)  # DRAM still serves what it accepted
     assert m.get_into(NS, keys, dst) == 5 and bytes(dst) == b"".join(pl(keys).values())
+    m.check_integrity()
 
 
 def test_ssd_that_is_off_refuses_and_flush_says_so(store: Opened) -> None:
@@ -147,6 +150,7 @@ def test_only_the_refused_blocks_are_reported(store: Opened) -> None:
         m.flush(timeout_s=10)
     assert e.value.refused_blocks == 5
     assert ssd.contains(NS, a) == 4 and ssd.contains(NS, b) == 0
+    m.check_integrity()
 
 
 def test_promotion_and_write_back_keep_the_commit_checksum(store: Opened) -> None:
@@ -166,3 +170,45 @@ def test_promotion_and_write_back_keep_the_commit_checksum(store: Opened) -> Non
     sums = []
     assert m.tiers[0].get_into(NS, keys, bytearray(3 * BB), checksums=sums) == 3
     assert sums == want
+
+
+@settings(max_examples=15, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(["dram", "ssd", "flush", "fail", "heal"]), st.integers(1, 6)),
+        max_size=14,
+    )
+)
+def test_every_refused_block_is_reported_once_and_every_ssd_ack_holds(
+    tmp_path_factory: pytest.TempPathFactory, ops: list[tuple[str, int]]
+) -> None:
+    ssd = SSDTier(make_config(tmp_path_factory.mktemp("ssd"), io_backend="faulty"))
+    top = DramTier(DramConfig(32 * BB, chunk_bytes=8 * BB))
+    m = TierManager([top, ssd], ManagerConfig(max_dirty_bytes=16 * BB))
+    m.register(NS)
+    reported, acked = 0, []
+    try:
+        for seed, (op, n) in enumerate(ops):
+            if op in ("dram", "ssd"):
+                keys = chain(n, seed=1000 + seed)
+                res = m.commit(NS, keys, pl(keys), durability=op, timeout_s=10)  # type: ignore[arg-type]
+                if res.durability == "ssd":
+                    acked.extend(keys)
+            elif op == "flush":
+                try:
+                    m.flush(timeout_s=10)
+                except NotDurable as e:
+                    reported += e.refused_blocks
+            elif op == "fail":
+                ssd.io_backend.write_errno = errno.EIO  # type: ignore[attr-defined]
+            else:
+                ssd.io_backend.write_errno = None  # type: ignore[attr-defined]
+        try:
+            m.flush(timeout_s=10)
+        except NotDurable as e:
+            reported += e.refused_blocks
+        assert reported == m.stats().counters["writeback_refused_total"]
+        assert all(ssd.contains(NS, [k]) == 1 for k in acked), "an ssd ack without the block"
+        m.check_integrity()
+    finally:
+        m.close()
