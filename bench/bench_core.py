@@ -1,7 +1,12 @@
-"""Core-store benchmarks (issue "Core store", item 7).
+"""Core-store benchmarks (issue "Core store", item 7; issue 14, item 3).
 
 1. DRAM tier ``get_into`` / ``put`` of 16-block batches at 64 KiB, 256 KiB and 2 MiB,
-   as a ratio to ``torch.Tensor.copy_`` of the same bytes into the same warm buffer.
+   as a ratio to ``torch.Tensor.copy_`` of the same bytes into the same warm buffer,
+   with every read checked against its stored xxh3-64 (DESIGN §4):
+   a. in cache: one 16-block batch read over and over;
+   b. out of cache: a working set of ``--working-set`` (default 1 GiB, far above the
+      last-level cache) read batch after batch, against ``copy_`` of the same pool rows
+      (same addresses, same order) into the same warm destination.
 2. Key hashing, ns/token for a 128 K-token prompt given as list, numpy array and torch
    tensor, against vLLM's prefix-hash chain (sha256 of a pickled tuple per block) and
    against the bare cost of converting the list to an array.
@@ -22,6 +27,7 @@ import torch
 from bench.harness import machine, median_interleaved, timed
 from kvstore.dram import DramConfig, DramTier
 from kvstore.keys import Namespace, chain_keys
+from kvstore.units import parse_size
 
 BATCH = 16
 
@@ -77,6 +83,78 @@ def bench_dram(block_bytes: int, runs: int) -> dict[str, float]:
     }
 
 
+def bench_dram_out_of_cache(
+    block_bytes: int, working_set_bytes: int, runs: int
+) -> dict[str, float]:
+    """Reads that miss every cache: each batch's source rows were last touched a whole
+    working set ago. The peer is the bare copy of exactly those pool rows."""
+    ns = ns_for_block_bytes(block_bytes)
+    batch_bytes = BATCH * block_bytes
+    n_batches = max(2, working_set_bytes // batch_bytes)
+    chunk = max(batch_bytes, min(64 << 20, working_set_bytes // 8) // batch_bytes * batch_bytes)
+    capacity = -(-n_batches * batch_bytes // chunk) * chunk
+    tier = DramTier(DramConfig(capacity_bytes=capacity, chunk_bytes=chunk))
+    tier._pool.prefault()
+    tier.register(ns)
+    rng = np.random.default_rng(1)
+    row = torch.from_numpy(rng.integers(0, 256, batch_bytes, dtype=np.uint8))
+    chains = []
+    for b in range(n_batches):
+        keys = chain_keys(ns, rng.integers(0, 1 << 30, BATCH * ns.block_tokens))
+        row[:8] = torch.tensor(list(b.to_bytes(8, "little")), dtype=torch.uint8)  # distinct
+        tier.put(ns, keys, row)
+        chains.append(keys)
+    # Each chain landed in adjacent slots of one chunk (in reverse: a put inserts
+    # last→first): its rows are one pool range, which the peer copies.
+    cs = tier._classes[block_bytes]
+    offsets = []
+    for keys in chains:
+        slots = sorted(cs.slot[k] for k in keys)
+        assert slots == list(range(slots[0], slots[0] + BATCH)), "chain not contiguous"
+        offsets.append(tier._pool.offset(cs.sc, slots[0]))
+    pool = tier._pool.tensor
+    dst = torch.empty(batch_bytes, dtype=torch.uint8)
+    total = n_batches * batch_bytes
+
+    def get_rate() -> float:
+        def one() -> None:
+            for keys in chains:
+                if tier.get_into(ns, keys, dst) != BATCH:
+                    raise AssertionError("a block failed its check")
+
+        return total / timed(one)
+
+    def copy_rate() -> float:
+        def one() -> None:
+            for off in offsets:
+                dst.copy_(pool[off : off + batch_bytes])
+
+        return total / timed(one)
+
+    src_mv, dst_mv = memoryview(pool.numpy()), memoryview(dst.numpy())
+
+    def memcpy_rate() -> float:  # one core, one memcpy per batch
+        def one() -> None:
+            for off in offsets:
+                dst_mv[:] = src_mv[off : off + batch_bytes]
+
+        return total / timed(one)
+
+    cases = {"copy_": copy_rate, "memcpy": memcpy_rate, "get_into": get_rate}
+    for fn in cases.values():  # warm-up: page tables, allocator, thread pool
+        fn()
+    med = median_interleaved(cases, runs)
+    return {
+        "block_bytes": block_bytes,
+        "working_set_bytes": total,
+        "copy_GBps": med["copy_"] / 1e9,
+        "memcpy_GBps": med["memcpy"] / 1e9,
+        "get_GBps": med["get_into"] / 1e9,
+        "get_vs_copy": med["get_into"] / med["copy_"],
+        "get_vs_memcpy": med["get_into"] / med["memcpy"],
+    }
+
+
 def vllm_chain(tokens: list[int], block: int) -> list[bytes]:
     """vLLM's prefix hash (sha256 over a pickled (parent, block tokens, extra) tuple)."""
     parent: bytes | None = None
@@ -111,17 +189,31 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument(
+        "--working-set", type=parse_size, default=1 << 30, help="out-of-cache working set"
+    )
     args = ap.parse_args()
     sizes = [64 << 10, 256 << 10] if args.quick else [64 << 10, 256 << 10, 2 << 20]
     runs = 3 if args.quick else args.runs
+    ws = min(args.working_set, 128 << 20) if args.quick else args.working_set
     print(f"# machine: {machine()}")
     dram = [bench_dram(s, runs) for s in sizes]
+    print("In cache (one 16-block batch):\n")
     print("| block | copy_ GB/s | get_into GB/s | put GB/s | get/copy_ | put/copy_ |")
     print("|---|---|---|---|---|---|")
     for r in dram:
         print(
             f"| {r['block_bytes'] >> 10} KiB | {r['copy_GBps']:.2f} | {r['get_GBps']:.2f}"
             f" | {r['put_GBps']:.2f} | {r['get_vs_copy']:.2f} | {r['put_vs_copy']:.2f} |"
+        )
+    cold = [bench_dram_out_of_cache(s, ws, runs) for s in sizes]
+    print(f"\nOut of cache ({ws >> 20} MiB working set):\n")
+    print("| block | copy_ GB/s | memcpy GB/s | get_into GB/s | get/copy_ | get/memcpy |")
+    print("|---|---|---|---|---|---|")
+    for r in cold:
+        print(
+            f"| {r['block_bytes'] >> 10} KiB | {r['copy_GBps']:.2f} | {r['memcpy_GBps']:.2f}"
+            f" | {r['get_GBps']:.2f} | {r['get_vs_copy']:.2f} | {r['get_vs_memcpy']:.2f} |"
         )
     h = bench_hashing(runs)
     print()
@@ -133,7 +225,7 @@ def main() -> None:
         f"\nvLLM sha256 chain / ours (array): {h['vllm_over_array']:.1f}x;"
         f" list input / list->array conversion: {h['list_over_conversion']:.2f}x"
     )
-    print(json.dumps({"dram": dram, "hashing": h}))
+    print(json.dumps({"dram": dram, "dram_out_of_cache": cold, "hashing": h}))
 
 
 if __name__ == "__main__":
