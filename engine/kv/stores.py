@@ -72,15 +72,14 @@ _OPENERS: dict[str, tuple[str, Callable[[str, StoreOptions], KVStore]]] = {
 }
 
 
-def store_tenant(store: KVStore) -> str:
+def store_tenant(store: KVStore, timeout_s: float = 5.0) -> str:
     """The tenant the store's credentials map to ("" for an embedded store or a daemon
-    without auth). Uses the store's ``tenant()`` call when it has one; a store that cannot
-    answer now is a store whose blocks will be misses anyway."""
-    ask: Callable[[], str] | None = getattr(store, "tenant", None)
-    if not callable(ask):
+    without auth), from the daemon's ``whoami`` when the store offers it. A store that
+    cannot answer now is one whose blocks will be misses anyway."""
+    if not callable(getattr(type(store), "whoami", None)):
         return ""
     try:
-        return ask()
+        return str(store.whoami(timeout_s=timeout_s).tenant)  # type: ignore[attr-defined]
     except StoreUnavailable as e:
         log.warning("kv store cannot say which tenant its token maps to (%s); using none", e)
         return ""
@@ -106,7 +105,7 @@ def open_store_link(
     except KVStoreError as e:  # a locked SSD directory, a bad URL, an unreadable token
         raise EngineInputError(f"--kv-store {url}: {e}") from None
     try:
-        ns = make_ns(store_tenant(store))
+        ns = make_ns(store_tenant(store, opts.call_timeout_s))
     except BaseException:
         store.close()
         raise

@@ -8,6 +8,8 @@ import time
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from engine.sampling_params import SamplingParams
 from tests.engine.engine_harness import (
@@ -150,3 +152,43 @@ def test_blocks_under_a_pending_copy_are_never_reused(store: WrappedStore) -> No
     assert sorted(commit_b) == list(range(8))
     for i, raw in commit_b.items():
         assert torch.equal(payload_k(raw), expected_block(tokens_b, i, BT, LAYERS))
+
+
+@settings(max_examples=25)
+@given(
+    lens=st.lists(st.integers(1, 40), min_size=2, max_size=6),
+    shared=st.integers(0, 24),
+    pool_blocks=st.integers(19, 32),
+    budget=st.integers(1, 48),
+    short=st.one_of(st.none(), st.integers(0, 3)),
+)
+def test_random_traffic_with_a_store_keeps_the_pool_whole(
+    lens: list[int], shared: int, pool_blocks: int, budget: int, short: int | None
+) -> None:
+    """Loads, short loads, preemption and pending copies, all at once: integrity holds at
+    every step and every reference is returned at the end."""
+    head = prompt(shared, 99)
+    prompts = [head + prompt(n, i) for i, n in enumerate(lens)]
+    inner = dram_store()
+    store = WrappedStore(inner)
+    store.short_get = short
+    params = SamplingParams(max_new_tokens=8)
+    try:
+        for _ in range(2):  # the second engine starts with an empty pool: store hits
+            with fake_engine(store, pool_blocks=pool_blocks, budget=budget, max_seqs=3) as eng:
+                seqs = []
+                for p in prompts:
+                    seqs.append(eng.add_request(p, params))
+                    eng.step()
+                    eng.check_integrity()
+                while eng.has_unfinished:
+                    eng.step()
+                    eng.check_integrity()
+                for p, s in zip(prompts, seqs, strict=True):
+                    assert s.output_ids == greedy_continuation(p, params.max_new_tokens)
+                    assert sum(s.stats.hit_tokens.values()) + s.stats.computed_tokens == len(p)
+                eng.drain(10)
+                eng.check_integrity()
+                assert all(b.ref_cnt == 0 for b in eng.blocks.pool.blocks)
+    finally:
+        inner.close()
