@@ -108,11 +108,6 @@ class Scheduler:
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.loading or self.running)
 
-    @property
-    def waits_on_background(self) -> bool:
-        """Nothing to compute now, but a load or a copy-out will change that."""
-        return bool(self.loading) or self.committer.busy
-
     # -- one step ---------------------------------------------------------------------
     def schedule(self) -> ScheduledBatch:
         self.poll()
@@ -253,7 +248,7 @@ class Scheduler:
                 self._start_running(seq, len(self.blocks.table(_owner(seq))))
         for cjob in self.committer.copied():
             self.blocks.release(cjob.owner)
-        for cjob in self.committer.committed():
+        for cjob in self.committer.finished():
             if cjob.error is not None:
                 raise cjob.error
             self._mark_stored(cjob)

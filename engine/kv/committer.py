@@ -23,6 +23,7 @@ import torch
 import kernels
 from engine.kv.cache import KVCache
 from engine.kv.store_link import StoreLink
+from engine.kv.transfer import TransferThread, drain
 from kvstore.keys import Key
 from kvstore.tier import CommitResult
 
@@ -38,7 +39,7 @@ class CommitJob:
     error: BaseException | None = None
 
 
-class KVCommitter:
+class KVCommitter(TransferThread[CommitJob]):
     def __init__(
         self,
         link: StoreLink,
@@ -48,96 +49,31 @@ class KVCommitter:
         progress: threading.Event,
         timeout_s: float = 30.0,
     ) -> None:
-        self.link = link
-        self.cache = cache
-        self.layers = list(layers)
-        self.backend = backend
         self.timeout_s = timeout_s
-        self._progress = progress
-        self._jobs: queue.Queue[CommitJob | None] = queue.Queue()
         self._copied: queue.Queue[CommitJob] = queue.Queue()
-        self._committed: queue.Queue[CommitJob] = queue.Queue()
-        self._buffer: torch.Tensor | None = None
-        self._idle = threading.Condition()
-        self._unfinished = 0
-        self._thread = threading.Thread(target=self._run, name="kv-committer", daemon=True)
-        self._thread.start()
-
-    def submit(self, job: CommitJob) -> None:
-        with self._idle:
-            self._unfinished += 1
-        self._jobs.put(job)
+        super().__init__("kv-committer", link, cache, layers, backend, progress)
 
     def copied(self) -> list[CommitJob]:
-        """Jobs whose blocks are in host memory: their pool references may go."""
-        return _drain(self._copied)
+        """Jobs whose blocks are in host memory: their pool references may go. (Every job
+        shows up here before ``finished``, failed ones included.)"""
+        return drain(self._copied)
 
-    def committed(self) -> list[CommitJob]:
-        """Jobs whose ``store.commit`` returned (``result``) or failed (``error``)."""
-        return _drain(self._committed)
-
-    @property
-    def busy(self) -> bool:
-        with self._idle:
-            return self._unfinished > 0
-
-    def wait_idle(self, timeout_s: float | None = None) -> bool:
-        """Block until every submitted job is committed (or the timeout passes)."""
-        with self._idle:
-            return self._idle.wait_for(lambda: self._unfinished == 0, timeout_s)
-
-    def close(self) -> None:
-        self._jobs.put(None)
-        self._thread.join()
-
-    # -- the thread -------------------------------------------------------------------
-    def _run(self) -> None:
-        while True:
-            job = self._jobs.get()
-            if job is None:
-                return
-            copied = False
-            try:
-                rows = self._copy_out(job)
-                copied = True
-                self._copied.put(job)
-                self._progress.set()
-                payloads = {job.first_block + j: rows[j] for j in range(len(job.block_ids))}
-                job.result = self.link.commit(job.keys, payloads, self.timeout_s)
-            except BaseException as e:  # a bug, not a store failure: the engine re-raises
-                job.error = e
-                if not copied:
-                    self._copied.put(job)
-            finally:
-                self._committed.put(job)
-                with self._idle:
-                    self._unfinished -= 1
-                    self._idle.notify_all()
-                self._progress.set()
+    def _work(self, job: CommitJob) -> None:
+        try:
+            rows = self._copy_out(job)
+        finally:
+            self._copied.put(job)
+            self._notify()
+        payloads = {job.first_block + j: rows[j] for j in range(len(job.block_ids))}
+        job.result = self.link.commit(job.keys, payloads, self.timeout_s)
 
     def _copy_out(self, job: CommitJob) -> torch.Tensor:
-        n = len(job.block_ids)
-        s = self.cache.shape
-        if self._buffer is None or self._buffer.shape[0] < n:
-            # One reused buffer: the next job's copy starts only after this commit returned.
-            self._buffer = torch.empty(
-                (n, len(self.layers), 2, s.block_tokens, s.kv_heads, s.head_dim),
-                dtype=s.dtype,
-                pin_memory=self.cache.device.type == "cuda",
-            )
-        rows = self._buffer[:n]
-        if n:
+        # One reused buffer: the next job's copy starts only after this commit returned.
+        rows = self.buffer.rows(len(job.block_ids))
+        if job.block_ids:
             ids = torch.tensor(job.block_ids, dtype=torch.int64, device=self.cache.device)
             kernels.read_kv_blocks(
                 self.cache.k, self.cache.v, ids, self.layers, rows, backend=self.backend
             )
+            self._synchronize()
         return rows
-
-
-def _drain(q: queue.Queue[CommitJob]) -> list[CommitJob]:
-    out: list[CommitJob] = []
-    while True:
-        try:
-            out.append(q.get_nowait())
-        except queue.Empty:
-            return out

@@ -17,7 +17,6 @@ them.
 
 from __future__ import annotations
 
-import queue
 import threading
 import time
 from collections.abc import Sequence
@@ -28,6 +27,7 @@ import torch
 import kernels
 from engine.kv.cache import KVCache
 from engine.kv.store_link import StoreLink
+from engine.kv.transfer import TransferThread
 from kvstore.keys import Key
 
 
@@ -48,7 +48,7 @@ class LoadJob:
     cancelled: bool = False  # set by the engine when it gives up
 
 
-class KVLoader:
+class KVLoader(TransferThread[LoadJob]):
     def __init__(
         self,
         link: StoreLink,
@@ -58,53 +58,16 @@ class KVLoader:
         progress: threading.Event,
         call_timeout_s: float = 5.0,
     ) -> None:
-        self.link = link
-        self.cache = cache
-        self.layers = list(layers)
-        self.backend = backend
         self.call_timeout_s = call_timeout_s
-        self._progress = progress
-        self._jobs: queue.Queue[LoadJob | None] = queue.Queue()
-        self._done: queue.Queue[LoadJob] = queue.Queue()
-        self._staging: torch.Tensor | None = None
-        self._thread = threading.Thread(target=self._run, name="kv-loader", daemon=True)
-        self._thread.start()
+        super().__init__("kv-loader", link, cache, layers, backend, progress)
 
-    def submit(self, job: LoadJob) -> None:
-        self._jobs.put(job)
-
-    def finished(self) -> list[LoadJob]:
-        """Jobs the thread is done with (loaded, failed, or stopped after a cancel)."""
-        out: list[LoadJob] = []
-        while True:
-            try:
-                out.append(self._done.get_nowait())
-            except queue.Empty:
-                return out
-
-    def close(self) -> None:
-        self._jobs.put(None)
-        self._thread.join()
-
-    # -- the thread -------------------------------------------------------------------
-    def _run(self) -> None:
-        while True:
-            job = self._jobs.get()
-            if job is None:
-                return
-            try:
-                self._load(job)
-            except BaseException as e:  # a bug, not a miss: the engine re-raises it
-                job.error = e
-            finally:
-                job.done.set()
-                self._done.put(job)
-                self._progress.set()
+    def _done(self, job: LoadJob) -> None:
+        job.done.set()
 
     def _remaining(self, job: LoadJob) -> float:
         return min(self.call_timeout_s, job.deadline_s - time.monotonic())
 
-    def _load(self, job: LoadJob) -> None:
+    def _work(self, job: LoadJob) -> None:
         if job.cancelled or self._remaining(job) <= 0:
             return
         found = self.link.lookup(job.keys, self._remaining(job))
@@ -112,7 +75,7 @@ class KVLoader:
         want = min(job.store_blocks, job.first_block + len(job.block_ids)) - job.first_block
         if want <= 0 or job.cancelled or self._remaining(job) <= 0:
             return
-        staging = self._staging_rows(want)
+        staging = self.buffer.rows(want)
         keys = job.keys[job.first_block : job.first_block + want]
         got = min(self.link.get_into(keys, staging, self._remaining(job)), want)
         if got <= 0 or job.cancelled:
@@ -121,20 +84,6 @@ class KVLoader:
         kernels.write_kv_blocks(
             self.cache.k, self.cache.v, ids, self.layers, staging[:got], backend=self.backend
         )
-        if self.cache.device.type == "cuda":
-            # The staging rows are reused by the next job: the copy must be over by then.
-            torch.cuda.current_stream(self.cache.device).synchronize()
+        self._synchronize()
         job.tiers = tuple(found.tiers[job.first_block : job.first_block + got])
         job.loaded_blocks = got
-
-    def _staging_rows(self, n: int) -> torch.Tensor:
-        """``n`` rows of one reused host buffer in the store's payload layout (DESIGN §4):
-        reusing it spares every load the page faults of a fresh allocation."""
-        s = self.cache.shape
-        if self._staging is None or self._staging.shape[0] < n:
-            self._staging = torch.empty(
-                (n, len(self.layers), 2, s.block_tokens, s.kv_heads, s.head_dim),
-                dtype=s.dtype,
-                pin_memory=self.cache.device.type == "cuda",
-            )
-        return self._staging[:n]
