@@ -74,12 +74,12 @@ _OPENERS: dict[str, tuple[str, Callable[[str, StoreOptions], KVStore]]] = {
 
 def store_tenant(store: KVStore, timeout_s: float = 5.0) -> str:
     """The tenant the store's credentials map to ("" for an embedded store or a daemon
-    without auth), from the daemon's ``whoami`` when the store offers it. A store that
-    cannot answer now is one whose blocks will be misses anyway."""
-    if not callable(getattr(type(store), "whoami", None)):
+    without auth), from the daemon (``GrpcStore.tenant``) when the store can ask it. A store
+    that cannot answer now is one whose blocks will be misses anyway."""
+    if not callable(getattr(type(store), "tenant", None)):
         return ""
     try:
-        return str(store.whoami(timeout_s=timeout_s).tenant)  # type: ignore[attr-defined]
+        return str(store.tenant(timeout_s=timeout_s))  # type: ignore[attr-defined]
     except StoreUnavailable as e:
         log.warning("kv store cannot say which tenant its token maps to (%s); using none", e)
         return ""

@@ -150,3 +150,26 @@ def test_a_corrupt_block_is_a_miss(tiny: LoadedModel, reference: Recorded,
     assert rec.turns[0].hit_tokens["ssd"] == 3 * 64  # the prefix ends at the corrupt block
     assert stats is not None and stats.counters.get("corrupt_blocks_total", 0) + sum(
         t.counters.get("corrupt_blocks_total", 0) for t in stats.tiers) >= 1
+
+
+def test_the_namespace_takes_the_tenant_of_the_daemon_token(
+    tiny: LoadedModel, reference: Recorded, tmp_path: Path
+) -> None:
+    """With auth the daemon accepts only namespaces of the token's tenant: the engine asks
+    which one that is, so its commits are stored and a second engine hits them."""
+    tokens = tmp_path / "tokens"
+    tokens.write_text("secret-token-of-team-a team-a\n")
+    opts = StoreOptions(dram_bytes=64 << 20, auth_token_file=str(tokens))
+
+    def link() -> StoreLink:
+        return open_store_link(daemon.url, lambda t: engine_namespace(tiny.spec, 64, t), opts)
+
+    with DaemonProcess(["--dram", "64MiB", "--auth-token-file", str(tokens)]) as daemon:
+        with engine_for(tiny, link()) as eng:
+            assert eng.ns.tenant == "team-a"
+            play_recorded(eng, tiny, TURNS)
+        with engine_for(tiny, link()) as eng:
+            second = play_recorded(eng, tiny, TURNS)
+            assert eng.link.counters().get("store_errors_total", 0) == 0
+    assert second.turns[0].hit_tokens["dram"] > 0
+    assert assert_same_session(second, reference, "grpc with auth") == len(TURNS)
