@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine.sampling_params import SamplingParams
+from engine.sequence import SequenceStatus
 from tests.engine.engine_harness import (
     BT,
     GREEDY,
@@ -192,3 +193,26 @@ def test_random_traffic_with_a_store_keeps_the_pool_whole(
                 assert all(b.ref_cnt == 0 for b in eng.blocks.pool.blocks)
     finally:
         inner.close()
+
+
+def test_running_requests_keep_computing_while_one_loads(store: WrappedStore) -> None:
+    p = prompt(30)
+    with fake_engine(store) as first:
+        run_checked(first, [p])
+    store.get_delay_s = 0.2
+    with fake_engine(store) as eng:
+        busy = eng.add_request(prompt(9, 5), SamplingParams(max_new_tokens=200))
+        while not busy.output_ids:
+            eng.step()
+        loading = eng.add_request(p, GREEDY)
+        eng.step()
+        before = len(busy.output_ids)
+        steps = 0
+        while loading.status is SequenceStatus.LOADING and not busy.is_finished:
+            eng.step()
+            steps += 1
+        assert len(busy.output_ids) - before >= steps - 1 > 0  # a token per step meanwhile
+        while not loading.is_finished:
+            eng.step()
+        assert loading.stats.hit_tokens["dram"] > 0 and loading.stats.load_gave_up == 0
+        assert loading.output_ids == greedy_continuation(p, GREEDY.max_new_tokens)
