@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
-PROTO  := clients/proto/kvstore.proto
+PROTO  := kvstore/wire/proto/kvstore.proto
 
 .PHONY: setup run test bench lint proto clean
 

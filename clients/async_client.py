@@ -23,11 +23,11 @@ from clients.config import ClientConfig
 from clients.core import ClientCore
 from clients.identity import Identity, TenantDeleted
 from clients.plan import Call, Plan, T, run_plan_async
-from clients.proto import kvstore_pb2_grpc as pb_grpc
 from clients.shm import Staging
 from kvstore.errors import StoreUnavailable
 from kvstore.keys import Key, Namespace
 from kvstore.tier import CommitResult, Durability, KVStore, LookupResult, StoreStats
+from kvstore.wire.proto import kvstore_pb2_grpc as pb_grpc
 
 
 def _aio_channel(config: ClientConfig) -> aio.Channel:

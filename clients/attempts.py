@@ -14,8 +14,9 @@ import grpc
 
 from clients.breaker import CircuitBreaker
 from clients.config import ClientConfig
-from clients.errors import RETRYABLE, UNAVAILABLE_CODES, CircuitOpen, error_for, too_large
+from clients.errors import CircuitOpen
 from kvstore.errors import KVStoreError, StoreUnavailable
+from kvstore.wire.status import RETRYABLE, UNAVAILABLE_CODES, error_for, too_large
 
 
 class Attempts:

@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 import grpc
 
 from clients.breaker import BreakerConfig
-from clients.codec import MAX_MESSAGE_BYTES
 from kvstore.errors import InvalidArgument
+from kvstore.wire.channel import CHANNEL_OPTIONS, bearer_metadata, channel_credentials
 
 TOKEN_ENV = "KVSTORE_AUTH_TOKEN"
 
@@ -39,29 +39,13 @@ class ClientConfig:
             raise InvalidArgument("default_timeout_s must be positive")
 
     def channel_credentials(self) -> grpc.ChannelCredentials | None:
-        """TLS credentials (with ``tls_ca_file`` as the root, else the system roots), or
-        ``None`` for a plaintext channel."""
-        if not self.tls:
-            return None
-        root = None
-        if self.tls_ca_file:
-            with open(self.tls_ca_file, "rb") as f:
-                root = f.read()
-        return grpc.ssl_channel_credentials(root)
+        return channel_credentials(self.tls, self.tls_ca_file)
 
     def channel_options(self) -> list[tuple[str, int]]:
-        return [
-            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-            ("grpc.keepalive_time_ms", 30_000),
-            ("grpc.keepalive_timeout_ms", 10_000),
-            # Reconnect quickly after a daemon restart; the breaker bounds the cost.
-            ("grpc.initial_reconnect_backoff_ms", 100),
-            ("grpc.max_reconnect_backoff_ms", 2_000),
-        ]
+        return list(CHANNEL_OPTIONS)
 
     def metadata(self) -> tuple[tuple[str, str], ...]:
-        return (("authorization", f"Bearer {self.auth_token}"),) if self.auth_token else ()
+        return bearer_metadata(self.auth_token)
 
 
 def parse_store_url(url: str) -> tuple[str, bool]:

@@ -16,20 +16,21 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from clients import codec
-from clients import requests as rq
+from clients import messages as rq
 from clients.attempts import Attempts
 from clients.breaker import CircuitBreaker
 from clients.config import ClientConfig
 from clients.errors import StagingLost
 from clients.identity import Identity, TenantDeleted
 from clients.plan import Call, Plan, T
-from clients.proto import kvstore_pb2 as pb
 from clients.shm import Staging, map_segment
 from kvstore.block import verify_rows
 from kvstore.errors import InvalidArgument, KVStoreError, StoreUnavailable, UnknownNamespace
 from kvstore.keys import Key, Namespace
 from kvstore.tier import CommitResult, LookupResult, StoreStats
+from kvstore.wire import codec
+from kvstore.wire.proto import kvstore_pb2 as pb
+from kvstore.wire.stats import stats_from_proto
 
 _CLOSE_SEGMENT_S = 2.0
 
@@ -353,7 +354,7 @@ class ClientCore:
 
     def stats(self, timeout_s: float | None) -> Plan[StoreStats]:
         resp = yield Call("Stats", self.deadline(timeout_s), pb.StatsRequest())
-        st = rq.stats_from_proto(resp)
+        st = stats_from_proto(resp)
         # Blocks this client caught after the daemon's checks (damaged on the wire, in
         # the segment or in the daemon's memory) count as corrupt too.
         counters = dict(st.counters)

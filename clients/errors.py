@@ -1,128 +1,26 @@
-"""Errors of the clients package and their mapping to and from gRPC status codes.
-
-The daemon names the kvstore error class in the status details (``"UnknownNamespace:
-namespace ... is not registered"``) so a client re-raises exactly the class the
-embedded store would have raised, and the conformance suite sees one behaviour.
-"""
+"""Errors of the clients package: the protocol's errors (``kvstore.wire.errors``), which a
+client raises as the server named them, and the client's own circuit breaker."""
 
 from __future__ import annotations
 
-import grpc
-
 from kvstore import errors as kv
-
-
-class ClientError(kv.KVStoreError):
-    """Base of the errors this package adds to the kvstore hierarchy."""
-
-
-class AccessDenied(ClientError, kv.InvalidArgument):
-    """The namespace belongs to another tenant (a misuse: the request names it)."""
-
-
-class AuthenticationFailed(ClientError, kv.StoreUnavailable):
-    """The daemon refused the token; to an engine that is an unavailable store."""
-
-
-class StagingLost(ClientError, kv.InvalidArgument):
-    """The daemon does not know the staging segment a request named: it restarted since
-    the segment was mapped. Clients drop the mapping and fall back to the gRPC path."""
-
-
-class CircuitOpen(ClientError, kv.StoreUnavailable):
-    """The store failed repeatedly; calls are skipped until the cool-down ends."""
-
-
-class Overloaded(ClientError, kv.StoreUnavailable):
-    """The daemon refused the call for now (bytes in flight at its bound, every RPC slot
-    busy): RESOURCE_EXHAUSTED. Retried within the deadline like an unavailable daemon."""
-
-
-class NotAdmin(AccessDenied):
-    """An admin-only call (``DeleteTenant``) made with a tenant's token."""
-
-
-# Misuse classes a daemon may name; anything else INVALID_ARGUMENT is InvalidArgument.
-_MISUSE = {
-    cls.__name__: cls
-    for cls in (
-        kv.InvalidArgument,
-        kv.InvalidTokens,
-        kv.UnknownNamespace,
-        kv.BufferSizeError,
-        StagingLost,
-    )
-}
-
-#: Codes after which a retry (within the deadline) may succeed.
-RETRYABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED})
-#: Codes that say "the store is not answering": they count against the circuit breaker.
-UNAVAILABLE_CODES = frozenset(
-    {
-        grpc.StatusCode.UNAVAILABLE,
-        grpc.StatusCode.DEADLINE_EXCEEDED,
-        grpc.StatusCode.RESOURCE_EXHAUSTED,
-        grpc.StatusCode.CANCELLED,
-    }
+from kvstore.wire.errors import (
+    AccessDenied,
+    AuthenticationFailed,
+    NotAdmin,
+    Overloaded,
+    StagingLost,
 )
 
-
-#: gRPC's own RESOURCE_EXHAUSTED for a message over the size limit (either end): the
-#: request is too large, which is misuse, not an overloaded or unreachable daemon.
-_MESSAGE_TOO_LARGE = ("Sent message larger than max", "Received message larger than max")
-
-
-def too_large(code: grpc.StatusCode, details: str | None) -> bool:
-    """gRPC refused a message over the size limit: the request is misuse, the daemon's
-    health unknown (the refusal may not even have left this process)."""
-    return code == grpc.StatusCode.RESOURCE_EXHAUSTED and (details or "").startswith(
-        _MESSAGE_TOO_LARGE
-    )
+__all__ = [
+    "AccessDenied",
+    "AuthenticationFailed",
+    "CircuitOpen",
+    "NotAdmin",
+    "Overloaded",
+    "StagingLost",
+]
 
 
-def status_for(exc: BaseException) -> tuple[grpc.StatusCode, str]:
-    """Server side: the status code and details to abort with for ``exc``."""
-    name = type(exc).__name__
-    if isinstance(exc, kv.NotDurable):  # not retried, not held against the breaker
-        return grpc.StatusCode.DATA_LOSS, f"NotDurable: {exc}"
-    if isinstance(exc, Overloaded):
-        return grpc.StatusCode.RESOURCE_EXHAUSTED, f"{name}: {exc}"
-    if isinstance(exc, AccessDenied):
-        return grpc.StatusCode.PERMISSION_DENIED, f"{name}: {exc}"
-    if isinstance(exc, kv.UnknownNamespace):
-        return grpc.StatusCode.FAILED_PRECONDITION, f"{name}: {exc}"
-    if isinstance(exc, ValueError):
-        n = name if name in _MISUSE else "InvalidArgument"
-        return grpc.StatusCode.INVALID_ARGUMENT, f"{n}: {exc}"
-    if isinstance(exc, kv.BlockError):
-        return grpc.StatusCode.INVALID_ARGUMENT, f"InvalidArgument: {exc}"
-    if isinstance(exc, kv.IntegrityError):
-        return grpc.StatusCode.INTERNAL, f"IntegrityError: {exc}"
-    if isinstance(exc, kv.StoreUnavailable):
-        return grpc.StatusCode.UNAVAILABLE, f"StoreUnavailable: {exc}"
-    return grpc.StatusCode.INTERNAL, f"{name}: {exc}"
-
-
-def error_for(code: grpc.StatusCode, details: str | None) -> kv.KVStoreError:
-    """Client side: the kvstore error to raise for a failed RPC."""
-    details = details or code.name
-    name, _, msg = details.partition(": ")
-    if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
-        if details.startswith(_MESSAGE_TOO_LARGE):
-            return kv.InvalidArgument(f"request too large for the protocol: {details}")
-        return Overloaded(msg if name == "Overloaded" else details)
-    if code == grpc.StatusCode.PERMISSION_DENIED:
-        if name == "NotAdmin":
-            return NotAdmin(msg)
-        return AccessDenied(msg or details)
-    if code == grpc.StatusCode.UNAUTHENTICATED:
-        return AuthenticationFailed(f"daemon refused the token: {msg or details}")
-    if code == grpc.StatusCode.FAILED_PRECONDITION:
-        return kv.UnknownNamespace(msg or details)
-    if code == grpc.StatusCode.INVALID_ARGUMENT:
-        return _MISUSE.get(name, kv.InvalidArgument)(msg or details)
-    if code == grpc.StatusCode.INTERNAL and name == "IntegrityError":
-        return kv.IntegrityError(msg)
-    if code == grpc.StatusCode.DATA_LOSS and name == "NotDurable":
-        return kv.NotDurable.from_message(msg)
-    return kv.StoreUnavailable(f"{code.name.lower()}: {details}")
+class CircuitOpen(kv.StoreUnavailable):
+    """The store failed repeatedly; calls are skipped until the cool-down ends."""

@@ -20,8 +20,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from clients.proto import kvstore_pb2 as pb
 from kvstore.errors import IntegrityError
+from kvstore.wire.proto import kvstore_pb2 as pb
 
 ALIGN = 64
 

@@ -28,20 +28,18 @@ from clients.config import ClientConfig, config_from_url
 from clients.core import ClientCore
 from clients.identity import Identity, TenantDeleted
 from clients.plan import Call, Plan, T, run_plan
-from clients.proto import kvstore_pb2_grpc as pb_grpc
 from clients.shm import Staging
 from kvstore.errors import StoreUnavailable
 from kvstore.keys import Key, Namespace
 from kvstore.tier import CommitResult, Durability, KVStore, LookupResult, StoreStats
+from kvstore.wire.channel import open_channel
+from kvstore.wire.proto import kvstore_pb2_grpc as pb_grpc
 
 _PREFETCH_WORKERS = 4
 
 
 def make_channel(config: ClientConfig) -> grpc.Channel:
-    creds = config.channel_credentials()
-    if creds is None:
-        return grpc.insecure_channel(config.target, config.channel_options())
-    return grpc.secure_channel(config.target, creds, config.channel_options())
+    return open_channel(config.target, tls=config.tls, ca_file=config.tls_ca_file)
 
 
 class GrpcStore(KVStore):

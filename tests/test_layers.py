@@ -81,37 +81,6 @@ MAY_IMPORT: Mapping[str, frozenset[str]] = {
 # (importer, imported) pairs that break the layer rules today.
 ALLOWED_LAYER_VIOLATIONS: frozenset[tuple[str, str]] = frozenset(
     {
-        # The wire layer (proto, codec, status mapping) lives in clients/, so the daemon, a
-        # server, reaches into the client package for it; it moves into the core.
-        ("kvstore.daemon.auth", "clients.errors"),
-        ("kvstore.daemon.budget", "clients.errors"),
-        ("kvstore.daemon.catalog", "clients.codec"),
-        ("kvstore.daemon.catalog", "clients.proto.kvstore_pb2"),
-        ("kvstore.daemon.config", "clients.codec"),
-        ("kvstore.daemon.control_rpcs", "clients.errors"),
-        ("kvstore.daemon.control_rpcs", "clients.proto.kvstore_pb2"),
-        ("kvstore.daemon.control_rpcs", "clients.requests"),
-        ("kvstore.daemon.rpc_plumbing", "clients.errors"),
-        ("kvstore.daemon.runner", "clients.codec"),
-        ("kvstore.daemon.server", "clients.proto.kvstore_pb2_grpc"),
-        ("kvstore.daemon.servicer", "clients.codec"),
-        ("kvstore.daemon.servicer", "clients.proto.kvstore_pb2"),
-        ("kvstore.daemon.servicer", "clients.proto.kvstore_pb2_grpc"),
-        ("kvstore.daemon.servicer", "clients.requests"),
-        ("kvstore.daemon.staging", "clients.errors"),
-        # The same for the node server and the cluster's node client; the cluster client also
-        # borrows the sync client's channel handling.
-        ("storage_nodes.cluster.node_client", "clients.codec"),
-        ("storage_nodes.cluster.node_client", "clients.config"),
-        ("storage_nodes.cluster.node_client", "clients.errors"),
-        ("storage_nodes.cluster.node_client", "clients.proto.kvstore_pb2"),
-        ("storage_nodes.cluster.node_client", "clients.proto.kvstore_pb2_grpc"),
-        ("storage_nodes.cluster.node_client", "clients.sync_client"),
-        ("storage_nodes.node.server", "clients.proto.kvstore_pb2_grpc"),
-        ("storage_nodes.node.servicer", "clients.codec"),
-        ("storage_nodes.node.servicer", "clients.proto.kvstore_pb2"),
-        ("storage_nodes.node.servicer", "clients.proto.kvstore_pb2_grpc"),
-        ("storage_nodes.node.servicer", "clients.requests"),
         # The node server runs on the daemon's private server plumbing (limits, TLS, auth,
         # metrics) instead of one shared server runner in the core.
         ("storage_nodes.node.auth", "kvstore.daemon.auth"),

@@ -16,9 +16,9 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from clients.errors import AccessDenied
 from kvstore.errors import InvalidArgument
 from kvstore.keys import Namespace
+from kvstore.wire.errors import AccessDenied
 
 
 class AuthError(Exception):

@@ -16,8 +16,8 @@ import mmap
 import threading
 from collections.abc import Iterator
 
-from clients.errors import Overloaded
 from kvstore.errors import IntegrityError
+from kvstore.wire.errors import Overloaded
 
 
 class ByteBudget:

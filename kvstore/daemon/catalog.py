@@ -16,10 +16,10 @@ import os
 import threading
 from pathlib import Path
 
-from clients.codec import ns_from_proto, ns_to_proto
-from clients.proto import kvstore_pb2 as pb
 from kvstore.errors import IntegrityError, InvalidArgument
 from kvstore.keys import Namespace
+from kvstore.wire.codec import ns_from_proto, ns_to_proto
+from kvstore.wire.proto import kvstore_pb2 as pb
 
 log = logging.getLogger(__name__)
 FILE_NAME = "daemon-namespaces.log"

@@ -5,8 +5,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from clients.codec import MAX_KEYS_PER_REQUEST
 from kvstore.errors import InvalidArgument
+from kvstore.wire.codec import MAX_KEYS_PER_REQUEST
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,9 +15,6 @@ from typing import Any
 
 import grpc
 
-from clients.errors import NotAdmin
-from clients.proto import kvstore_pb2 as pb
-from clients.requests import stats_to_proto
 from kvstore.daemon.auth import Caller
 from kvstore.daemon.catalog import MemoryCatalog
 from kvstore.daemon.rpc_plumbing import RpcPlumbing
@@ -25,6 +22,9 @@ from kvstore.daemon.staging import DATA_OFFSET, StagingArea
 from kvstore.daemon.tenants import TenantLedger, held_blocks, tenant_stats
 from kvstore.errors import InvalidArgument
 from kvstore.tier import KVStore
+from kvstore.wire.errors import NotAdmin
+from kvstore.wire.proto import kvstore_pb2 as pb
+from kvstore.wire.stats import stats_to_proto
 
 log = logging.getLogger(__name__)
 

@@ -8,9 +8,9 @@ from typing import TypeVar
 
 import grpc
 
-from clients.errors import status_for
 from kvstore.daemon.auth import Authenticator, AuthError, Caller
 from kvstore.daemon.metrics import DaemonMetrics
+from kvstore.wire.status import status_for
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

@@ -14,7 +14,7 @@ from typing import Protocol
 import grpc
 from grpc_health.v1 import health, health_pb2_grpc
 
-from clients.codec import MAX_MESSAGE_BYTES
+from kvstore.wire.codec import MAX_MESSAGE_BYTES
 
 
 @dataclass(frozen=True, slots=True)

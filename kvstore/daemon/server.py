@@ -13,7 +13,6 @@ import threading
 import grpc
 from grpc_health.v1 import health_pb2
 
-from clients.proto import kvstore_pb2_grpc as pb_grpc
 from kvstore.daemon.access_log import make_access_log
 from kvstore.daemon.auth import Authenticator, OpenAuth, load_token_file
 from kvstore.daemon.catalog import open_catalog
@@ -24,6 +23,7 @@ from kvstore.daemon.servicer import KVStoreServicer
 from kvstore.daemon.staging import StagingArea, StagingConfig
 from kvstore.daemon.store_factory import open_store
 from kvstore.tier import KVStore
+from kvstore.wire.proto import kvstore_pb2_grpc as pb_grpc
 
 log = logging.getLogger(__name__)
 SERVICE_NAME = "kvstore.v1.KVStore"

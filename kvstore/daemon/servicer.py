@@ -25,10 +25,6 @@ from typing import Any
 
 import grpc
 
-from clients import codec
-from clients.proto import kvstore_pb2 as pb
-from clients.proto import kvstore_pb2_grpc as pb_grpc
-from clients.requests import MAX_PROMPT_TOKENS
 from kvstore.block import now_us
 from kvstore.daemon.access_log import AccessLog, LookupRecord
 from kvstore.daemon.auth import Authenticator
@@ -43,6 +39,10 @@ from kvstore.daemon.watchdog import IdleWatchdog
 from kvstore.errors import BlockError, InvalidArgument
 from kvstore.keys import Key, Namespace
 from kvstore.tier import KVStore
+from kvstore.wire import codec
+from kvstore.wire.codec import MAX_PROMPT_TOKENS
+from kvstore.wire.proto import kvstore_pb2 as pb
+from kvstore.wire.proto import kvstore_pb2_grpc as pb_grpc
 
 log = logging.getLogger(__name__)
 

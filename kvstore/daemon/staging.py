@@ -21,8 +21,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from clients.errors import StagingLost
 from kvstore.errors import IntegrityError, InvalidArgument
+from kvstore.wire.errors import StagingLost
 
 NONCE_BYTES = 16
 DATA_OFFSET = 4096

@@ -16,17 +16,17 @@ from dataclasses import dataclass
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from clients import codec
-from clients.codec import CHUNK_BYTES
-from clients.config import ClientConfig
-from clients.errors import UNAVAILABLE_CODES, error_for
-from clients.proto import kvstore_pb2 as pb
-from clients.proto import kvstore_pb2_grpc as pb_grpc
-from clients.sync_client import make_channel
 from kvstore.block import encode_block
 from kvstore.errors import BlockError, InvalidArgument, StoreUnavailable
 from kvstore.keys import Key, Namespace
-from kvstore.tier import SizeClassStats, TierStats
+from kvstore.tier import TierStats
+from kvstore.wire import codec
+from kvstore.wire.channel import bearer_metadata, open_channel
+from kvstore.wire.codec import CHUNK_BYTES
+from kvstore.wire.proto import kvstore_pb2 as pb
+from kvstore.wire.proto import kvstore_pb2_grpc as pb_grpc
+from kvstore.wire.stats import tier_stats_from_proto
+from kvstore.wire.status import UNAVAILABLE_CODES, error_for
 from storage_nodes.cluster.config import ClusterConfig
 from storage_nodes.cluster.errors import NodeUnavailable
 
@@ -60,16 +60,10 @@ class FetchResult:
 class NodeClient:
     def __init__(self, address: str, config: ClusterConfig) -> None:
         self.address = address
-        cc = ClientConfig(
-            target=address,
-            tls=config.tls,
-            tls_ca_file=config.tls_ca_file,
-            auth_token=config.auth_token,
-        )
-        self._md = cc.metadata()
+        self._md = bearer_metadata(config.auth_token)
         self._timeout_s = config.rpc_timeout_s
         self._probe_timeout_s = config.probe_timeout_s
-        self._channel = make_channel(cc)
+        self._channel = open_channel(address, tls=config.tls, ca_file=config.tls_ca_file)
         self._stub = pb_grpc.StorageNodeStub(self._channel)
         self._health = health_pb2_grpc.HealthStub(self._channel)
 
@@ -171,17 +165,7 @@ class NodeClient:
             t = self._stub.Stats(pb.StatsRequest(), timeout=self._timeout_s, metadata=self._md)
         except grpc.RpcError as e:
             raise self._fail(e) from None
-        return TierStats(
-            name=t.name,
-            capacity_bytes=t.capacity_bytes,
-            used_bytes=t.used_bytes,
-            size_classes=tuple(
-                SizeClassStats(c.block_bytes, c.capacity_blocks, c.used_blocks)
-                for c in t.size_classes
-            ),
-            counters=dict(t.counters),
-            info=dict(t.info),
-        )
+        return tier_stats_from_proto(t)
 
     def probe(self) -> bool:
         """Healthy = grpc health says SERVING *and* an authenticated call succeeds (the

@@ -13,11 +13,11 @@ import threading
 
 from grpc_health.v1 import health_pb2
 
-from clients.proto import kvstore_pb2_grpc as pb_grpc
 from kvstore.daemon.metrics import DaemonMetrics
 from kvstore.daemon.runner import Bound, grpc_server, run_until_signalled
 from kvstore.daemon.server import _server_credentials
 from kvstore.tier import StoreStats, Tier
+from kvstore.wire.proto import kvstore_pb2_grpc as pb_grpc
 from storage_nodes.node.auth import make_node_auth
 from storage_nodes.node.config import NodeConfig
 from storage_nodes.node.servicer import StorageNodeServicer

@@ -16,10 +16,6 @@ from typing import Any
 
 import grpc
 
-from clients import codec
-from clients.proto import kvstore_pb2 as pb
-from clients.proto import kvstore_pb2_grpc as pb_grpc
-from clients.requests import tier_stats_to_proto
 from kvstore.daemon.auth import Authenticator
 from kvstore.daemon.config import ServerLimits
 from kvstore.daemon.metrics import DaemonMetrics
@@ -27,6 +23,10 @@ from kvstore.daemon.rpc_plumbing import RpcPlumbing
 from kvstore.errors import BlockError, InvalidArgument
 from kvstore.keys import Key, Namespace
 from kvstore.tier import Tier
+from kvstore.wire import codec
+from kvstore.wire.proto import kvstore_pb2 as pb
+from kvstore.wire.proto import kvstore_pb2_grpc as pb_grpc
+from kvstore.wire.stats import tier_stats_to_proto
 
 log = logging.getLogger(__name__)
 

@@ -9,16 +9,16 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from clients import codec
 from clients.attempts import Attempts
 from clients.breaker import BreakerConfig, CircuitBreaker
 from clients.config import ClientConfig
 from clients.errors import Overloaded
-from clients.proto import kvstore_pb2 as pb
 from clients.sync_client import GrpcStore
 from kvstore.daemon.process import DaemonProcess
 from kvstore.errors import InvalidArgument
 from kvstore.keys import KEY_BYTES
+from kvstore.wire import codec
+from kvstore.wire.proto import kvstore_pb2 as pb
 from tests.conftest import small_ns
 
 NS = small_ns(model_id="m" * 200, tenant="t" * 200)

@@ -9,15 +9,15 @@ import numpy as np
 import pytest
 import torch
 
-from clients import codec
 from clients.breaker import BreakerConfig
 from clients.config import ClientConfig, config_from_url, parse_store_url
 from clients.errors import CircuitOpen
-from clients.proto import kvstore_pb2 as pb
-from clients.requests import GetReader
+from clients.messages import GetReader
 from clients.sync_client import GrpcStore
 from kvstore.daemon.process import DaemonProcess
 from kvstore.errors import BufferSizeError, InvalidArgument, StoreUnavailable, UnknownNamespace
+from kvstore.wire import codec
+from kvstore.wire.proto import kvstore_pb2 as pb
 from tests.conftest import small_ns
 from tests.kvstore.daemon.conftest import SpawnDaemon, make_chain, payloads
 

@@ -125,9 +125,9 @@ def test_the_daemon_refuses_prompt_tokens_past_int64(
 ) -> None:
     import grpc
 
-    from clients.codec import ns_to_proto
-    from clients.proto import kvstore_pb2 as pb
-    from clients.proto import kvstore_pb2_grpc as pb_grpc
+    from kvstore.wire.codec import ns_to_proto
+    from kvstore.wire.proto import kvstore_pb2 as pb
+    from kvstore.wire.proto import kvstore_pb2_grpc as pb_grpc
 
     logdir = tmp_path / "log"
     d = spawn_daemon("--access-log", str(logdir), "--access-log-rotate", "1s")

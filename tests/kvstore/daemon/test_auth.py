@@ -9,11 +9,11 @@ import pytest
 
 from clients.config import ClientConfig
 from clients.errors import AccessDenied, AuthenticationFailed
-from clients.proto import kvstore_pb2 as pb
-from clients.proto import kvstore_pb2_grpc as pb_grpc
 from clients.sync_client import GrpcStore
 from kvstore.daemon.auth import AuthError, OpenAuth, load_token_file
 from kvstore.errors import InvalidArgument
+from kvstore.wire.proto import kvstore_pb2 as pb
+from kvstore.wire.proto import kvstore_pb2_grpc as pb_grpc
 from tests.conftest import small_ns
 from tests.kvstore.daemon.conftest import SpawnDaemon, make_chain, payloads, write_tokens
 
@@ -127,6 +127,6 @@ def test_staging_segments_belong_to_their_tenant(auth_daemon: tuple[str, dict[st
 
 
 def _spec(ns):  # type: ignore[no-untyped-def]
-    from clients.codec import ns_to_proto
+    from kvstore.wire.codec import ns_to_proto
 
     return ns_to_proto(ns)

@@ -11,13 +11,13 @@ from collections.abc import Iterator
 import grpc
 import pytest
 
-from clients import codec
 from clients.breaker import BreakerConfig
 from clients.config import ClientConfig
-from clients.proto import kvstore_pb2 as pb
-from clients.proto import kvstore_pb2_grpc as pb_grpc
 from clients.sync_client import GrpcStore
 from kvstore.daemon.process import DaemonProcess
+from kvstore.wire import codec
+from kvstore.wire.proto import kvstore_pb2 as pb
+from kvstore.wire.proto import kvstore_pb2_grpc as pb_grpc
 from tests.conftest import small_ns
 from tests.kvstore.daemon.conftest import SpawnDaemon, make_chain, payloads
 

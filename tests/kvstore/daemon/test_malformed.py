@@ -12,11 +12,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from clients import codec
-from clients.proto import kvstore_pb2 as pb
-from clients.proto import kvstore_pb2_grpc as pb_grpc
 from kvstore.block import HEADER_BYTES, make_header
 from kvstore.daemon.process import DaemonProcess
+from kvstore.wire import codec
+from kvstore.wire.proto import kvstore_pb2 as pb
+from kvstore.wire.proto import kvstore_pb2_grpc as pb_grpc
 from tests.conftest import payload_for, small_ns
 from tests.kvstore.daemon.conftest import make_chain
 

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from clients.proto import kvstore_pb2 as pb
 from clients.shm import map_segment
 from kvstore.daemon.staging import DATA_OFFSET, StagingArea, StagingConfig
 from kvstore.errors import InvalidArgument
+from kvstore.wire.proto import kvstore_pb2 as pb
 
 
 @pytest.fixture

@@ -12,11 +12,11 @@ from typing import Any
 import grpc
 import pytest
 
-from clients.proto import kvstore_pb2_grpc as pb_grpc
 from kvstore.block import payload_checksum
 from kvstore.daemon.auth import OpenAuth
 from kvstore.daemon.metrics import DaemonMetrics
 from kvstore.keys import Key, Namespace
+from kvstore.wire.proto import kvstore_pb2_grpc as pb_grpc
 from storage_nodes.node.servicer import StorageNodeServicer
 from storage_nodes.ssd import SSDConfig, SSDTier
 from tests.conftest import payload_for, small_ns

@@ -11,10 +11,10 @@ from pathlib import Path
 import grpc
 import pytest
 
-from clients.proto import kvstore_pb2 as pb
-from clients.proto import kvstore_pb2_grpc as pb_grpc
 from kvstore.daemon.auth import OpenAuth
 from kvstore.daemon.metrics import DaemonMetrics
+from kvstore.wire.proto import kvstore_pb2 as pb
+from kvstore.wire.proto import kvstore_pb2_grpc as pb_grpc
 from storage_nodes.cluster import ClusterTier
 from storage_nodes.cluster.config import ClusterConfig
 from storage_nodes.cluster.node_client import NodeClient

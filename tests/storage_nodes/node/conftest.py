@@ -11,10 +11,10 @@ import grpc
 import numpy as np
 import pytest
 
-from clients import codec
-from clients.proto import kvstore_pb2 as pb
-from clients.proto import kvstore_pb2_grpc as pb_grpc
 from kvstore.keys import Key, Namespace, chain_keys
+from kvstore.wire import codec
+from kvstore.wire.proto import kvstore_pb2 as pb
+from kvstore.wire.proto import kvstore_pb2_grpc as pb_grpc
 from storage_nodes.node import NodeConfig, NodeServer
 from tests.conftest import payload_for
 

@@ -12,9 +12,9 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from clients import codec
-from clients.proto import kvstore_pb2 as pb
-from clients.proto import kvstore_pb2_grpc as pb_grpc
+from kvstore.wire import codec
+from kvstore.wire.proto import kvstore_pb2 as pb
+from kvstore.wire.proto import kvstore_pb2_grpc as pb_grpc
 from storage_nodes.cluster.config import ClusterConfig
 from storage_nodes.cluster.node_client import NodeClient
 from storage_nodes.node import NodeServer

@@ -11,23 +11,20 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from clients import codec
-from clients.proto import kvstore_pb2 as pb
 from kvstore.block import make_header
 from kvstore.buffers import block_view, rows_view
 from kvstore.errors import BlockError, InvalidArgument
 from kvstore.keys import Key, Namespace
-from kvstore.tier import CommitResult, SizeClassStats, StoreStats, TierStats
+from kvstore.tier import CommitResult
+from kvstore.wire import codec
+from kvstore.wire.codec import MAX_PROMPT_TOKENS
+from kvstore.wire.proto import kvstore_pb2 as pb
 
 
 def check_ns(ns: Any) -> Namespace:
     if not isinstance(ns, Namespace):
         raise InvalidArgument(f"expected a Namespace, got {type(ns).__name__}")
     return ns
-
-
-#: The access log stores ``prompt_tokens`` as int64 (DESIGN §8).
-MAX_PROMPT_TOKENS = (1 << 63) - 1
 
 
 def check_prompt_tokens(n: Any) -> int:
@@ -109,51 +106,6 @@ def commit_result(resp: pb.CommitResponse) -> CommitResult:
         present=resp.present,
         dropped=resp.dropped,
         durability=codec.durability_from_proto(resp.durability),  # type: ignore[arg-type]
-    )
-
-
-def tier_stats_to_proto(t: TierStats) -> pb.TierStats:
-    return pb.TierStats(
-        name=t.name,
-        capacity_bytes=t.capacity_bytes,
-        used_bytes=t.used_bytes,
-        size_classes=[
-            pb.SizeClassStats(
-                block_bytes=c.block_bytes,
-                capacity_blocks=c.capacity_blocks,
-                used_blocks=c.used_blocks,
-            )
-            for c in t.size_classes
-        ],
-        counters={k: int(v) for k, v in t.counters.items()},
-        info={k: str(v) for k, v in t.info.items()},
-    )
-
-
-def stats_to_proto(st: StoreStats) -> pb.StatsResponse:
-    return pb.StatsResponse(
-        tiers=[tier_stats_to_proto(t) for t in st.tiers],
-        counters={k: int(v) for k, v in st.counters.items()},
-    )
-
-
-def stats_from_proto(resp: pb.StatsResponse) -> StoreStats:
-    return StoreStats(
-        tiers=tuple(
-            TierStats(
-                name=t.name,
-                capacity_bytes=t.capacity_bytes,
-                used_bytes=t.used_bytes,
-                size_classes=tuple(
-                    SizeClassStats(c.block_bytes, c.capacity_blocks, c.used_blocks)
-                    for c in t.size_classes
-                ),
-                counters=dict(t.counters),
-                info=dict(t.info),
-            )
-            for t in resp.tiers
-        ),
-        counters=dict(resp.counters),
     )
 
 

@@ -7,10 +7,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from clients import codec
 from kvstore.block import HEADER_BYTES
 from kvstore.errors import BlockError, InvalidArgument
 from kvstore.keys import Namespace, chain_keys
+from kvstore.wire import codec
 from tests.conftest import small_ns
 
 

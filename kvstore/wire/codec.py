@@ -12,10 +12,10 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from clients.proto import kvstore_pb2 as pb
 from kvstore.block import HEADER_BYTES, decode_header, make_header, payload_checksum
 from kvstore.errors import BlockError, InvalidArgument
 from kvstore.keys import KEY_BYTES, Key, Namespace
+from kvstore.wire.proto import kvstore_pb2 as pb
 
 CHUNK_BYTES = 1 << 20
 #: Keys one request may name (a chain of 2M tokens at 64 tokens a block). Clients refuse
@@ -28,6 +28,8 @@ _WIRE_BYTES_PER_KEY = (2 + 16) + 5 + (2 + 64)
 #: namespace and framing. The limits agree, so a request within the key limit is never
 #: refused for its size (that would read as an overloaded daemon, not as misuse).
 MAX_MESSAGE_BYTES = max(CHUNK_BYTES, MAX_KEYS_PER_REQUEST * _WIRE_BYTES_PER_KEY) + (64 << 10)
+#: The access log stores ``prompt_tokens`` as int64 (DESIGN §8); both ends refuse more.
+MAX_PROMPT_TOKENS = (1 << 63) - 1
 
 _TO_PROTO: dict[str, Any] = {"dram": pb.DURABILITY_DRAM, "ssd": pb.DURABILITY_SSD}
 _FROM_PROTO: dict[int, str] = {int(v): k for k, v in _TO_PROTO.items()}

@@ -6,8 +6,8 @@ import importlib
 
 
 def test_stubs_import_and_list_every_rpc() -> None:
-    pb = importlib.import_module("clients.proto.kvstore_pb2")
-    importlib.import_module("clients.proto.kvstore_pb2_grpc")
+    pb = importlib.import_module("kvstore.wire.proto.kvstore_pb2")
+    importlib.import_module("kvstore.wire.proto.kvstore_pb2_grpc")
     importlib.import_module("grpc_health.v1.health_pb2_grpc")
     kv = {m.name for m in pb.DESCRIPTOR.services_by_name["KVStore"].methods}
     assert {
