@@ -90,6 +90,11 @@ def run_until_signalled(
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    server.wait()
+    # CPython runs handlers in the main thread only when it wakes up: parked in a wait
+    # without a timeout, it never would for a signal the kernel gave another thread.
+    waiter = threading.Thread(target=server.wait, name=f"{command}-wait", daemon=True)
+    waiter.start()
+    while waiter.is_alive():
+        waiter.join(0.5)
     print("stopped", flush=True)
     return 0
