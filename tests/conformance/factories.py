@@ -141,3 +141,43 @@ def _cluster_tier(tmp: Path, capacity_bytes: int) -> tuple[Tier, Callable[[], No
 
 TIER_FACTORIES["cluster-3x-r2"] = _cluster_tier
 SHARDED_TIERS.add("cluster-3x-r2")
+
+
+# The shared-FS tier: on a local directory (fast), and on a real distributed file
+# system started on loopback by tests/dfs (MooseFS, goal 2; GlusterFS, replica 3).
+# With KVSTORE_3FS_MOUNT set to a directory on a 3FS mount, also through USRBIO.
+def _sharedfs_tier(where: str, backend: str = "posix") -> TierFactory:
+    def make(tmp: Path, capacity_bytes: int) -> tuple[Tier, Callable[[], None]]:
+        import os
+        import shutil
+        import uuid
+
+        from storage_nodes.sharedfs import SharedFSConfig, SharedFSTier
+
+        if where == "local":
+            root = tmp / "sharedfs"
+        elif where == "3fs":
+            root = Path(os.environ["KVSTORE_3FS_MOUNT"]) / f"conformance-{uuid.uuid4().hex}"
+        else:
+            from tests.dfs.cluster import cluster_or_skip
+
+            root = cluster_or_skip(where).mounts[0] / f"conformance-{uuid.uuid4().hex}"
+        tier = SharedFSTier(SharedFSConfig(root=root, capacity_bytes=capacity_bytes,
+                                           segment_bytes=capacity_bytes // 4,
+                                           daemon_id="conformance", io_backend=backend))
+
+        def cleanup() -> None:
+            tier.close()
+            if where != "local":
+                shutil.rmtree(root, ignore_errors=True)
+
+        return tier, cleanup
+
+    return make
+
+
+TIER_FACTORIES["sharedfs-local"] = _sharedfs_tier("local")
+TIER_FACTORIES["sharedfs-moosefs"] = _sharedfs_tier("moosefs")
+TIER_FACTORIES["sharedfs-glusterfs"] = _sharedfs_tier("glusterfs")
+if __import__("os").environ.get("KVSTORE_3FS_MOUNT"):
+    TIER_FACTORIES["sharedfs-usrbio"] = _sharedfs_tier("3fs", backend="usrbio")

@@ -1,0 +1,257 @@
+"""How segment bytes move: an I/O backend registry with a small POSIX default.
+
+The tier hands a backend whole batches (a ``get_into`` of 32 blocks is one call with 32
+reads) so that a distributed file system sees ``queue_depth`` requests in flight, as
+``fio --iodepth`` gives it. Per-request failures come back as negative errnos; a backend
+raises only when it cannot run at all. Buffers come from the backend (``alloc``):
+O_DIRECT needs aligned memory, and 3FS's USRBIO needs memory registered with its FUSE
+daemon (``usrbio.py``).
+
+``posix`` is self-contained on purpose (``os.preadv``/``os.pwritev`` on a thread pool,
+O_DIRECT where the file system accepts it): FUSE file systems complete requests
+synchronously in the calling thread, so threads are what puts requests in flight.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import mmap
+import os
+import threading
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import ClassVar
+
+from storage_nodes.sharedfs.config import ALIGN_BYTES
+from storage_nodes.sharedfs.errors import BackendUnavailable, SharedFSConfigError
+
+
+@dataclass(frozen=True, slots=True)
+class IORequest:
+    """One positioned transfer; with O_DIRECT ``offset`` and ``len(buf)`` are multiples of
+    4 KiB and ``buf`` comes from ``IOBackend.alloc``."""
+
+    fd: int
+    offset: int
+    buf: memoryview
+
+
+class IOBackend(ABC):
+    """Contract:
+
+    * ``open`` returns a descriptor usable by this backend (O_DIRECT when ``direct``);
+      ``close_fd`` releases it. Own segments are opened writable, peers' read-only.
+    * ``read_batch``/``write_batch`` perform every request and return per request the
+      bytes transferred (full transfers; short ones are retried, EOF is ``-EIO``) or a
+      negative errno, in request order.
+    * ``sync(fds)`` makes completed writes durable and visible to other clients of the
+      file system (fsync: a FUSE client flushes its write cache); 0 or -errno per fd.
+    * ``fresh(fd, offset, length)`` is called before reading a range another host may
+      have rewritten: without O_DIRECT it drops the cached pages (a FUSE page cache can
+      serve a stale copy indefinitely, GlusterFS does).
+    * Thread-safe.
+    """
+
+    name: ClassVar[str]
+    direct: bool = False
+
+    @abstractmethod
+    def open(self, path: Path, *, write: bool, create: bool = False) -> int: ...
+
+    def close_fd(self, fd: int) -> None:
+        os.close(fd)
+
+    @abstractmethod
+    def alloc(self, nbytes: int) -> memoryview: ...
+
+    @abstractmethod
+    def free(self, buf: memoryview) -> None: ...
+
+    @abstractmethod
+    def read_batch(self, reqs: Sequence[IORequest]) -> list[int]: ...
+
+    @abstractmethod
+    def write_batch(self, reqs: Sequence[IORequest]) -> list[int]: ...
+
+    def sync(self, fds: Sequence[int]) -> list[int]:
+        return _run_each(os.fsync, fds)
+
+    def fresh(self, fd: int, offset: int, length: int) -> None:
+        if not self.direct:  # advisory: a stale copy is then caught by the header check
+            with contextlib.suppress(OSError):
+                os.posix_fadvise(fd, offset, length, os.POSIX_FADV_DONTNEED)
+
+    @abstractmethod
+    def close(self) -> None:
+        """Release threads and memory; idempotent."""
+
+
+class PosixBackend(IOBackend):
+    name = "posix"
+
+    def __init__(self, queue_depth: int, direct: bool) -> None:
+        self.direct = direct
+        self._pool = ThreadPoolExecutor(max(1, queue_depth), thread_name_prefix="sharedfs-io")
+        self._idle: list[mmap.mmap] = []
+        self._lent: dict[int, mmap.mmap] = {}
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def open(self, path: Path, *, write: bool, create: bool = False) -> int:
+        flags = (os.O_RDWR if write else os.O_RDONLY) | os.O_CLOEXEC
+        if create:
+            flags |= os.O_CREAT | os.O_EXCL
+        if self.direct:
+            flags |= os.O_DIRECT
+        return os.open(path, flags, 0o640)
+
+    def alloc(self, nbytes: int) -> memoryview:
+        size = max(1 << 20, 1 << (max(nbytes, 1) - 1).bit_length())
+        with self._lock:
+            for i, m in enumerate(self._idle):
+                if len(m) >= nbytes:
+                    m = self._idle.pop(i)
+                    break
+            else:
+                m = mmap.mmap(-1, size)  # page aligned, as O_DIRECT needs
+            mv = memoryview(m)[:nbytes]
+            self._lent[id(mv)] = m
+            return mv
+
+    def free(self, buf: memoryview) -> None:
+        with self._lock:
+            m = self._lent.pop(id(buf), None)
+            if m is not None and not self._closed:
+                self._idle.append(m)
+                self._idle.sort(key=len)
+
+    def _batch(self, op: Callable[[IORequest], int], reqs: Sequence[IORequest]) -> list[int]:
+        if len(reqs) <= 1:
+            return [op(r) for r in reqs]
+        return list(self._pool.map(op, reqs))
+
+    def read_batch(self, reqs: Sequence[IORequest]) -> list[int]:
+        return self._batch(_pread_full, reqs)
+
+    def write_batch(self, reqs: Sequence[IORequest]) -> list[int]:
+        return self._batch(_pwrite_full, reqs)
+
+    def sync(self, fds: Sequence[int]) -> list[int]:
+        if len(fds) <= 1:
+            return _run_each(os.fsync, fds)
+        return list(self._pool.map(lambda fd: _run_each(os.fsync, [fd])[0], fds))
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._idle.clear()
+        self._pool.shutdown(wait=True)
+
+
+def _pread_full(r: IORequest) -> int:
+    return _full(os.preadv, r)
+
+
+def _pwrite_full(r: IORequest) -> int:
+    return _full(os.pwritev, r)
+
+
+def _full(op: Callable[[int, list[memoryview], int], int], r: IORequest) -> int:
+    done, total = 0, len(r.buf)
+    while done < total:
+        try:
+            n = op(r.fd, [r.buf[done:]], r.offset + done)
+        except InterruptedError:
+            continue
+        except OSError as e:
+            return -(e.errno or errno.EIO)
+        if n <= 0:
+            return -errno.EIO  # EOF inside a segment: truncated or not visible yet
+        done += n
+    return total
+
+
+def _run_each(fn: Callable[[int], object], fds: Sequence[int]) -> list[int]:
+    out = []
+    for fd in fds:
+        try:
+            fn(fd)
+            out.append(0)
+        except OSError as e:
+            out.append(-(e.errno or errno.EIO))
+    return out
+
+
+def probe_direct_io(directory: Path) -> bool:
+    """Whether an aligned O_DIRECT write and read work in ``directory`` (FUSE file
+    systems differ: MooseFS and GlusterFS accept it, tmpfs refuses)."""
+    path = directory / f".direct-probe-{os.getpid()}-{threading.get_ident()}"
+    buf = mmap.mmap(-1, ALIGN_BYTES)
+    buf[:8] = b"kvprobe1"
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_DIRECT | os.O_CLOEXEC, 0o600)
+    except OSError:
+        return False
+    try:
+        if os.pwritev(fd, [buf], 0) != ALIGN_BYTES:
+            return False
+        back = mmap.mmap(-1, ALIGN_BYTES)
+        return os.preadv(fd, [back], 0) == ALIGN_BYTES and back[:8] == b"kvprobe1"
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+
+
+def _make_posix(root: Path, queue_depth: int, direct: bool | None) -> IOBackend:
+    supported = probe_direct_io(root)
+    if direct is True and not supported:
+        raise SharedFSConfigError(f"O_DIRECT is refused by the file system under {root}")
+    return PosixBackend(queue_depth, supported if direct is None else direct)
+
+
+def _make_usrbio(root: Path, queue_depth: int, direct: bool | None) -> IOBackend:
+    from storage_nodes.sharedfs.usrbio import UsrbioBackend
+
+    return UsrbioBackend(root, queue_depth)
+
+
+def _make_auto(root: Path, queue_depth: int, direct: bool | None) -> IOBackend:
+    from storage_nodes.sharedfs.usrbio import is_3fs
+
+    if is_3fs(root):
+        try:
+            return _make_usrbio(root, queue_depth, direct)
+        except BackendUnavailable as e:
+            import logging
+
+            logging.getLogger("storage_nodes.sharedfs").warning(
+                "%s is on 3FS but USRBIO is unavailable (%s): using FUSE read/write", root, e
+            )
+    return _make_posix(root, queue_depth, direct)
+
+
+#: name -> factory(root on the mount, queue depth, direct_io setting).
+BACKENDS: dict[str, Callable[[Path, int, bool | None], IOBackend]] = {
+    "auto": _make_auto,
+    "posix": _make_posix,
+    "usrbio": _make_usrbio,
+}
+
+
+def make_backend(name: str, root: Path, queue_depth: int, direct: bool | None) -> IOBackend:
+    try:
+        factory = BACKENDS[name]
+    except KeyError:
+        raise SharedFSConfigError(
+            f"unknown shared-fs io backend {name!r}; known: {sorted(BACKENDS)}"
+        ) from None
+    return factory(root, queue_depth, direct)

@@ -1,0 +1,133 @@
+"""This daemon's manifest of one namespace: appends, generations, compaction.
+
+Appends are written at the end the writer knows and made durable (fsync, which on a
+FUSE file system also pushes the bytes to the servers) before the call returns, so a
+record is visible to peers only after the data it names. A failed or short append
+leaves a frame no reader will accept, and a writer never appends after such a frame:
+the log is marked broken and the next write starts a new generation from a snapshot.
+
+A new generation is written under a temporary name, synced and renamed into place, so
+a reader never sees half a snapshot. The old file then gets a SEALED record naming its
+successor (readers switch without waiting for a directory rescan) and is deleted after
+``grace_s``, time enough for every reader to have followed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from storage_nodes.sharedfs import manifest as mf
+from storage_nodes.sharedfs.layout import manifest_name, manifests_in
+
+log = logging.getLogger("storage_nodes.sharedfs")
+
+
+class ManifestLog:
+    def __init__(self, directory: Path, grace_s: float) -> None:
+        self.dir = directory
+        self.grace_s = grace_s
+        self.generation = 0
+        self.size = 0
+        self.broken = True  # until a generation is written
+        self.snapshot_bytes = 0
+        self.appended_records = 0
+        self._fd: int | None = None
+        self._retired: list[tuple[float, int]] = []  # (delete after, generation)
+        self._lock = threading.Lock()  # one append or roll at a time
+
+    @property
+    def path(self) -> Path:
+        return self.dir / manifest_name(self.generation)
+
+    def needs_compaction(self, min_bytes: int) -> bool:
+        """Grown past 4 × its last snapshot (and ``min_bytes``), or unusable."""
+        return self.broken or self.size > max(min_bytes, 4 * self.snapshot_bytes)
+
+    def append(self, data: bytes) -> bool:
+        """Append whole frames durably; False (and broken) on any failure."""
+        if not data:
+            return True
+        with self._lock:
+            if self.broken or self._fd is None:
+                return False
+            try:
+                n = os.pwrite(self._fd, data, self.size)
+                if n != len(data):
+                    raise OSError(f"short manifest write ({n} of {len(data)} bytes)")
+                os.fsync(self._fd)
+            except OSError as e:
+                log.error("manifest %s: append failed, a new generation follows: %s",
+                          self.path, e)
+                self.broken = True
+                return False
+            self.size += len(data)
+            self.appended_records += 1
+            return True
+
+    def roll(self, snapshot: Callable[[int], bytes]) -> bool:
+        """Start generation G+1 from ``snapshot(G+1)`` (header and live state, ending in
+        SNAPSHOT_END). Returns False if the new file could not be written (the old one
+        stays current, still broken or not)."""
+        with self._lock:
+            existing = manifests_in(self.dir)
+            gen = max([self.generation, *existing]) + 1
+            data = snapshot(gen)
+            final = self.dir / manifest_name(gen)
+            tmp = self.dir / f".{manifest_name(gen)}.tmp"
+            try:
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o640)
+                try:
+                    if os.write(fd, data) != len(data):
+                        raise OSError("short snapshot write")
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+                os.rename(tmp, final)
+                fd = os.open(final, os.O_WRONLY | os.O_CLOEXEC)
+            except OSError as e:
+                log.error("manifest %s: cannot start generation %d: %s", self.dir, gen, e)
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
+                return False
+            old_fd, old_gen, old_ok = self._fd, self.generation, not self.broken
+            if old_fd is not None:
+                if old_ok:  # a broken file is never appended to, not even SEALED
+                    try:
+                        os.pwrite(old_fd, mf.sealed(gen), self.size)
+                        os.fsync(old_fd)
+                    except OSError:
+                        pass  # readers then find the new generation at their next rescan
+                os.close(old_fd)
+            now = time.monotonic()
+            self._retired += [(now + self.grace_s, g) for g in existing if g != gen]
+            if old_gen and old_gen not in existing:
+                self._retired.append((now + self.grace_s, old_gen))
+            self._fd, self.generation = fd, gen
+            self.size = self.snapshot_bytes = len(data)
+            self.broken = False
+            self.appended_records = 0
+            return True
+
+    def reap(self, *, force: bool = False) -> int:
+        """Delete retired generations whose grace has passed; returns how many."""
+        now = time.monotonic()
+        with self._lock:
+            due = [g for t, g in self._retired if force or t <= now]
+            self._retired = [(t, g) for t, g in self._retired if not (force or t <= now)]
+        for g in due:
+            with contextlib.suppress(OSError):
+                os.unlink(self.dir / manifest_name(g))
+        return len(due)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._fd is not None:
+                os.close(self._fd)
+                self._fd = None
+            self.broken = True

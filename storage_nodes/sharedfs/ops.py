@@ -1,0 +1,203 @@
+"""The data path of ``SharedFSTier``: get, put, touch, delete, sweep."""
+
+from __future__ import annotations
+
+import errno
+import logging
+from collections.abc import Sequence
+
+from kvstore.errors import InvalidArgument
+from kvstore.tier import PutResult
+from storage_nodes.sharedfs import manifest as mf
+from storage_nodes.sharedfs.alloc import reserve
+from storage_nodes.sharedfs.blockio import ReadFailure, per_batch, read_prefix, write_group
+from storage_nodes.sharedfs.catalog import Loc
+from storage_nodes.sharedfs.own import OwnBlock
+from storage_nodes.sharedfs.publish import append
+from storage_nodes.sharedfs.state import Context, NsState
+
+log = logging.getLogger("storage_nodes.sharedfs")
+_GONE = (errno.ENOENT, errno.ESTALE)
+
+
+def get(ctx: Context, st: NsState, keys: list[bytes], out: memoryview,
+        checksums: list[int] | None = None) -> int:
+    with ctx.lock:
+        locs = st.catalog.prefix(keys, ctx.floor())
+        ctx.counts["gets"] += 1
+    hits = 0
+    if locs:
+        res = read_prefix(ctx, st, keys, locs, out)
+        hits = res.copied
+        if checksums is not None:
+            checksums.extend(res.checksums[:hits])
+        if res.failure is not None:
+            _read_failed(ctx, st, keys[res.failure.index], res.failure)
+    ctx.add({"hits": hits, "misses": len(keys) - hits})
+    if hits:
+        note_touch(ctx, st, keys[:hits])
+    return hits
+
+
+def _read_failed(ctx: Context, st: NsState, key: bytes, f: ReadFailure) -> None:
+    loc = f.loc
+    drops: list[mf.DropEntry] = []
+    if f.in_copy:  # the stored block is sound; the copy into the caller's rows was not
+        ctx.add({"corrupt_blocks_total": 1})
+        return
+    with ctx.lock:
+        if st.catalog.key_at(loc.owner, loc.seg, loc.slot) != key:
+            ctx.counts["read_races"] += 1  # the catalog moved on while we read: a plain miss
+            return
+        if f.errno in _GONE:
+            if loc.owner != ctx.me:
+                st.catalog.drop_segment(loc.owner, loc.seg)  # collected or handed over
+                ctx.files.forget(ctx.segment_path(st, loc.owner, loc.seg))
+                return
+        elif f.errno:
+            ctx.counts["io_errors_total"] += 1
+            return  # a transient error (a server down): the block may read next time
+        if loc.owner == ctx.me:
+            ctx.counts["corrupt_blocks_total"] += 1
+            b = st.own.remove(key)
+            if b is not None:
+                st.own.free.append((b.seg, b.slot))
+                drops.append(mf.DropEntry(key, b.seg, b.slot))
+            st.catalog.drop(key, loc.owner, loc.seg, loc.slot)
+            log.warning("own block %s in segment %x slot %d failed its check: %s",
+                        key.hex(), loc.seg, loc.slot, f.error or f"errno {f.errno}")
+        else:
+            # The owner evicted it and reused the slot (its manifest will say so), or
+            # is rewriting it right now: a miss, and forgotten until the owner says more.
+            ctx.counts["stale_slots_total"] += 1
+            st.catalog.drop(key, loc.owner, loc.seg, loc.slot)
+    if drops:
+        with st.publish:
+            append(ctx, st, mf.drops(drops))
+
+
+def note_touch(ctx: Context, st: NsState, keys: Sequence[bytes]) -> None:
+    """Recency last→first for live keys. Own blocks move in this daemon's order at once
+    and their access time is published when it moves to a newer bucket; a peer's block
+    gets a published touch once per bucket (its owner orders evictions by them)."""
+    with ctx.lock:
+        floor, bucket = ctx.floor(), ctx.bucket_now()
+        cat, own, pending = st.catalog, st.own, st.pending_touch
+        if st.touch_bucket != bucket:
+            st.touch_bucket, st.touched_now = bucket, set()
+        for k in reversed(keys):
+            cur = cat.access.get(k)
+            if cur is None or cur < floor:
+                continue
+            mine = own.touch(k, ctx.next_seq())
+            if cur < bucket:
+                cat.access[k] = bucket
+                pending[k] = bucket
+            elif not mine and k not in st.touched_now:
+                pending[k] = bucket
+            if not mine:
+                st.touched_now.add(k)
+
+
+def put(ctx: Context, st: NsState, keys: list[bytes], data: memoryview,
+        present_ok: bool, checksums: Sequence[int] | None = None) -> PutResult:
+    bb = st.block_bytes
+    with ctx.lock:
+        floor = ctx.floor()
+        present = {i for i, k in enumerate(keys) if st.catalog.live(k, floor)}
+        ctx.counts["puts"] += 1
+    if not present_ok and present:
+        raise InvalidArgument("put: key already present and present_ok=False")
+    new = [i for i in range(len(keys)) if i not in present]
+    inserted = raced = 0
+    step = per_batch(ctx, st.slot_bytes)
+    groups = [new[s : s + step] for s in range(0, len(new), step)]
+    for group in reversed(groups):  # last→first: the head of the chain is written last
+        ins, rac, ok = _put_group(ctx, st, keys, data, group, bb, checksums)
+        inserted += ins
+        raced += rac
+        if not ok:
+            break
+    note_touch(ctx, st, keys)  # the whole chain, last→first: its head ends most recent
+    dropped = len(new) - inserted - raced
+    ctx.add({"inserted": inserted, "present": len(present) + raced, "dropped": dropped})
+    return PutResult(inserted=inserted, present=len(present) + raced, dropped=dropped)
+
+
+def _put_group(ctx: Context, st: NsState, keys: list[bytes], data: memoryview,
+               group: list[int], bb: int, checksums: Sequence[int] | None
+               ) -> tuple[int, int, bool]:
+    res = reserve(ctx, st, len(group))
+    take = group[: len(res.slots)]
+    err = 0
+    if take:
+        err = write_group(ctx, st, [keys[i] for i in take],
+                          [data[i * bb : (i + 1) * bb] for i in take], res.slots[: len(take)],
+                          None if checksums is None else [checksums[i] for i in take])
+    published: list[mf.PutEntry] = []
+    raced = 0
+    with st.publish:
+        with ctx.lock:
+            floor, now = ctx.floor(), ctx.config.clock()
+            access, born = ctx.config.bucket_of(now), int(now)
+            for j in reversed(range(len(take))):
+                key, (seg, slot) = keys[take[j]], res.slots[j]
+                if err or st.catalog.live(key, floor):
+                    if not err:
+                        raced += 1  # published meanwhile by another put (or a peer)
+                    st.own.unreserve(seg, slot, still_free=True)
+                    continue
+                st.own.unreserve(seg, slot, still_free=False)
+                st.own.insert(key, OwnBlock(seg, slot, born, ctx.next_seq()))
+                st.catalog.put(key, Loc(ctx.me, seg, slot, born), access)
+                published.append(mf.PutEntry(key, seg, slot, access, born))
+            for seg, slot in res.slots[len(take) :]:
+                st.own.unreserve(seg, slot, still_free=True)
+            if err:
+                ctx.counts["io_errors_total"] += 1
+        data_out = (mf.drops(res.victims) if res.victims else b"") + (
+            mf.puts(published) if published else b"")
+        append(ctx, st, data_out)
+    if err:
+        log.warning("shared-fs put of %d blocks dropped: %s", len(take), errno.errorcode.get(
+            -err, str(err)))
+    return len(published), raced, not err and len(take) == len(group)
+
+
+def delete_namespace(ctx: Context, st: NsState) -> int:
+    """DELETE_NS: every block of the namespace born up to now goes, on every daemon (each
+    owner drops its own when it reads the record)."""
+    t_s = int(ctx.config.clock())
+    with st.publish:
+        with ctx.lock:
+            gone = st.catalog.drop_born_before(t_s)
+            for key, loc in gone:
+                if loc.owner == ctx.me and st.own.remove(key) is not None:
+                    st.own.free.append((loc.seg, loc.slot))
+            st.pending_touch.clear()
+        append(ctx, st, mf.delete_ns(t_s))
+    return len({k for k, _ in gone})
+
+
+def sweep(ctx: Context, st: NsState) -> int:
+    """Expire own blocks idle longer than the retention."""
+    with st.publish:
+        with ctx.lock:
+            floor = ctx.floor()
+            access = st.catalog.access
+            drops = []
+            for key, b in list(st.own.lru.items()):
+                if access.get(key, b.born_s) < floor:
+                    st.own.remove(key)
+                    st.own.free.append((b.seg, b.slot))
+                    st.catalog.drop(key, ctx.me, b.seg, b.slot)
+                    drops.append(mf.DropEntry(key, b.seg, b.slot))
+            ctx.counts["expired_total"] += len(drops)
+        if drops:
+            append(ctx, st, mf.drops(drops))
+    return len(drops)
+
+
+def locations_of(ctx: Context, st: NsState, key: bytes) -> list[Loc]:
+    with ctx.lock:
+        return st.catalog.locations(key)
