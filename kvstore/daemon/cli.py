@@ -24,6 +24,22 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ssd-dir", default=None, help="directory of the embedded SSD engine")
     p.add_argument("--ssd-capacity", default=None, help="SSD tier capacity (with --ssd-dir)")
     p.add_argument("--nodes", default=None, help="storage nodes H:P,… instead of --ssd-dir")
+    p.add_argument(
+        "--shared-fs",
+        default=None,
+        metavar="DIR",
+        help="a directory on a distributed file system every host mounts (3FS, CephFS, "
+        "Lustre, MooseFS, GlusterFS): one cache shared by all daemons pointed at it, "
+        "instead of --ssd-dir (storage_nodes/sharedfs/README.md)",
+    )
+    p.add_argument(
+        "--shared-fs-capacity", default=None, help="this daemon's share of --shared-fs"
+    )
+    p.add_argument(
+        "--shared-fs-id",
+        default=None,
+        help="this daemon's name on the mount, unique and stable (default: the host name)",
+    )
     p.add_argument("--retention", default="72h", help="SSD retention of idle blocks")
     p.add_argument(
         "--max-dirty",
@@ -70,6 +86,9 @@ def config_from_args(args: argparse.Namespace) -> DaemonConfig:
         ssd_dir=args.ssd_dir,
         ssd_capacity_bytes=size(args.ssd_capacity),
         nodes=nodes,
+        shared_fs_dir=args.shared_fs,
+        shared_fs_capacity_bytes=size(args.shared_fs_capacity),
+        shared_fs_id=args.shared_fs_id,
         retention_s=parse_duration(args.retention),
         max_dirty_bytes=size(args.max_dirty),
         metrics_listen=args.metrics_listen,

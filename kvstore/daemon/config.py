@@ -44,6 +44,9 @@ class DaemonConfig:
     ssd_dir: str | None = None
     ssd_capacity_bytes: int | None = None
     nodes: tuple[str, ...] = ()
+    shared_fs_dir: str | None = None
+    shared_fs_capacity_bytes: int | None = None
+    shared_fs_id: str | None = None
     retention_s: float = 72 * 3600.0
     max_dirty_bytes: int | None = None
     metrics_listen: str | None = None
@@ -69,6 +72,12 @@ class DaemonConfig:
             raise InvalidArgument("--ssd-dir needs --ssd-capacity")
         if self.ssd_capacity_bytes is not None and not self.ssd_dir:
             raise InvalidArgument("--ssd-capacity needs --ssd-dir")
+        if self.shared_fs_dir and (self.ssd_dir or self.nodes):
+            raise InvalidArgument("--shared-fs excludes --ssd-dir and --nodes: one tier below DRAM")
+        if bool(self.shared_fs_dir) != bool(self.shared_fs_capacity_bytes):
+            raise InvalidArgument("--shared-fs and --shared-fs-capacity go together")
+        if self.shared_fs_id is not None and not self.shared_fs_dir:
+            raise InvalidArgument("--shared-fs-id needs --shared-fs")
         if not (self.retention_s > 0 or self.retention_s == math.inf):
             raise InvalidArgument("--retention must be positive")
         if (self.tls_cert_file is None) != (self.tls_key_file is None):

@@ -35,4 +35,7 @@ def open_store(config: DaemonConfig) -> KVStore:
         ssd_capacity_bytes=config.ssd_capacity_bytes,
         retention_s=config.retention_s,
         max_dirty_bytes=config.max_dirty_bytes,
+        shared_fs_dir=config.shared_fs_dir,
+        shared_fs_capacity_bytes=config.shared_fs_capacity_bytes,
+        shared_fs_id=config.shared_fs_id,
     )
