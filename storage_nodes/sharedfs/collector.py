@@ -69,10 +69,14 @@ def collect(
     """Collect one gone daemon; None if it is alive or another collector holds it."""
     ddir = layout.daemon_dir(daemon)
     lock_fd = None
-    if ddir.exists():
-        lock_fd = try_flock(ddir / "LOCK")
-        if lock_fd is None:
-            return None  # its process holds the lock: alive, whatever its heartbeat says
+    try:
+        # Never created here: a collector that finds LOCK gone (another one is removing
+        # the directory) must not leave a new one behind; the lease settles who goes on.
+        lock_fd = try_flock(ddir / "LOCK", create=False)
+    except FileNotFoundError:
+        pass
+    except BlockingIOError:
+        return None  # its process holds the lock: alive, whatever its heartbeat says
     run = _Run()
     lease = None
     try:

@@ -67,13 +67,17 @@ def lock_holder(path: Path) -> str:
     return text or "another process"
 
 
-def try_flock(path: Path) -> int | None:
-    """An exclusive flock on ``path`` (created if absent), or None if someone holds it."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+def try_flock(path: Path, *, create: bool = True) -> int | None:
+    """An exclusive flock on ``path`` (created if absent and ``create``), or None if
+    someone holds it (``BlockingIOError`` instead when not ``create``: the caller then
+    also learns of a missing file by ``FileNotFoundError``)."""
+    fd = os.open(path, os.O_RDWR | os.O_CLOEXEC | (os.O_CREAT if create else 0), 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         os.close(fd)
+        if not create:
+            raise
         return None
     except BaseException:
         os.close(fd)

@@ -110,8 +110,12 @@ def test_a_torn_frame_is_not_applied_and_a_restart_moves_past_it(daemons) -> Non
     a.put(NS, keys, rows(keys))
     st = a._ctx.spaces[NS.fingerprint]
     whole = mf.puts([mf.PutEntry(b"x" * 16, 1, 1, 1, 1)])
-    with open(st.log.path, "ab") as f:  # a crash mid-append
+    with open(st.log.path, "ab") as f:  # a crash mid-append: half a frame
         f.write(whole[: len(whole) // 2])
+    b.poll()
+    assert b.contains(NS, keys) == 4 and b.stats().counters["manifest_stuck_reads"] == 0
+    with open(st.log.path, "ab") as f:  # the size ran ahead of the bytes: a bad checksum
+        f.write(bytes(len(whole)))
     b.poll()
     assert b.contains(NS, keys) == 4
     assert b.stats().counters["manifest_stuck_reads"] >= 1
