@@ -1,4 +1,5 @@
-"""How segment bytes move: an I/O backend registry with a small POSIX default.
+"""How segment bytes move: the I/O backend contract and the small POSIX default
+(the registry that picks one is ``backends.py``).
 
 The tier hands a backend whole batches (a ``get_into`` of 32 blocks is one call with 32
 reads) so that a distributed file system sees ``queue_depth`` requests in flight, as
@@ -27,7 +28,6 @@ from pathlib import Path
 from typing import ClassVar
 
 from storage_nodes.sharedfs.config import ALIGN_BYTES
-from storage_nodes.sharedfs.errors import BackendUnavailable, SharedFSConfigError
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,49 +209,3 @@ def probe_direct_io(directory: Path) -> bool:
         os.close(fd)
         with contextlib.suppress(OSError):
             os.unlink(path)
-
-
-def _make_posix(root: Path, queue_depth: int, direct: bool | None) -> IOBackend:
-    supported = probe_direct_io(root)
-    if direct is True and not supported:
-        raise SharedFSConfigError(f"O_DIRECT is refused by the file system under {root}")
-    return PosixBackend(queue_depth, supported if direct is None else direct)
-
-
-def _make_usrbio(root: Path, queue_depth: int, direct: bool | None) -> IOBackend:
-    from storage_nodes.sharedfs.usrbio import UsrbioBackend
-
-    return UsrbioBackend(root, queue_depth)
-
-
-def _make_auto(root: Path, queue_depth: int, direct: bool | None) -> IOBackend:
-    from storage_nodes.sharedfs.usrbio import is_3fs
-
-    if is_3fs(root):
-        try:
-            return _make_usrbio(root, queue_depth, direct)
-        except BackendUnavailable as e:
-            import logging
-
-            logging.getLogger("storage_nodes.sharedfs").warning(
-                "%s is on 3FS but USRBIO is unavailable (%s): using FUSE read/write", root, e
-            )
-    return _make_posix(root, queue_depth, direct)
-
-
-#: name -> factory(root on the mount, queue depth, direct_io setting).
-BACKENDS: dict[str, Callable[[Path, int, bool | None], IOBackend]] = {
-    "auto": _make_auto,
-    "posix": _make_posix,
-    "usrbio": _make_usrbio,
-}
-
-
-def make_backend(name: str, root: Path, queue_depth: int, direct: bool | None) -> IOBackend:
-    try:
-        factory = BACKENDS[name]
-    except KeyError:
-        raise SharedFSConfigError(
-            f"unknown shared-fs io backend {name!r}; known: {sorted(BACKENDS)}"
-        ) from None
-    return factory(root, queue_depth, direct)

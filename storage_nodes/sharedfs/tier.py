@@ -24,10 +24,10 @@ from kvstore.keys import KEY_BYTES, Key, Namespace
 from kvstore.tier import PutResult, Tier, TierStats
 from storage_nodes.sharedfs import manifest as mf
 from storage_nodes.sharedfs import ops
+from storage_nodes.sharedfs.backends import make_backend
 from storage_nodes.sharedfs.collector import Collected, collect, dead_daemons
 from storage_nodes.sharedfs.config import SharedFSConfig, slot_bytes_for
 from storage_nodes.sharedfs.errors import SharedFSConfigError
-from storage_nodes.sharedfs.io_backend import make_backend
 from storage_nodes.sharedfs.layout import Layout
 from storage_nodes.sharedfs.lease import claim_owner
 from storage_nodes.sharedfs.maintenance import COMPACT_CHECK_S, Maintenance

@@ -13,8 +13,8 @@ import time
 import pytest
 
 from storage_nodes.sharedfs import SharedFSConfig, SharedFSConfigError, SharedFSLockedError
+from storage_nodes.sharedfs.backends import make_backend
 from storage_nodes.sharedfs.errors import BackendUnavailable
-from storage_nodes.sharedfs.io_backend import make_backend
 from storage_nodes.sharedfs.layout import segments_in
 from storage_nodes.sharedfs.presence import Presence
 from tests.conftest import REPO, small_ns
