@@ -10,7 +10,7 @@ import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 
 from kvstore.hitrate.errors import TraceError
-from kvstore.hitrate.readers.sniff import Container, container_of
+from kvstore.hitrate.readers.container import Container, container_of
 
 BATCH_ROWS = 16_384
 

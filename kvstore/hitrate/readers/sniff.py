@@ -1,44 +1,16 @@
-"""Recognise a file's container (JSON text, Parquet, Arrow IPC) and trace format by content."""
+"""Recognise a file's trace format by content (its container: ``container``)."""
 
 from __future__ import annotations
 
-import enum
-
 from kvstore.hitrate.errors import TraceError
+from kvstore.hitrate.readers.container import Container, container_of, read_head
 
 _PEEK_BYTES = 1 << 16
 
 
-class Container(enum.Enum):
-    JSON = "json"
-    PARQUET = "parquet"
-    ARROW_FILE = "arrow-file"
-    ARROW_STREAM = "arrow-stream"
-
-
-def _head(path: str, n: int = _PEEK_BYTES) -> bytes:
-    try:
-        with open(path, "rb") as f:
-            return f.read(n)
-    except IsADirectoryError:
-        raise TraceError(path, None, "is a directory") from None
-    except OSError as e:
-        raise TraceError(path, None, f"cannot open: {e.strerror}") from None
-
-
-def container_of(path: str) -> Container:
-    head = _head(path, 8)
-    if head.startswith(b"PAR1"):
-        return Container.PARQUET
-    if head.startswith(b"ARROW1"):
-        return Container.ARROW_FILE
-    if head.startswith(b"\xff\xff\xff\xff"):
-        return Container.ARROW_STREAM
-    return Container.JSON
-
-
 def table_columns(path: str) -> list[str]:
     """Column names of a Parquet or Arrow file."""
+    # imported here: sniffing a JSON trace never pays for pyarrow
     from kvstore.hitrate.readers.columnar import table_schema
 
     return list(table_schema(path).names)
@@ -55,7 +27,7 @@ def sniff_format(path: str) -> str:
         raise TraceError(
             path, None, f"columns {sorted(names)} are neither an access log nor Mooncake"
         )
-    head = _head(path)
+    head = read_head(path, _PEEK_BYTES)
     if not head.strip():
         raise TraceError(path, None, "empty file")
     first_line = head.split(b"\n", 1)[0]
