@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, settings
 
+import storage_nodes.testing.ssd_backends  # noqa: F401  (registers "crashsim" and "faulty")
 from kvstore.keys import Namespace
 
 settings.register_profile(

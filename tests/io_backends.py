@@ -12,7 +12,7 @@ import os
 
 import pytest
 
-from storage_nodes.ssd.io_backend import uring_available
+from storage_nodes.ssd.backends import uring_available
 
 REQUIRE_ENV = "KVSTORE_REQUIRE_URING"
 

@@ -46,7 +46,8 @@ class SSDConfig:
     min(256 MiB, capacity / 8) (at least 8 MiB or the capacity), and an existing
     directory keeps the slab size it was created with.
     ``io_backend``: ``"auto"`` (io_uring where the kernel allows it, else pread),
-    ``"uring"``, ``"pread"``, or the test-only ``"crashsim"`` / ``"faulty"``.
+    ``"uring"``, ``"pread"``, or a name the test harness registered
+    (``storage_nodes.ssd.backends.register_backend``).
     ``clock`` returns seconds since the epoch; retention and block timestamps use it,
     so tests inject a fake one. ``crash_hook`` is called at each of ``CRASH_POINTS``.
     ``index_durability``: see ``INDEX_DURABILITY`` (data is synced before every

@@ -16,8 +16,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
-from storage_nodes.ssd.errors import SSDConfigError
-
 
 @dataclass(frozen=True, slots=True)
 class IORequest:
@@ -132,60 +130,3 @@ def _full(op: Callable[[int, list[memoryview], int], int], r: IORequest) -> int:
             return -errno.EIO  # EOF inside a preallocated slab: the file was truncated
         done += n
     return total
-
-
-def _make_uring(queue_depth: int) -> IOBackend:
-    from storage_nodes.ssd.uring import UringBackend
-
-    return UringBackend(queue_depth)
-
-
-def _make_auto(queue_depth: int) -> IOBackend:
-    try:
-        return _make_uring(queue_depth)
-    except OSError:  # the kernel refuses io_uring; a broken liburing install raises
-        return PreadBackend(queue_depth)
-
-
-def _make_crashsim(queue_depth: int) -> IOBackend:
-    from storage_nodes.ssd.testing_backends import CrashSimBackend
-
-    return CrashSimBackend(_make_auto(queue_depth))
-
-
-def _make_faulty(queue_depth: int) -> IOBackend:
-    from storage_nodes.ssd.testing_backends import FaultyBackend
-
-    return FaultyBackend(_make_auto(queue_depth))
-
-
-#: name -> factory(queue_depth). ``crashsim`` and ``faulty`` wrap ``auto`` and exist for
-#: tests: they simulate a power cut and injected I/O errors on a real file system.
-BACKENDS: dict[str, Callable[[int], IOBackend]] = {
-    "auto": _make_auto,
-    "uring": _make_uring,
-    "pread": lambda qd: PreadBackend(qd),
-    "crashsim": _make_crashsim,
-    "faulty": _make_faulty,
-}
-
-
-def make_backend(name: str, queue_depth: int) -> IOBackend:
-    """Build a backend by name; ``uring`` raises ``OSError`` where io_uring is refused."""
-    try:
-        factory = BACKENDS[name]
-    except KeyError:
-        raise SSDConfigError(
-            f"unknown ssd io backend {name!r}; known: {sorted(BACKENDS)}"
-        ) from None
-    return factory(queue_depth)
-
-
-def uring_available() -> bool:
-    """Whether ``io_uring_queue_init`` works here. ``liburing`` is a dependency, so an
-    ImportError (a broken install) propagates instead of reading as "not available"."""
-    try:
-        _make_uring(1).close()
-        return True
-    except OSError:
-        return False

@@ -26,12 +26,13 @@ from kvstore.errors import InvalidArgument, StoreUnavailable, UnknownNamespace
 from kvstore.keys import KEY_BYTES, Key, Namespace
 from kvstore.tier import PutResult, Tier, TierStats
 from storage_nodes.ssd.allocator import SlotAllocator
+from storage_nodes.ssd.backends import make_backend
 from storage_nodes.ssd.blockio import ReadFailure
 from storage_nodes.ssd.config import SSDConfig, slot_bytes_for
 from storage_nodes.ssd.errors import SSDConfigError, SSDIOError
 from storage_nodes.ssd.health import Health
 from storage_nodes.ssd.index import CORRUPT
-from storage_nodes.ssd.io_backend import IOBackend, make_backend
+from storage_nodes.ssd.io_backend import IOBackend
 from storage_nodes.ssd.lock import DirLock
 from storage_nodes.ssd.lookup import IndexView
 from storage_nodes.ssd.opening import IndexLifecycle

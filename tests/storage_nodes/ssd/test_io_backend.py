@@ -7,13 +7,17 @@ import errno
 import mmap
 import os
 import random
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from storage_nodes.ssd import SSDConfigError
-from storage_nodes.ssd.io_backend import BACKENDS, IORequest, make_backend, uring_available
+from storage_nodes.ssd.backends import BACKENDS, make_backend, register_backend, uring_available
+from storage_nodes.ssd.io_backend import IORequest
 from storage_nodes.ssd.slabs import probe_direct_io
+from tests.conftest import REPO
 from tests.io_backends import skip_without_uring
 
 ALL = ["uring", "pread", "crashsim", "faulty"]
@@ -77,12 +81,28 @@ def test_eof_inside_request_is_eio(tmp_path: Path, any_backend) -> None:
 
 
 def test_registry() -> None:
+    # tests/conftest.py imported the harness, which registered its two wrappers
     assert {"auto", "uring", "pread", "crashsim", "faulty"} <= set(BACKENDS)
     with pytest.raises(SSDConfigError):
         make_backend("nope", 4)
     auto = make_backend("auto", 4)
     assert auto.name == ("uring" if uring_available() else "pread")
     auto.close()
+
+
+def test_product_registry_holds_only_real_backends() -> None:
+    """Without the test harness imported, the test-only names do not exist."""
+    code = "from storage_nodes.ssd.backends import BACKENDS; print(' '.join(sorted(BACKENDS)))"
+    out = subprocess.run(
+        [sys.executable, "-c", code], check=True, capture_output=True, text=True, cwd=REPO
+    ).stdout.split()
+    assert out == ["auto", "pread", "uring"]
+
+
+def test_a_backend_name_is_registered_once() -> None:
+    register_backend("faulty", BACKENDS["faulty"])  # the same factory again: a no-op
+    with pytest.raises(SSDConfigError, match="already registered"):
+        register_backend("faulty", BACKENDS["pread"])
 
 
 def test_uring_batch_is_one_submission(tmp_path: Path) -> None:
@@ -153,12 +173,12 @@ def test_broken_liburing_is_an_error_not_a_fallback(monkeypatch: pytest.MonkeyPa
     every io_uring test into a skip and the engine into pread without a word."""
     import sys
 
-    from storage_nodes.ssd import io_backend
+    from storage_nodes.ssd import backends
 
     monkeypatch.setitem(sys.modules, "liburing", None)  # import liburing -> ImportError
     monkeypatch.delitem(sys.modules, "storage_nodes.ssd.uring", raising=False)
     with pytest.raises(ImportError):
-        io_backend.uring_available()
+        backends.uring_available()
     with pytest.raises(ImportError):
         make_backend("auto", 4)
 

@@ -11,6 +11,7 @@ import mmap
 import threading
 from collections.abc import Sequence
 
+from storage_nodes.ssd.backends import make_auto, register_backend
 from storage_nodes.ssd.io_backend import IOBackend, IORequest, OnDone
 
 
@@ -139,3 +140,17 @@ class FaultyBackend(IOBackend):
 
     def close(self) -> None:
         self.inner.close()
+
+
+def _crashsim(queue_depth: int) -> IOBackend:
+    return CrashSimBackend(make_auto(queue_depth))
+
+
+def _faulty(queue_depth: int) -> IOBackend:
+    return FaultyBackend(make_auto(queue_depth))
+
+
+# Importing this module makes the names valid ``SSDConfig.io_backend`` values (both wrap
+# ``auto``: they run on the real file system through a real backend).
+register_backend("crashsim", _crashsim)
+register_backend("faulty", _faulty)
