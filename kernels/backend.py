@@ -113,6 +113,10 @@ class BackendEntry:
 
 _REGISTRY: dict[str, BackendEntry] = {
     "torch": BackendEntry("kernels.torch_ref", "TorchBackend", ("cpu", "cuda", "npu", "mps")),
+    # CPU tensors run only under Triton's interpreter; the backend refuses them otherwise.
+    "triton": BackendEntry(
+        "kernels.triton_backend.backend", "TritonBackend", ("cuda", "npu", "cpu")
+    ),
 }
 _INSTANCES: dict[str, AttentionBackend] = {}
 

@@ -1,0 +1,46 @@
+"""How the Triton backend is found and where it refuses to run."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import kernels
+from kernels.triton_backend.backend import TritonBackend, interpreting
+from tests.kernels.triton.conftest import DEVICE
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def test_registry_serves_triton_and_the_default_follows_the_device() -> None:
+    assert "triton" in kernels.backend_names()
+    assert isinstance(kernels.get_backend("triton"), TritonBackend)
+    assert kernels.default_backend_name("cpu") == "torch"
+    if DEVICE != "cpu":
+        assert kernels.default_backend_name(DEVICE) == "triton"
+
+
+@pytest.mark.skipif(DEVICE != "cpu", reason="the interpreter is how the CPU runs Triton")
+def test_cpu_tensors_need_the_interpreter() -> None:
+    """Here Triton runs interpreted; a process that imported it for the compiler refuses
+    CPU tensors with a message saying what to do (instead of failing inside Triton)."""
+    assert interpreting()
+    code = (
+        "import torch, kernels\n"
+        "from tests.kernels.paged_case import make_case\n"
+        "c = make_case([20], [1])\n"
+        "try:\n"
+        "    kernels.paged_decode_attention(c.q, c.k_pool, c.v_pool, c.block_tables,\n"
+        "                                   c.seq_lens, c.scale, backend='triton')\n"
+        "except kernels.BackendUnavailable as exc:\n"
+        "    print('refused:', exc)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "refused:" in done.stdout and "TRITON_INTERPRET=1" in done.stdout
