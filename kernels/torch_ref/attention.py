@@ -1,16 +1,15 @@
 """Paged prefill and decode attention in plain torch: the numbers every backend must match.
 
-One Python iteration per sequence and per KV chunk of at most ``kv_chunk_tokens`` tokens
-(a bounded gather through the block table); never one per block, never the whole sequence
-gathered at once.
+One Python iteration per sequence, per query tile and per KV chunk of at most
+``kv_chunk_tokens`` tokens (a bounded gather through the block table); never one per
+block, never the whole sequence gathered at once.
 
-For a sequence of ``S`` tokens whose chunk holds ``Lq`` queries at positions
-``start = S − Lq … S − 1``, the keys split into::
+A query tile holds rows at positions ``first … end − 1``; its keys split into::
 
-    kv_start / window edge        start              S
+    kv_start / window edge        first              end
     |---- prefix chunks ----------|---- diagonal ----|
-      every query sees all of it     query i sees keys start … start + i
-      (masked only where a window
+      every row sees all of it       row i sees keys first … first + i
+      (masked only where a window    (a square: top-left causal)
        cuts rows off)
 
 The prefix needs a mask only when a sliding window hides some of it from later rows.
@@ -20,6 +19,7 @@ from __future__ import annotations
 
 import torch
 
+from kernels.torch_ref import decode
 from kernels.torch_ref.chunk import attend, merge
 
 #: Upper bound on the KV tokens gathered per step; multiple of every supported block size.
@@ -48,14 +48,38 @@ def attend_sequence(
     kv_start: int,
     kv_chunk_tokens: int | None = None,
 ) -> torch.Tensor:
-    """``q`` is ``[Lq, H, D]`` at the last ``Lq`` positions; returns ``[Lq, H, D]``."""
-    kv_chunk_tokens = kv_chunk_tokens or KV_CHUNK_TOKENS
+    """``q`` is ``[Lq, H, D]`` at the last ``Lq`` positions; returns ``[Lq, H, D]``.
+
+    Queries go in tiles of at most ``kv_chunk_tokens`` rows, so the causal part of each
+    tile is one square block that ATen's kernel masks itself (``is_causal``), and no mask
+    tensor is built unless a window cuts into a chunk."""
+    chunk = kv_chunk_tokens or KV_CHUNK_TOKENS
     lq = q.shape[0]
     start = seq_len - lq
-    qh = q.permute(1, 0, 2).contiguous()  # [H, Lq, D]
-    lo = kv_start if window is None else max(kv_start, start - window + 1)
-    rows = torch.arange(start, seq_len, device=q.device)
-    acc: tuple[torch.Tensor, torch.Tensor] | None = None
+    out = torch.empty_like(q)
+    for t0 in range(0, lq, chunk):
+        t1 = min(lq, t0 + chunk)
+        out[t0:t1] = _attend_rows(q[t0:t1], k_pool, v_pool, table_row, start + t0,
+                                  scale, window, kv_start, chunk)
+    return out
+
+
+def _attend_rows(
+    q: torch.Tensor,
+    k_pool: torch.Tensor,
+    v_pool: torch.Tensor,
+    table_row: torch.Tensor,
+    first: int,
+    scale: float,
+    window: int | None,
+    kv_start: int,
+    chunk: int,
+) -> torch.Tensor:
+    """Query rows at positions ``first … first + Lt − 1`` (``Lt ≤ chunk``)."""
+    lt = q.shape[0]
+    end = first + lt
+    qh = q.permute(1, 0, 2).contiguous()  # [H, Lt, D]
+    rows = torch.arange(first, end, device=q.device)
 
     def visible(c0: int, c1: int) -> torch.Tensor:
         cols = torch.arange(c0, c1, device=q.device)
@@ -64,35 +88,27 @@ def attend_sequence(
             vis &= rows[:, None] - cols[None, :] < window
         return vis
 
-    # Keys up to and including ``start`` are visible to every row (unless a window hides
-    # them from later rows), so decode (Lq = 1) is a single unmasked pass.
-    c0 = lo
-    while c0 <= start:
-        c1 = min(start + 1, c0 + kv_chunk_tokens)
-        # The last row (position S−1) is the first to lose old keys to the window.
-        full = window is None or (seq_len - 1) - c0 < window
-        k = _gather(k_pool, table_row, c0, c1)
-        v = _gather(v_pool, table_row, c0, c1)
-        acc = merge(acc, attend(qh, k, v, scale, None if full else visible(c0, c1)))
-        c0 = c1
-    # Keys after ``start``: row r sees keys start+1 … start+r, i.e. rows 1… against them
-    # are top-left causal when one chunk holds them all and no window cuts in.
-    for d0 in range(start + 1, seq_len, kv_chunk_tokens):
-        d1 = min(seq_len, d0 + kv_chunk_tokens)
-        first_row = d0 - start  # earlier rows see none of these keys
-        k = _gather(k_pool, table_row, d0, d1)
-        v = _gather(v_pool, table_row, d0, d1)
-        qpart = qh[:, first_row:]
-        plain = d0 == start + 1 and d1 == seq_len and (window is None or window >= lq - 1)
-        if plain:
-            part = attend(qpart, k, v, scale, None, causal=True)
+    def kv(c0: int, c1: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return _gather(k_pool, table_row, c0, c1), _gather(v_pool, table_row, c0, c1)
+
+    # Keys before ``first`` are visible to every row (unless a window hides old ones from
+    # later rows); keys ``first … end − 1`` form a square that is top-left causal for the
+    # tile. One row (decode) needs no square: its own key joins the prefix.
+    lo = kv_start if window is None else max(kv_start, first - window + 1)
+    diag = first if lt > 1 else end
+    acc: tuple[torch.Tensor, torch.Tensor] | None = None
+    for c0 in range(lo, diag, chunk):
+        c1 = min(diag, c0 + chunk)
+        # The last row is the first to lose old keys to the window.
+        full = window is None or (end - 1) - c0 < window
+        acc = merge(acc, attend(qh, *kv(c0, c1), scale, None if full else visible(c0, c1)))
+    if diag < end:
+        if window is None or window >= lt:  # the window cuts nothing inside the square
+            part = attend(qh, *kv(diag, end), scale, None, causal=True)
         else:
-            part = attend(qpart, k, v, scale, visible(d0, d1)[first_row:])
-        o = torch.zeros(qh.shape, dtype=torch.float32, device=q.device)
-        lse = torch.full(qh.shape[:2], float("-inf"), device=q.device)
-        o[:, first_row:], lse[:, first_row:] = part
-        acc = merge(acc, (o, lse))
-    if acc is None:  # unreachable: lo <= start, so the first loop ran
+            part = attend(qh, *kv(diag, end), scale, visible(diag, end))
+        acc = merge(acc, part)
+    if acc is None:  # unreachable: lo <= first < end
         raise RuntimeError("no key chunk attended")
     return acc[0].permute(1, 0, 2).to(q.dtype)
 
@@ -132,11 +148,6 @@ def paged_decode(
     window: int | None,
     kv_start: torch.Tensor | None,
 ) -> torch.Tensor:
-    out = torch.empty_like(q)
-    lens = seq_lens.tolist()
-    starts = kv_start.tolist() if kv_start is not None else [0] * len(lens)
-    for b, s in enumerate(lens):
-        out[b : b + 1] = attend_sequence(
-            q[b : b + 1], k_pool, v_pool, block_tables[b], s, scale, window, starts[b]
-        )
-    return out
+    """Batched over the step's sequences: see ``decode.py``."""
+    return decode.paged_decode(q, k_pool, v_pool, block_tables, seq_lens, scale, window,
+                               kv_start)

@@ -44,10 +44,10 @@ def attend(
     causal: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``causal=True`` means row ``i`` sees keys ``0..i`` (top-left), with no mask tensor."""
-    if causal:
-        visible = _causal_mask(q.shape[1], k.shape[0], q.device)
     if _use_flash(q):
         return _attend_flash(q, k, v, scale, visible, causal)
+    if causal:
+        visible = _causal_mask(q.shape[1], k.shape[0], q.device)
     return _attend_math(q, k, v, scale, visible)
 
 
@@ -69,7 +69,7 @@ def _attend_flash(
     h, lq, d = q.shape
     kvh = k.shape[1]
     group = h // kvh
-    if visible is None:
+    if visible is None and not causal:
         # Fold the query heads of a group into rows: one KV head serves g x Lq rows and
         # K/V are read in place (no repeat_kv copy).
         qf = q.reshape(kvh, group * lq, d).unsqueeze(0)
@@ -80,8 +80,8 @@ def _attend_flash(
     # A mask is per row, so rows cannot be folded: expand KV to every query head.
     ke = _heads_first(k.repeat_interleave(group, dim=1))
     ve = _heads_first(v.repeat_interleave(group, dim=1))
-    if causal:
-        out, lse = op(q.unsqueeze(0), ke, ve, 0.0, True, scale=scale)[:2]
+    if causal or visible is None:
+        out, lse = op(q.unsqueeze(0), ke, ve, 0.0, causal, scale=scale)[:2]
         return out[0].float(), lse[0].float()
     bias = torch.zeros(visible.shape, dtype=q.dtype, device=q.device)
     bias.masked_fill_(~visible, float("-inf"))
@@ -131,6 +131,44 @@ def _attend_math(
 def _heads_first(x: torch.Tensor) -> torch.Tensor:
     """``[T, heads, D]`` → ``[1, heads, T, D]`` as a view."""
     return x.permute(1, 0, 2).unsqueeze(0)
+
+
+def attend_keys(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    scale: float,
+    valid: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A batch of single-position queries: ``q`` is ``[B, kv_heads, group, D]`` (each KV
+    head's query heads as rows), ``k``/``v`` are ``[B, Tk, kv_heads, D]``, ``valid`` is
+    ``None`` or a bool ``[B, Tk]`` shared by every row of a sequence. Returns float32
+    ``out [B, kv_heads, group, D]`` and ``lse [B, kv_heads, group]``."""
+    kh, vh = k.permute(0, 2, 1, 3), v.permute(0, 2, 1, 3)  # [B, kv_heads, Tk, D] views
+    if _use_flash(q) and _flash_cpu is not None:
+        bias = None
+        if valid is not None:
+            bias = torch.zeros(valid.shape, dtype=q.dtype, device=q.device)
+            bias = bias.masked_fill_(~valid, float("-inf"))[:, None, None, :]
+        out, lse = _flash_cpu(q, kh, vh, 0.0, False, attn_mask=bias, scale=scale)[:2]
+        out, lse = out.float(), lse.float()
+    else:
+        s = torch.matmul(q.float(), kh.float().transpose(-1, -2)).mul_(scale)
+        if valid is not None:
+            s.masked_fill_(~valid[:, None, None, :], float("-inf"))
+        m = s.amax(dim=-1, keepdim=True)
+        m = torch.where(torch.isneginf(m), torch.zeros_like(m), m)
+        p = torch.exp(s - m)
+        denom = p.sum(dim=-1, keepdim=True)
+        out = torch.matmul(p, vh.float()) / torch.where(denom == 0, 1.0, denom)
+        lse = (m + torch.log(denom)).squeeze(-1)
+    if valid is not None:
+        # A sequence with no valid key in this chunk gets no weight in the merge.
+        empty = ~valid.any(dim=1)
+        if bool(empty.any()):
+            lse[empty] = float("-inf")
+            out[empty] = 0.0
+    return out, lse
 
 
 def merge(

@@ -43,7 +43,8 @@ def read_kv_blocks(
         out[:, i, 1].copy_(v_pools[layer].index_select(0, ids), non_blocking=non_blocking)
     if non_blocking and k_pools[0].device.type != "cpu":
         # The caller hands ``out`` to the store next: it must hold the bytes by then.
-        torch.cuda.current_stream(k_pools[0].device).synchronize()
+        device = k_pools[0].device  # cuda, or npu through torch_npu
+        torch.get_device_module(device).current_stream(device).synchronize()
 
 
 def write_kv_blocks(

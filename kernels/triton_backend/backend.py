@@ -31,9 +31,11 @@ def build(interpret: bool) -> Kernels:
     from triton.runtime.interpreter import InterpretedFunction
     from triton.runtime.jit import JITFunction
 
-    wrap: Callable[[Callable[..., None]], Any] = (
-        InterpretedFunction if interpret else JITFunction
-    )
+    def wrap(fn: Callable[..., None]) -> Any:
+        if interpret:
+            return InterpretedFunction(fn)
+        return JITFunction(fn, do_not_specialize=launch.NOT_SPECIALIZED[fn.__name__])
+
     return Kernels(wrap(paged_attention_kernel), wrap(merge_splits_kernel),
                    wrap(write_kv_slots_kernel))
 
@@ -128,6 +130,25 @@ class TritonBackend(AttentionBackend):
         kv_start: torch.Tensor | None,
     ) -> torch.Tensor:
         max_seq_len = int(seq_lens.max()) if seq_lens.numel() else 0
+        return self.paged_decode(q, k_pool, v_pool, block_tables, seq_lens, scale, window,
+                                 kv_start, max_seq_len=max_seq_len)
+
+    def paged_decode(
+        self,
+        q: torch.Tensor,
+        k_pool: torch.Tensor,
+        v_pool: torch.Tensor,
+        block_tables: torch.Tensor,
+        seq_lens: torch.Tensor,
+        scale: float,
+        window: int | None = None,
+        kv_start: torch.Tensor | None = None,
+        *,
+        max_seq_len: int,
+    ) -> torch.Tensor:
+        """Decode on arguments already checked, with the longest ``seq_len`` known on the
+        host (``>=`` the true one), so nothing waits on the device: what a CUDA-graph
+        step or a benchmark calls."""
         return self._attend(q, k_pool, v_pool, seq_lens, block_tables, seq_lens, scale,
                             window, kv_start, decode=True, max_q_len=1,
                             max_seq_len=max_seq_len)

@@ -48,6 +48,7 @@ def _signature(fn: object, spec: launch.Launch) -> tuple[dict, dict, dict]:
     """The signature, constants and divisibility hints Triton's JIT would derive from
     these arguments (16-aligned pointers; integers divisible by 16 marked so)."""
     names = fn.arg_names  # type: ignore[attr-defined]
+    generic = launch.NOT_SPECIALIZED[fn.__name__]  # type: ignore[attr-defined]
     signature: dict[str, str] = {}
     attrs: dict[tuple[int, ...], list[list[object]]] = {}
     for i, (name, arg) in enumerate(zip(names, spec.args, strict=False)):
@@ -58,7 +59,7 @@ def _signature(fn: object, spec: launch.Launch) -> tuple[dict, dict, dict]:
             signature[name] = "i1"
         elif isinstance(arg, int):
             signature[name] = "i32" if -(2**31) <= arg < 2**31 else "i64"
-            if arg % 16 == 0:
+            if arg % 16 == 0 and name not in generic:
                 attrs[(i,)] = [["tt.divisibility", 16]]
         else:
             signature[name] = "fp32"

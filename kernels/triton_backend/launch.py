@@ -11,6 +11,16 @@ from kernels.triton_backend.plan import AttentionPlan, next_pow2
 
 LOG2E = 1.4426950408889634
 
+#: Scalar arguments Triton's JIT must not specialise on (it compiles a variant per value
+#: that is 1 or a multiple of 16): they change per batch and buy nothing specialised.
+#: Strides stay specialised: their divisibility lets loads vectorise.
+NOT_SPECIALIZED = {
+    "paged_attention_kernel": ("scale_log2", "window", "split_tokens", "num_splits",
+                               "num_heads"),
+    "merge_splits_kernel": ("num_splits", "num_heads"),
+    "write_kv_slots_kernel": (),
+}
+
 
 @dataclass(frozen=True, slots=True)
 class Launch:

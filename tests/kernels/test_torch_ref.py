@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import kernels
-from kernels.torch_ref import attention
+from kernels.torch_ref import attention, decode
 from tests.kernels.paged_case import TOLERANCE, dense_reference, make_case
 
 PATHS = pytest.mark.parametrize("path", ["flash", "math"])
@@ -20,6 +20,7 @@ def _patched(path: str, chunk: int = 4096) -> pytest.MonkeyPatch:
     if path == "math":
         mp.setenv("KERNELS_TORCH_MATH", "1")
     mp.setattr(attention, "KV_CHUNK_TOKENS", chunk)
+    mp.setattr(decode, "DECODE_CHUNK_TOKENS", chunk)
     return mp
 
 

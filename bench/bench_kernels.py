@@ -1,0 +1,182 @@
+"""CPU: the torch backend's paged attention against SDPA on contiguous KV (the cost of
+paging).
+
+The same sequences are laid out twice: scattered over shuffled 64-token pool blocks for
+``kernels`` (backend ``torch``), and contiguous for ``torch.nn.functional.
+scaled_dot_product_attention``. The baseline is the fastest SDPA call a user would make
+on contiguous KV: causal prefill with ``is_causal=True`` (grouped-query heads through
+``enable_gqa`` or repeated KV, whichever is faster here), decode with each KV head's
+query group as rows (``q.view(B, kv_heads, group, D)``, no mask) or ``enable_gqa``.
+Shapes: 8 query heads, 2 KV heads, head_dim 64 (the small preset). Every figure is the
+median of interleaved rounds; the ratio is paged / SDPA (lower is better; 1 = no cost).
+
+``python -m bench.bench_kernels [--contexts 4096,32768] [--dtypes bf16,fp32]
+[--decode-batch 8] [--runs 3] [--json PATH]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.nn.functional as F
+
+import kernels
+from bench.harness import machine, median_interleaved, timed
+
+HEADS, KV_HEADS, HEAD_DIM, BLOCK_TOKENS = 8, 2, 64, 64
+DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp16": torch.float16}
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    op: str
+    dtype: str
+    context_tokens: int
+    batch: int
+    paged_s: float
+    sdpa_s: float
+    sdpa_call: str
+    ratio: float
+    max_abs_diff: float
+
+
+@dataclass
+class Layout:
+    """``batch`` sequences of ``tokens`` each: paged (shuffled blocks) and contiguous."""
+
+    k_pool: torch.Tensor
+    v_pool: torch.Tensor
+    block_tables: torch.Tensor
+    seq_lens: torch.Tensor
+    k: torch.Tensor  # [batch, kv_heads, tokens, D]
+    v: torch.Tensor
+
+
+def layout(batch: int, tokens: int, dtype: torch.dtype, gen: torch.Generator) -> Layout:
+    per_seq = -(-tokens // BLOCK_TOKENS)
+    blocks = batch * per_seq
+    k_pool = torch.randn(blocks, BLOCK_TOKENS, KV_HEADS, HEAD_DIM, generator=gen).to(dtype)
+    v_pool = torch.randn(blocks, BLOCK_TOKENS, KV_HEADS, HEAD_DIM, generator=gen).to(dtype)
+    tables = torch.randperm(blocks, generator=gen).view(batch, per_seq).to(torch.int32)
+
+    def contiguous(pool: torch.Tensor) -> torch.Tensor:
+        seqs = pool[tables.long()].view(batch, -1, KV_HEADS, HEAD_DIM)[:, :tokens]
+        return seqs.permute(0, 2, 1, 3).contiguous()
+
+    return Layout(k_pool, v_pool, tables,
+                  torch.full((batch,), tokens, dtype=torch.int32),
+                  contiguous(k_pool), contiguous(v_pool))
+
+
+def _timed(fn: Callable[[], object]) -> Callable[[], float]:
+    return lambda: timed(fn)
+
+
+def compare(op: str, dtype_name: str, tokens: int, batch: int, paged: Callable[[], torch.Tensor],
+            baselines: dict[str, Callable[[], torch.Tensor]], runs: int) -> Row:
+    want = paged()
+    diffs = [(want.float() - fn().float()).abs().max().item() for fn in baselines.values()]
+    cases = {"paged": _timed(paged)} | {name: _timed(fn) for name, fn in baselines.items()}
+    medians = median_interleaved(cases, runs)
+    best = min(baselines, key=lambda name: medians[name])
+    return Row(op, dtype_name, tokens, batch, medians["paged"], medians[best], best,
+               medians["paged"] / medians[best], max(diffs))
+
+
+def bench_prefill(dtype_name: str, tokens: int, runs: int, gen: torch.Generator) -> Row:
+    dtype = DTYPES[dtype_name]
+    lay = layout(1, tokens, dtype, gen)
+    q = torch.randn(tokens, HEADS, HEAD_DIM, generator=gen).to(dtype)
+    cu = torch.tensor([0, tokens], dtype=torch.int32)
+    scale = HEAD_DIM**-0.5
+    qh = q.permute(1, 0, 2).unsqueeze(0)  # [1, H, S, D]
+    group = HEADS // KV_HEADS
+
+    def paged() -> torch.Tensor:
+        return kernels.paged_prefill_attention(q, lay.k_pool, lay.v_pool, cu, lay.block_tables,
+                                               lay.seq_lens, scale, backend="torch")
+
+    def sdpa(o: torch.Tensor) -> torch.Tensor:
+        return o[0].permute(1, 0, 2)
+
+    baselines = {
+        "sdpa is_causal enable_gqa": lambda: sdpa(F.scaled_dot_product_attention(
+            qh, lay.k, lay.v, is_causal=True, scale=scale, enable_gqa=True)),
+        "sdpa is_causal repeated kv": lambda: sdpa(F.scaled_dot_product_attention(
+            qh, lay.k.repeat_interleave(group, 1), lay.v.repeat_interleave(group, 1),
+            is_causal=True, scale=scale)),
+    }
+    return compare("prefill", dtype_name, tokens, 1, paged, baselines, runs)
+
+
+def bench_decode(dtype_name: str, tokens: int, batch: int, runs: int,
+                 gen: torch.Generator) -> Row:
+    dtype = DTYPES[dtype_name]
+    lay = layout(batch, tokens, dtype, gen)
+    q = torch.randn(batch, HEADS, HEAD_DIM, generator=gen).to(dtype)
+    scale = HEAD_DIM**-0.5
+    group = HEADS // KV_HEADS
+
+    def paged() -> torch.Tensor:
+        return kernels.paged_decode_attention(q, lay.k_pool, lay.v_pool, lay.block_tables,
+                                              lay.seq_lens, scale, backend="torch")
+
+    baselines = {
+        "sdpa group rows": lambda: F.scaled_dot_product_attention(
+            q.view(batch, KV_HEADS, group, HEAD_DIM), lay.k, lay.v, scale=scale,
+        ).reshape(batch, HEADS, HEAD_DIM),
+        "sdpa enable_gqa": lambda: F.scaled_dot_product_attention(
+            q.unsqueeze(2), lay.k, lay.v, scale=scale, enable_gqa=True,
+        ).squeeze(2),
+    }
+    return compare("decode", dtype_name, tokens, batch, paged, baselines, runs)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--contexts", default="4096,32768", help="tokens (default %(default)s)")
+    p.add_argument("--dtypes", default="bf16,fp32", help="default %(default)s")
+    p.add_argument("--decode-batch", type=int, default=8, help="default %(default)s")
+    p.add_argument("--runs", type=int, default=3, help="interleaved rounds (default %(default)s)")
+    p.add_argument("--ops", default="prefill,decode", help="default %(default)s")
+    p.add_argument("--json", help="also write the rows here")
+    args = p.parse_args(argv)
+    try:
+        contexts = [int(c) for c in args.contexts.split(",")]
+        dtypes = args.dtypes.split(",")
+        bad = [d for d in dtypes if d not in DTYPES]
+        if bad or min(contexts) < 1 or args.runs < 1 or args.decode_batch < 1:
+            raise ValueError(f"unknown dtype {bad}" if bad else "sizes must be positive")
+    except ValueError as exc:
+        print(f"bench_kernels: {exc}", file=sys.stderr)
+        return 2
+    gen = torch.Generator().manual_seed(0)
+    print(f"{machine()}, torch {torch.__version__}, {torch.get_num_threads()} threads")
+    print("| op | dtype | context | batch | paged s | SDPA s | SDPA call | paged / SDPA "
+          "| max abs diff |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    rows = []
+    for tokens in contexts:
+        for dtype_name in dtypes:
+            for op in args.ops.split(","):
+                if op == "prefill":
+                    row = bench_prefill(dtype_name, tokens, args.runs, gen)
+                else:
+                    row = bench_decode(dtype_name, tokens, args.decode_batch, args.runs, gen)
+                rows.append(row)
+                print(f"| {row.op} | {row.dtype} | {row.context_tokens} | {row.batch} | "
+                      f"{row.paged_s:.4f} | {row.sdpa_s:.4f} | {row.sdpa_call} | "
+                      f"{row.ratio:.2f} | {row.max_abs_diff:.1e} |", flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"machine": machine(), "rows": [asdict(r) for r in rows]}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
