@@ -32,14 +32,16 @@ _scratch = threading.local()
 
 
 def _workspace(numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """A buffer kept per thread, dtype and device across calls: a fresh multi-MiB
-    allocation each step would be a fresh mapping on the CPU, paid in page faults."""
-    pool: dict[tuple[torch.dtype, torch.device], torch.Tensor] = _scratch.__dict__.setdefault(
-        "buffers", {})
-    buf = pool.get((dtype, device))
+    """A buffer kept per thread, dtype, device and inference mode across calls: a fresh
+    multi-MiB allocation each step would be a fresh mapping on the CPU, paid in page
+    faults. (A tensor made under ``torch.inference_mode`` cannot be written outside it.)"""
+    pool: dict[tuple[torch.dtype, torch.device, bool], torch.Tensor] = (
+        _scratch.__dict__.setdefault("buffers", {}))
+    key = (dtype, device, torch.is_inference_mode_enabled())
+    buf = pool.get(key)
     if buf is None or buf.numel() < numel:
         buf = torch.empty(numel, dtype=dtype, device=device)
-        pool[(dtype, device)] = buf
+        pool[key] = buf
     return buf[:numel]
 
 

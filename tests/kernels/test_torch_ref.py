@@ -149,3 +149,24 @@ def test_empty_query_chunk_is_allowed() -> None:
 
 def test_default_backend_on_cpu_is_torch() -> None:
     assert kernels.default_backend_name("cpu") == "torch"
+
+
+def test_decode_inside_and_outside_inference_mode() -> None:
+    """The decode workspace made under ``torch.inference_mode`` (as the engine runs) is not
+    written outside it, nor the other way round."""
+    kw = dict(seq_lens=[70, 30], q_lens=[1, 1], block_tokens=16)
+    case = make_case(**kw)
+
+    def decode_once() -> torch.Tensor:
+        return kernels.paged_decode_attention(
+            case.q, case.k_pool, case.v_pool, case.block_tables, case.seq_lens, case.scale,
+            backend="torch")
+
+    with torch.inference_mode():
+        inside = decode_once()
+    outside = decode_once()
+    with torch.inference_mode():
+        again = decode_once()
+    assert torch.equal(inside, outside) and torch.equal(outside, again)
+    _check(outside, kw, case)
+
