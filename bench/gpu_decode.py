@@ -25,7 +25,7 @@ import json
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 
 import torch
@@ -69,7 +69,7 @@ class Clock:
         return start.elapsed_time(end) / 1e3 / iters
 
 
-def median_rounds(clock: Clock, fns: dict[str, Callable[[], object]], iters: int,
+def median_rounds(clock: Clock, fns: Mapping[str, Callable[[], object]], iters: int,
                   rounds: int) -> dict[str, float]:
     for fn in fns.values():  # warm up: compile, plan, allocate
         fn()
