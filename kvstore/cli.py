@@ -73,6 +73,40 @@ def load_config(path: str) -> dict[str, Any]:
     return {k.replace("-", "_"): v for k, v in data.items()}
 
 
+def config_defaults(sub: argparse.ArgumentParser, cfg: dict[str, Any], path: str) -> dict[str, Any]:
+    """TOML values as the strings a command line would give, checked against each flag:
+    a switch takes true/false; a list becomes ``a,b`` (``nodes = ["h:1", "h:2"]``); numbers
+    become their text, so sizes and durations go through the same parsers as flags."""
+    actions = {a.dest: a for a in sub._actions}
+    out: dict[str, Any] = {}
+    for key, value in cfg.items():
+        action = actions[key]
+        where = f"{path}: {key}"
+        if action.nargs == 0:  # a switch: store_true / store_false
+            if not isinstance(value, bool):
+                raise UsageError(f"{where}: expected true or false, got {value!r}")
+            out[key] = value
+            continue
+        if isinstance(value, list):
+            if not all(_scalar(v) for v in value):
+                raise UsageError(f"{where}: expected a list of strings or numbers")
+            value = ",".join(str(v) for v in value)
+        elif not _scalar(value):
+            raise UsageError(f"{where}: expected a string or a number, got {value!r}")
+        text = str(value)
+        if callable(action.type):
+            try:
+                action.type(text)
+            except (TypeError, ValueError, argparse.ArgumentTypeError):
+                raise UsageError(f"{where}: invalid value {value!r}") from None
+        out[key] = text
+    return out
+
+
+def _scalar(v: object) -> bool:
+    return isinstance(v, (str, int, float)) and not isinstance(v, bool)
+
+
 def build_parser(
     command: str | None = None,
 ) -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
@@ -118,11 +152,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             unknown = sorted(set(cfg) - known)
             if unknown:
                 raise UsageError(f"{args.config}: unknown keys {', '.join(unknown)}")
-            sub.set_defaults(**cfg)
+            sub.set_defaults(**config_defaults(sub, cfg, args.config))
             args = parser.parse_args(argv)
         return int(importlib.import_module(args._module).run(args) or 0)
-    except (UsageError, KVStoreError, ValueError, FileNotFoundError, PermissionError) as e:
+    except (UsageError, KVStoreError, ValueError) as e:
         print(f"kvstore {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:  # a path or address of this machine the command cannot use
+        where = f": {e.filename}" if e.filename else ""
+        print(f"kvstore {args.command}: error: {e.strerror or e}{where}", file=sys.stderr)
+        return 2
+    except RecursionError:
+        print(f"kvstore {args.command}: error: input nested too deeply", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

@@ -8,10 +8,12 @@ durations are parsed here, after the config is merged, so ``dram = "8GiB"`` and
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from typing import Any
 
-from kvstore.daemon.config import DaemonConfig, ServerLimits
+from kvstore.daemon.config import ClusterLink, DaemonConfig, ServerLimits
+from kvstore.daemon.startup import check_memory
 from kvstore.errors import InvalidArgument
 from kvstore.units import parse_duration, parse_size
 
@@ -23,7 +25,38 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dram", default="8GiB", help="DRAM tier capacity")
     p.add_argument("--ssd-dir", default=None, help="directory of the embedded SSD engine")
     p.add_argument("--ssd-capacity", default=None, help="SSD tier capacity (with --ssd-dir)")
-    p.add_argument("--nodes", default=None, help="storage nodes H:P,… instead of --ssd-dir")
+    p.add_argument(
+        "--nodes",
+        default=None,
+        help="storage nodes H:P,… (a TOML array in --config) instead of --ssd-dir",
+    )
+    p.add_argument(
+        "--retention",
+        default="72h",
+        help="SSD retention of idle blocks (with --nodes: every node must run with it)",
+    )
+    p.add_argument(
+        "--replicas",
+        default=None,
+        help="with --nodes: copies of each block (default min(2, nodes))",
+    )
+    p.add_argument(
+        "--write-quorum",
+        default=None,
+        help="with --nodes: acknowledgements a write wants (default: --replicas)",
+    )
+    p.add_argument("--node-tls", action="store_true", help="with --nodes: reach the nodes over TLS")
+    p.add_argument(
+        "--node-tls-ca",
+        default=None,
+        metavar="PEM",
+        help="with --nodes: CA that signed the nodes' certificates (implies --node-tls)",
+    )
+    p.add_argument(
+        "--node-token-file",
+        default=None,
+        help="with --nodes: token presented to the nodes (else $KVSTORE_NODE_AUTH_TOKEN)",
+    )
     p.add_argument(
         "--shared-fs",
         default=None,
@@ -40,7 +73,6 @@ def configure(p: argparse.ArgumentParser) -> None:
         default=None,
         help="this daemon's name on the mount, unique and stable (default: the host name)",
     )
-    p.add_argument("--retention", default="72h", help="SSD retention of idle blocks")
     p.add_argument(
         "--max-dirty",
         default=None,
@@ -79,10 +111,17 @@ def config_from_args(args: argparse.Namespace) -> DaemonConfig:
     def size(v: Any) -> int | None:
         return None if v is None else parse_size(v)
 
-    nodes = tuple(n.strip() for n in str(args.nodes).split(",") if n.strip()) if args.nodes else ()
+    if args.nodes:
+        from storage_nodes.cluster.config import parse_nodes
+
+        nodes = parse_nodes(args.nodes)  # "h:p,h:p" on the command line, a list in TOML
+    else:
+        nodes = ()
+    dram_bytes = parse_size(args.dram)
+    check_memory("--dram", dram_bytes)
     return DaemonConfig(
         listen=str(args.listen),
-        dram_bytes=parse_size(args.dram),
+        dram_bytes=dram_bytes,
         ssd_dir=args.ssd_dir,
         ssd_capacity_bytes=size(args.ssd_capacity),
         nodes=nodes,
@@ -100,7 +139,28 @@ def config_from_args(args: argparse.Namespace) -> DaemonConfig:
         workers=int(args.workers),
         shm=bool(args.shm),
         limits=limits_from_args(args),
+        cluster=ClusterLink(
+            replicas=_count(args.replicas, "--replicas"),
+            write_quorum=_count(args.write_quorum, "--write-quorum"),
+            tls=bool(args.node_tls or args.node_tls_ca),
+            tls_ca_file=args.node_tls_ca,
+            token_file=args.node_token_file,
+        ),
     )
+
+
+def _count(value: Any, flag: str) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise InvalidArgument(f"{flag} must be a positive integer, got {value!r}")
+    try:
+        n = int(value)
+    except ValueError:
+        raise InvalidArgument(f"{flag} must be a positive integer, got {value!r}") from None
+    if n < 1:
+        raise InvalidArgument(f"{flag} must be a positive integer, got {value!r}")
+    return n
 
 
 def limits_from_args(args: argparse.Namespace) -> ServerLimits:
@@ -117,11 +177,8 @@ def limits_from_args(args: argparse.Namespace) -> ServerLimits:
 def run(args: argparse.Namespace) -> int:
     config = config_from_args(args)
     if args.json:
-        print(
-            json.dumps(
-                {"config": {k: getattr(config, k) for k in config.__slots__ if k != "limits"}}
-            )
-        )
+        shown = {k: v for k, v in dataclasses.asdict(config).items() if k != "limits"}
+        print(json.dumps({"config": shown}))
     from kvstore.daemon.server import run_daemon
 
     return run_daemon(config)

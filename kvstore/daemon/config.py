@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from kvstore.daemon.startup import check_capacity, check_directory, check_hostport
 from kvstore.errors import InvalidArgument
 from kvstore.wire.codec import MAX_KEYS_PER_REQUEST
 
@@ -38,6 +39,25 @@ class ServerLimits:
 
 
 @dataclass(frozen=True, slots=True)
+class ClusterLink:
+    """How the daemon reaches its storage nodes (``--nodes``): ``replicas`` (R, default
+    min(2, nodes)) and ``write_quorum`` (W, default R); TLS to the nodes (``tls_ca_file``
+    implies it) and the token it presents (``token_file``, else
+    ``$KVSTORE_NODE_AUTH_TOKEN``)."""
+
+    replicas: int | None = None
+    write_quorum: int | None = None
+    tls: bool = False
+    tls_ca_file: str | None = None
+    token_file: str | None = None
+
+    def resolved(self, n_nodes: int) -> tuple[int, int]:
+        """(R, W) for ``n_nodes`` configured nodes."""
+        r = min(2, n_nodes) if self.replicas is None else self.replicas
+        return r, r if self.write_quorum is None else self.write_quorum
+
+
+@dataclass(frozen=True, slots=True)
 class DaemonConfig:
     listen: str = "127.0.0.1:7420"
     dram_bytes: int = 8 << 30
@@ -59,13 +79,21 @@ class DaemonConfig:
     shutdown_grace_s: float = 10.0
     shm: bool = True
     limits: ServerLimits = field(default_factory=ServerLimits)
+    cluster: ClusterLink = field(default_factory=ClusterLink)
 
     def __post_init__(self) -> None:
-        _check_hostport("--listen", self.listen)
+        check_hostport("--listen", self.listen)
+        if not self.nodes and self.cluster != ClusterLink():
+            raise InvalidArgument(
+                "--replicas, --write-quorum and --node-* configure --nodes; give --nodes"
+            )
         if self.metrics_listen is not None:
-            _check_hostport("--metrics-listen", self.metrics_listen)
-        if self.dram_bytes <= 0:
-            raise InvalidArgument("--dram must be positive")
+            check_hostport("--metrics-listen", self.metrics_listen)
+        check_capacity("--dram", self.dram_bytes)
+        if self.ssd_capacity_bytes is not None:
+            check_capacity("--ssd-capacity", self.ssd_capacity_bytes)
+        check_directory("--ssd-dir", self.ssd_dir)
+        check_directory("--access-log", self.access_log_dir)
         if self.ssd_dir and self.nodes:
             raise InvalidArgument("--ssd-dir and --nodes are exclusive: one tier below DRAM")
         if self.ssd_dir and not self.ssd_capacity_bytes:
@@ -94,9 +122,3 @@ class DaemonConfig:
     @property
     def loopback(self) -> bool:
         return self.host in ("127.0.0.1", "localhost", "::1") or self.host.startswith("127.")
-
-
-def _check_hostport(flag: str, value: str) -> None:
-    host, sep, port = value.rpartition(":")
-    if not sep or not host or not port.isdigit() or int(port) > 65535:
-        raise InvalidArgument(f"{flag} must be HOST:PORT, got {value!r}")

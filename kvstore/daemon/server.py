@@ -10,7 +10,6 @@ from __future__ import annotations
 import logging
 import threading
 
-import grpc
 from grpc_health.v1 import health_pb2
 
 from kvstore.daemon.access_log import make_access_log
@@ -21,7 +20,9 @@ from kvstore.daemon.metrics import DaemonMetrics
 from kvstore.daemon.runner import Bound, grpc_server, run_until_signalled
 from kvstore.daemon.servicer import KVStoreServicer
 from kvstore.daemon.staging import StagingArea, StagingConfig
+from kvstore.daemon.startup import bind, probe_listen, serve_metrics, server_credentials
 from kvstore.daemon.store_factory import open_store
+from kvstore.errors import InvalidArgument
 from kvstore.tier import KVStore
 from kvstore.wire.proto import kvstore_pb2_grpc as pb_grpc
 
@@ -35,7 +36,12 @@ class Daemon:
         self.auth: Authenticator = (
             load_token_file(config.auth_token_file) if config.auth_token_file else OpenAuth()
         )
-        tls = _server_credentials(config)
+        tls = server_credentials(config.tls_cert_file, config.tls_key_file)
+        # Bind first: a busy port is reported before the store allocates its memory.
+        self.server, self.health = grpc_server(config.workers, "kvstore-rpc")
+        self.port = bind(self.server, config.listen, tls)
+        if config.metrics_listen:
+            probe_listen("--metrics-listen", config.metrics_listen)
         self.store = store if store is not None else open_store(config)
         self.metrics = DaemonMetrics()
         self.metrics.attach_store(self.store.stats)
@@ -62,22 +68,18 @@ class Daemon:
             lim,
             open_catalog(config.ssd_dir),
         )
-        self.server, self.health = grpc_server(config.workers, "kvstore-rpc")
         pb_grpc.add_KVStoreServicer_to_server(self.servicer, self.server)
-        if tls is None:
-            port = self.server.add_insecure_port(config.listen)
-        else:
-            port = self.server.add_secure_port(config.listen, tls)
-        if port == 0:
-            raise OSError(f"cannot listen on {config.listen}")
-        self.port = port
         self.metrics_port: int | None = None
         self._stopped = threading.Event()
         self._stop_lock = threading.Lock()
 
     def start(self) -> Bound:
         if self.config.metrics_listen:
-            self.metrics_port = self.metrics.serve(self.config.metrics_listen)
+            try:
+                self.metrics_port = serve_metrics(self.metrics, self.config.metrics_listen)
+            except InvalidArgument:
+                self._release()
+                raise
         self.server.start()
         for name in ("", SERVICE_NAME):
             self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
@@ -94,27 +96,19 @@ class Daemon:
                 self.store.flush(timeout_s=None)
             except Exception:
                 log.exception("flush at shutdown failed")
-            self.store.close()
-            self.servicer.close()
-            self.access_log.close()
-            if self.staging is not None:
-                self.staging.close()
-            self.metrics.close()
+            self._release()
             self._stopped.set()
+
+    def _release(self) -> None:
+        self.store.close()
+        self.servicer.close()
+        self.access_log.close()
+        if self.staging is not None:
+            self.staging.close()
+        self.metrics.close()
 
     def wait(self) -> None:
         self._stopped.wait()
-
-
-def _server_credentials(config: DaemonConfig) -> grpc.ServerCredentials | None:
-    if not config.tls_cert_file:
-        return None
-    assert config.tls_key_file is not None  # DaemonConfig checks they go together
-    with open(config.tls_cert_file, "rb") as f:
-        cert = f.read()
-    with open(config.tls_key_file, "rb") as f:
-        key = f.read()
-    return grpc.ssl_server_credentials([(key, cert)])
 
 
 def run_daemon(config: DaemonConfig) -> int:

@@ -30,10 +30,13 @@ def aggregate(
     classes: dict[int, tuple[list[int], list[int]]] = {bb: ([], []) for bb in block_sizes}
     counters: Counter[str] = Counter()
     down = []
+    retention = []
     for i, st in sorted(per_node.items()):
         if isinstance(st, NodeUnavailable):
             down.append(config.nodes[i])
             continue
+        if "retention_s" in st.info:
+            retention.append(f"{config.nodes[i]}={st.info['retention_s']}")
         cap_bytes += st.capacity_bytes
         used_bytes += st.used_bytes
         for c in st.size_classes:
@@ -52,6 +55,7 @@ def aggregate(
         "unreachable": ",".join(down),
         "replicas": str(r),
         "write_quorum": str(config.write_quorum),
+        "node_retention_s": ",".join(retention),  # node=seconds, for the nodes that answered
         "raw_capacity_blocks": ",".join(
             f"{bb}:{sum(caps) // r}" for bb, (caps, _) in sorted(classes.items())
         ),

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kvstore.daemon.config import ServerLimits
+from kvstore.daemon.startup import check_capacity, check_directory, check_hostport
 from kvstore.errors import InvalidArgument
 from storage_nodes.ssd import SSDConfig
 
@@ -29,11 +30,11 @@ class NodeConfig:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "dir", Path(self.dir))
-        _check_hostport("--listen", self.listen)
+        check_hostport("--listen", self.listen)
         if self.metrics_listen is not None:
-            _check_hostport("--metrics-listen", self.metrics_listen)
-        if self.capacity_bytes <= 0:
-            raise InvalidArgument("--capacity must be positive")
+            check_hostport("--metrics-listen", self.metrics_listen)
+        check_capacity("--capacity", self.capacity_bytes)
+        check_directory("--dir", self.dir)
         if not (self.retention_s > 0 or self.retention_s == math.inf):
             raise InvalidArgument("--retention must be positive")
         if (self.tls_cert_file is None) != (self.tls_key_file is None):
@@ -58,9 +59,3 @@ class NodeConfig:
     @property
     def loopback(self) -> bool:
         return self.host in ("127.0.0.1", "localhost", "::1") or self.host.startswith("127.")
-
-
-def _check_hostport(flag: str, value: str) -> None:
-    host, sep, port = value.rpartition(":")
-    if not sep or not host or not port.isdigit() or int(port) > 65535:
-        raise InvalidArgument(f"{flag} must be HOST:PORT, got {value!r}")

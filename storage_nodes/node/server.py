@@ -15,7 +15,8 @@ from grpc_health.v1 import health_pb2
 
 from kvstore.daemon.metrics import DaemonMetrics
 from kvstore.daemon.runner import Bound, grpc_server, run_until_signalled
-from kvstore.daemon.server import _server_credentials
+from kvstore.daemon.startup import bind, probe_listen, serve_metrics, server_credentials
+from kvstore.errors import InvalidArgument
 from kvstore.tier import StoreStats, Tier
 from kvstore.wire.proto import kvstore_pb2_grpc as pb_grpc
 from storage_nodes.node.auth import make_node_auth
@@ -30,7 +31,12 @@ class NodeServer:
     def __init__(self, config: NodeConfig, tier: Tier | None = None) -> None:
         self.config = config
         self.auth = make_node_auth(config.auth_token_file)
-        tls = _server_credentials(config)  # type: ignore[arg-type]  # same tls_* fields
+        tls = server_credentials(config.tls_cert_file, config.tls_key_file)
+        # Bind first: a busy port is reported before the SSD engine opens its directory.
+        self.server, self.health = grpc_server(config.workers, "kvstore-node-rpc")
+        self.port = bind(self.server, config.listen, tls)
+        if config.metrics_listen:
+            probe_listen("--metrics-listen", config.metrics_listen)
         if tier is None:
             from storage_nodes.ssd import SSDTier
 
@@ -39,27 +45,18 @@ class NodeServer:
         self.metrics = DaemonMetrics()
         self.metrics.attach_store(lambda: StoreStats(tiers=(self.tier.stats(),)))
         self.servicer = StorageNodeServicer(tier, self.auth, self.metrics, config.limits)
-        self.server, self.health = grpc_server(config.workers, "kvstore-node-rpc")
         pb_grpc.add_StorageNodeServicer_to_server(self.servicer, self.server)
-        try:
-            port = (
-                self.server.add_insecure_port(config.listen)
-                if tls is None
-                else self.server.add_secure_port(config.listen, tls)
-            )
-        except RuntimeError:
-            port = 0
-        if port == 0:
-            tier.close()
-            raise OSError(f"cannot listen on {config.listen}")
-        self.port = port
         self._stopped = threading.Event()
         self._stop_lock = threading.Lock()
 
     def start(self) -> Bound:
-        metrics_port = (
-            self.metrics.serve(self.config.metrics_listen) if self.config.metrics_listen else None
-        )
+        metrics_port = None
+        if self.config.metrics_listen:
+            try:
+                metrics_port = serve_metrics(self.metrics, self.config.metrics_listen)
+            except InvalidArgument:
+                self.tier.close()
+                raise
         self.server.start()
         for name in ("", SERVICE_NAME):
             self.health.set(name, health_pb2.HealthCheckResponse.SERVING)

@@ -3,8 +3,8 @@ flags fail with one line, TLS works end to end."""
 
 from __future__ import annotations
 
-import importlib
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -20,7 +20,6 @@ from tests.conftest import self_signed_cert, small_ns
 from tests.kvstore.daemon.conftest import SpawnDaemon, make_chain, payloads
 
 NS = small_ns()
-_HAS_CLUSTER = hasattr(importlib.import_module("storage_nodes.cluster"), "open_cluster_tier")
 
 
 def ssd_flags(d: Path) -> list[str]:
@@ -80,7 +79,14 @@ def serve(*flags: str) -> subprocess.CompletedProcess[str]:
 @pytest.mark.parametrize(
     "flags, message",
     [
-        (["--nodes", "127.0.0.1:7431"], "not available yet" if not _HAS_CLUSTER else ""),
+        (["--nodes", "127.0.0.1:7431", "--replicas", "2"], "cannot hold 2 replicas"),
+        (["--replicas", "2"], "give --nodes"),
+        (["--nodes", "127.0.0.1:7431", "--write-quorum", "0"], "--write-quorum"),
+        (["--dram", "1PiB"], "more than this machine's memory"),
+        (["--ssd-dir", "/tmp/x", "--ssd-capacity", str(1 << 70)], "--ssd-capacity must be"),
+        (["--listen", "nosuchhost.invalid:7420"], "cannot resolve"),
+        (["--metrics-listen", "nosuchhost.invalid:9420"], "--metrics-listen"),
+        (["--max-inflight", "0"], "--max-inflight must be positive"),
         (["--dram", "lots"], "invalid size"),
         (["--listen", "nowhere"], "HOST:PORT"),
         (["--ssd-dir", "/tmp/x"], "--ssd-capacity"),
@@ -95,6 +101,50 @@ def test_bad_flags_fail_with_one_line(flags: list[str], message: str) -> None:
     assert r.returncode == 2
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and message in lines[0], r.stderr
+
+
+def test_what_this_machine_refuses_is_one_line(tmp_path: Path) -> None:
+    # Issue 14 (item 12): each of these was a traceback and exit 1.
+    busy = socket.socket()
+    busy.bind(("127.0.0.1", 0))
+    busy.listen()
+    port = busy.getsockname()[1]
+    (tmp_path / "file").write_text("not a directory")
+    (tmp_path / "bad.pem").write_text("garbage\n")
+    cases = [
+        (["--listen", f"127.0.0.1:{port}"], "in use"),
+        (["--listen", "127.0.0.1:0", "--metrics-listen", f"127.0.0.1:{port}"], "in use"),
+        (["--ssd-dir", str(tmp_path / "file"), "--ssd-capacity", "1GiB"], "not a directory"),
+        (["--access-log", str(tmp_path / "file")], "not a directory"),
+        (["--tls-cert", str(tmp_path / "bad.pem"), "--tls-key", str(tmp_path / "bad.pem")], "PEM"),
+    ]
+    try:
+        for flags, message in cases:
+            r = serve(*flags) if "--listen" in flags else serve("--listen", "127.0.0.1:0", *flags)
+            lines = r.stderr.strip().splitlines()
+            assert r.returncode == 2 and len(lines) == 1 and message in lines[0], (flags, r.stderr)
+    finally:
+        busy.close()
+
+
+@pytest.mark.parametrize(
+    "toml, message",
+    [
+        ("dram = true\n", "dram: expected a string or a number"),
+        ('shm = "no"\n', "shm: expected true or false"),
+        ('workers = "x"\n', "workers: invalid value"),
+        ("dram = {a = 1}\n", "dram: expected a string or a number"),
+        ("access_log = [[1]]\n", "access_log: expected a list of strings"),
+        # A TOML array of nodes is read (here: one replica too many for two nodes).
+        ('nodes = ["127.0.0.1:1", "127.0.0.1:2"]\nreplicas = 3\n', "cannot hold 3 replicas"),
+    ],
+)
+def test_toml_values_of_the_wrong_type(tmp_path: Path, toml: str, message: str) -> None:
+    cfg = tmp_path / "serve.toml"
+    cfg.write_text(toml)
+    r = serve("--config", str(cfg), "--listen", "127.0.0.1:0", "--dram", "4MiB")
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1 and message in lines[0], r.stderr
 
 
 def test_toml_config(tmp_path: Path) -> None:

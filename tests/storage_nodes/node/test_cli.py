@@ -42,10 +42,20 @@ def client(target: str, **kw: object) -> NodeClient:
         (["--dir", "D", "--retention", "soon"], "invalid duration"),
         (["--dir", "D", "--listen", "nowhere"], "--listen must be HOST:PORT"),
         (["--dir", "D", "--tls-cert", "c.pem"], "--tls-cert and --tls-key go together"),
+        # Issue 14 (item 12): these were tracebacks.
+        (["--dir", "D", "--capacity", str(1 << 70)], "--capacity must be in"),
+        (["--dir", "F"], "exists and is not a directory"),
+        (["--dir", "D", "--listen", "nosuchhost.invalid:7431"], "cannot resolve"),
+        (
+            ["--dir", "D", "--listen", "127.0.0.1:0", "--metrics-listen", "nosuch.invalid:1"],
+            "--metrics-listen",
+        ),
+        (["--dir", "D", "--tls-cert", "F", "--tls-key", "F"], "not a PEM certificate"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(tmp_path: Path, args: list[str], message: str) -> None:
-    args = [str(tmp_path / a) if a == "D" else a for a in args]
+    (tmp_path / "F").write_text("a file, not a directory nor a PEM\n")
+    args = [str(tmp_path / a) if a in ("D", "F") else a for a in args]
     r = node_cmd(*args)
     assert r.returncode == 2
     lines = r.stderr.strip().splitlines()
