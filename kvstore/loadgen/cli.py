@@ -9,6 +9,7 @@ is missing (``--audit-durable``); 2 for bad input (one line on stderr).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import sys
@@ -152,6 +153,8 @@ def run(args: argparse.Namespace) -> int:
         raise LoadgenError(f"--timeout must be a positive finite duration, got {args.timeout!r}")
     session = _open_session(args, timeout_s)
     try:
+        # A daemon with a token file takes only namespaces of the token's tenant.
+        config = dataclasses.replace(config, tenant=session.tenant())
         load = LoadRun(config, session)
         report = load.run()
     except StoreUnavailable as e:

@@ -31,6 +31,11 @@ _I128 = 1 << 127
 MODEL_PREFIX = "loadgen/"
 
 
+#: The largest block a load may make (``block_tokens × bytes_per_token``): 1 MiB a token at
+#: 64 tokens, past any real model's KV; beyond it a replay only exhausts memory.
+MAX_BLOCK_BYTES = 64 << 20
+
+
 def encode_id(block_id: Hashable) -> bytes:
     if isinstance(block_id, bool):
         raise LoadgenError(f"block id {block_id!r} is not an integer or bytes")
@@ -106,6 +111,12 @@ class KeyMapper:
         with self._lock:
             ns = self._namespaces.get((scope, block_tokens))
             if ns is None:
+                if block_tokens * self.bytes_per_token > MAX_BLOCK_BYTES:
+                    raise LoadgenError(
+                        f"--bytes-per-token {self.bytes_per_token} makes {block_tokens}-token "
+                        f"blocks of {block_tokens * self.bytes_per_token} bytes; at most "
+                        f"{MAX_BLOCK_BYTES >> 20} MiB a block"
+                    )
                 ns = namespace_for(
                     self._scopes[scope], block_tokens, self.bytes_per_token, self.tenant
                 )

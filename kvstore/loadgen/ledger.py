@@ -10,6 +10,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import partial
 
 import numpy as np
 
@@ -55,9 +56,13 @@ class DurableLedger:
         with self._lock:
             return [(ns, list(keys)) for ns, keys in self._keys.values()]
 
-    def audit(self, session: StoreSession, payloads: PayloadMaker) -> AuditResult:
+    def audit(
+        self, session: StoreSession, payloads: PayloadMaker, patience_s: float = 60.0
+    ) -> AuditResult:
         """Read every acknowledged block back. Keys are independent blocks to the store, so
-        a batch is looked up as one list and each gap (a missing key) is stepped over."""
+        a batch is looked up as one list and each gap (a missing key) is stepped over. A
+        store that is down (restarting) is waited for, up to ``patience_s`` per batch: an
+        outage is not a lost block."""
         checked = missing = wrong = 0
         missing_keys: list[str] = []
         for ns, keys in self.snapshot():
@@ -66,7 +71,7 @@ class DurableLedger:
             while pos < len(keys):
                 batch = keys[pos : pos + _BATCH_BLOCKS]
                 dst = np.empty((len(batch), bb), dtype=np.uint8)
-                got = session.get_into(ns, batch, dst)
+                got = session.patiently(partial(session.get_into, ns, batch, dst), patience_s)
                 checked += got
                 wrong += sum(m.wrong_bytes for m in payloads.check(ns, batch[:got], dst[:got]))
                 if got < len(batch):

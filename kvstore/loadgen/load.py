@@ -8,13 +8,14 @@ import math
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, TextIO
 
 from kvstore.hitrate.readers import TraceReader, open_inputs
 from kvstore.hitrate.report import Prices, to_json
 from kvstore.hitrate.request import Request
 from kvstore.loadgen.errors import LoadgenError
-from kvstore.loadgen.keymap import KeyMapper
+from kvstore.loadgen.keymap import MAX_BLOCK_BYTES, KeyMapper
 from kvstore.loadgen.ledger import AuditResult, DurableLedger
 from kvstore.loadgen.payload import PayloadMaker
 from kvstore.loadgen.predict import capacities_from_stats, predict
@@ -22,6 +23,12 @@ from kvstore.loadgen.replay import ReplayConfig, Replayer, TraceRequest
 from kvstore.loadgen.result import LoadReport, Tally, Throughput
 from kvstore.loadgen.session import StoreSession
 from kvstore.loadgen.streams import make_dispatcher
+
+#: How long the calls that must be answered after the replay (the audit, the final stats)
+#: wait for a store that is down: a daemon restart is an outage, not a verdict.
+OUTAGE_PATIENCE_S = 60.0
+#: Concurrent streams are threads; past this the machine, not the store, is measured.
+MAX_CONCURRENCY = 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,8 +54,15 @@ class LoadConfig:
             raise LoadgenError(f"--durability must be dram or ssd, got {self.durability!r}")
         if self.max_requests is not None and self.max_requests < 1:
             raise LoadgenError(f"--requests must be >= 1, got {self.max_requests}")
-        if self.concurrency < 1:
-            raise LoadgenError(f"--concurrency must be >= 1, got {self.concurrency}")
+        if not 1 <= self.concurrency <= MAX_CONCURRENCY:
+            raise LoadgenError(
+                f"--concurrency must be in [1, {MAX_CONCURRENCY}], got {self.concurrency}"
+            )
+        if self.bytes_per_token > MAX_BLOCK_BYTES:
+            raise LoadgenError(
+                f"--bytes-per-token {self.bytes_per_token} makes blocks over "
+                f"{MAX_BLOCK_BYTES >> 20} MiB"
+            )
         if not self.speed > 0:
             raise LoadgenError(f"--speed must be positive (inf: unpaced), got {self.speed}")
 
@@ -116,7 +130,7 @@ class LoadRun:
         dispatcher.run(self.items(), self.replayer)
         wall_s = time.perf_counter() - t0
         if self.config.audit:
-            self.audit_result = self.ledger.audit(self.session, self.payloads)
+            self.audit_result = self.ledger.audit(self.session, self.payloads, OUTAGE_PATIENCE_S)
         return self.report(wall_s)
 
     def report(self, wall_s: float) -> LoadReport:
@@ -131,8 +145,8 @@ class LoadRun:
         if len(sizes) > 1:
             raise LoadgenError(f"one block size per run, got {sorted(sizes)} bytes")
         for ns in namespaces:  # a namespace seen only while the store was down
-            self.session.register(ns)
-        stats = self.session.stats()
+            self.session.patiently(partial(self.session.register, ns), OUTAGE_PATIENCE_S)
+        stats = self.session.patiently(self.session.stats, OUTAGE_PATIENCE_S)
         caps = capacities_from_stats(stats, sizes.pop())
         b = namespaces[0].block_tokens
         config = caps.sim_config(b)

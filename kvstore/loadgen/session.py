@@ -130,6 +130,26 @@ class StoreSession:
         t = self.timeout_s
         self._call(None, lambda s: s.flush(timeout_s=t))
 
+    def patiently(self, fn: Callable[[], T], patience_s: float) -> T:
+        """``fn()``, retried through an outage of up to ``patience_s``: for the calls that
+        must be answered (the audit, the final stats), not for the replay, whose calls
+        during an outage are counted misses."""
+        deadline = time.monotonic() + patience_s
+        while True:
+            try:
+                return fn()
+            except StoreUnavailable:
+                if time.monotonic() >= deadline:
+                    raise
+                time.sleep(self._reopen_interval_s)
+
+    def tenant(self) -> str:
+        """The tenant the store's token maps to: the namespaces the replay builds carry it
+        (a daemon with a token file refuses any other). "" for a store without tokens."""
+        store = self._current()[0]
+        ask = getattr(store, "tenant", None)
+        return str(ask(timeout_s=self.timeout_s)) if callable(ask) else ""
+
     @property
     def store(self) -> KVStore:
         return self._current()[0]

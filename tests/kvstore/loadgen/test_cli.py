@@ -26,6 +26,13 @@ from kvstore.cli import main
         (["--audit-durable"], "--audit-durable needs --durability ssd"),
         (["--timeout", "soon"], "invalid duration"),
         (["--ssd-dir", "/tmp/x"], "--store embedded only"),
+        # Issue 14 (item 12): absurd sizes grew to ~23 GB, or ended in a traceback.
+        (["--bytes-per-token", "1000000000"], "makes blocks over 64 MiB"),
+        (
+            ["--bytes-per-token", "1048577", "--store", "embedded", "--dram", "1MiB"],
+            "at most 64 MiB a block",
+        ),
+        (["--concurrency", "100000"], "--concurrency must be in [1, 1024]"),
     ],
 )
 def test_bad_flags_are_one_line_and_exit_2(
