@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvstore.embedded import open_embedded
+from kvstore.errors import InvalidArgument
 from kvstore.keys import Namespace, chain_keys
 from kvstore.units import format_bytes, parse_duration, parse_size
 
@@ -117,6 +118,12 @@ def run_conversation(store, turns: int, sessions: int, seed: int) -> list[TurnRe
 
 
 def run(args: argparse.Namespace) -> int:
+    for flag, value, most in (
+        ("--turns", args.turns, 10_000),
+        ("--sessions", args.sessions, 1_000),
+    ):
+        if not 1 <= value <= most:
+            raise InvalidArgument(f"{flag} must be in [1, {most}], got {value}")
     tmp = tempfile.mkdtemp(prefix="kvstore-demo-") if not (args.ssd_dir or args.no_ssd) else None
     try:
         store = _store(args, tmp)

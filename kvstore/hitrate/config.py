@@ -35,9 +35,10 @@ class SimConfig:
     replay_keep_tokens: int = 140
 
     def __post_init__(self) -> None:
-        if not self.bytes_per_token > 0 or math.isinf(self.bytes_per_token):
+        # At least a byte: below it capacities in blocks overflow to infinity (1e-320).
+        if not 1 <= self.bytes_per_token < math.inf:
             raise ConfigError(
-                f"--bytes-per-token must be a positive number, got {self.bytes_per_token}"
+                f"--bytes-per-token must be a number >= 1, got {self.bytes_per_token}"
             )
         if not self.retention_s > 0:
             raise ConfigError(f"--retention must be positive, got {self.retention_s}s")

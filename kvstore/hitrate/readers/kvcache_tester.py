@@ -48,6 +48,8 @@ class KvCacheTesterReader(TraceReader):
             raise TraceError(path, None, f"not UTF-8 text: {e.reason}") from None
         except OSError as e:
             raise TraceError(path, None, f"cannot open: {e.strerror}") from None
+        except RecursionError:
+            raise TraceError(path, None, "JSON nested too deeply") from None
 
     def _flatten(self, path: str, doc: Any) -> list[tuple[float, int, list[int], int]]:
         if not isinstance(doc, dict):

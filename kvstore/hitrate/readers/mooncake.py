@@ -58,6 +58,8 @@ class MooncakeReader(TraceReader):
                     raise TraceError(path, str(lineno), f"not UTF-8 text: {e.reason}") from None
                 except json.JSONDecodeError as e:
                     raise TraceError(path, str(lineno), f"invalid JSON: {e.msg}") from None
+                except RecursionError:
+                    raise TraceError(path, str(lineno), "JSON nested too deeply") from None
                 except fields.BadField as e:
                     raise TraceError(path, str(lineno), str(e)) from None
                 yield req

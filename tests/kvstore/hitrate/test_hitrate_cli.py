@@ -295,6 +295,10 @@ def test_inputs_that_disagree(
     assert "no requests" in fail(capsys, str(tmp_path / "blank.jsonl"), "--format", "mooncake")
     (tmp_path / "what.txt").write_text("hello\n")
     assert "pass --format" in fail(capsys, str(tmp_path / "what.txt"))
+    # Issue 14: a JSON trace nested 100,000 deep was a RecursionError traceback.
+    (tmp_path / "deep.jsonl").write_text("[" * 100_000 + "]" * 100_000 + "\n")
+    for fmt in ("mooncake", "kv-cache-tester"):
+        assert "nested too deeply" in fail(capsys, str(tmp_path / "deep.jsonl"), "--format", fmt)
 
 
 @pytest.mark.parametrize(
@@ -307,6 +311,8 @@ def test_inputs_that_disagree(
         (["--time-scale", "0"], "--time-scale"),
         (["--time-scale", "fast"], "--time-scale: expected a number"),
         (["--bytes-per-token", "0"], "--bytes-per-token"),
+        (["--bytes-per-token", "1e-320"], "--bytes-per-token"),  # issue 14: a traceback
+        (["--bytes-per-token", "inf"], "--bytes-per-token"),
         (["--block-tokens", "0"], "--block-tokens must be positive"),
         (["--block-tokens", "1.5"], "--block-tokens: expected a number"),
         (["--replay-keep", "-1"], "--replay-keep"),
