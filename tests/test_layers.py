@@ -84,9 +84,10 @@ ALLOWED_LAYER_VIOLATIONS: frozenset[tuple[str, str]] = frozenset(
         # metrics) instead of one shared server runner in the core.
         ("storage_nodes.node.auth", "kvstore.daemon.auth"),
         ("storage_nodes.node.config", "kvstore.daemon.config"),
+        ("storage_nodes.node.config", "kvstore.daemon.startup"),
+        ("storage_nodes.node.server", "kvstore.daemon.startup"),
         ("storage_nodes.node.server", "kvstore.daemon.metrics"),
         ("storage_nodes.node.server", "kvstore.daemon.runner"),
-        ("storage_nodes.node.server", "kvstore.daemon.server"),
         ("storage_nodes.node.servicer", "kvstore.daemon.auth"),
         ("storage_nodes.node.servicer", "kvstore.daemon.config"),
         ("storage_nodes.node.servicer", "kvstore.daemon.metrics"),

@@ -43,13 +43,12 @@ def open_store(config: DaemonConfig) -> KVStore:
 def open_cluster(config: DaemonConfig) -> Tier:
     """The cluster tier for ``--nodes`` with the daemon's flags, checked to keep blocks for
     the daemon's ``--retention`` (nodes enforce retention; the daemon only promises it)."""
-    from clients.config import read_token
     from storage_nodes.cluster import open_cluster_tier
-    from storage_nodes.cluster.config import token_from_env
+    from storage_nodes.cluster.config import node_token
 
     link = config.cluster
     replicas, quorum = link.resolved(len(config.nodes))
-    token = read_token(link.token_file) if link.token_file else token_from_env()
+    token = node_token(link.token_file)
     tier = open_cluster_tier(
         list(config.nodes),
         replicas=replicas,

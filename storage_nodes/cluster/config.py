@@ -92,3 +92,21 @@ def parse_nodes(value: str | Sequence[str]) -> tuple[str, ...]:
 
 def token_from_env() -> str | None:
     return os.environ.get(NODE_TOKEN_ENV) or None
+
+
+def node_token(token_file: str | None) -> str | None:
+    """The token a daemon presents to its nodes: the first field of the first
+    non-comment line of ``token_file`` (a bare token, or a node's ``token *`` line), else
+    ``$KVSTORE_NODE_AUTH_TOKEN``."""
+    if token_file is None:
+        return token_from_env()
+    try:
+        with open(token_file, encoding="utf-8") as f:
+            lines = [ln.strip() for ln in f]
+    except (OSError, UnicodeDecodeError) as e:
+        why = getattr(e, "strerror", None) or "not UTF-8 text"
+        raise ClusterConfigError(f"--node-token-file {token_file}: cannot read ({why})") from None
+    for line in lines:
+        if line and not line.startswith("#"):
+            return line.split()[0]
+    raise ClusterConfigError(f"--node-token-file {token_file} holds no token")

@@ -56,3 +56,20 @@ def test_open_cluster_tier_reads_the_node_token_from_the_environment(
         assert tier.name == "ssd"
     finally:
         tier.close()
+
+
+def test_node_token_from_a_file_or_the_environment(
+    tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from storage_nodes.cluster.config import NODE_TOKEN_ENV, node_token
+
+    monkeypatch.setenv(NODE_TOKEN_ENV, "from-the-environment")
+    (tmp_path / "bare").write_text("# the daemon's node token\n\nabc123 \n")
+    (tmp_path / "node-line").write_text("abc123 *\n")
+    (tmp_path / "empty").write_text("# nothing\n")
+    assert node_token(str(tmp_path / "bare")) == node_token(str(tmp_path / "node-line")) == "abc123"
+    assert node_token(None) == "from-the-environment"
+    with pytest.raises(ClusterConfigError, match="holds no token"):
+        node_token(str(tmp_path / "empty"))
+    with pytest.raises(ClusterConfigError, match="cannot read"):
+        node_token(str(tmp_path / "missing"))
