@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
+from bounded_replay import ReplayPolicy, resolve_policy
 from engine.errors import EngineInputError
 
 
@@ -18,6 +20,11 @@ class EngineConfig:
     commit_timeout_s: float = 30.0  # deadline of one commit (back-pressure included)
     close_timeout_s: float = 120.0  # how long close() waits for pending commits
     attention_backend: str | None = None  # kernels backend name; None: the device's default
+    # Bounded replay (DESIGN §11): tokens of a hit replayed; None: the model's default
+    # (largest window + 12 for a hybrid model), 0: exact mode.
+    replay_keep_tokens: int | None = None
+    replay_force: bool = False  # accept a keep below the safe default
+    cache_all_layers: bool = False  # exact mode: the store keeps every layer
 
     def __post_init__(self) -> None:
         if self.block_tokens < 1:
@@ -31,6 +38,11 @@ class EngineConfig:
         for name in ("load_timeout_s", "store_call_timeout_s", "commit_timeout_s"):
             if getattr(self, name) <= 0:
                 raise EngineInputError(f"{name} must be positive")
+
+    def replay_policy(self, layer_windows: Sequence[int | None]) -> ReplayPolicy:
+        """The replay policy for a model with these windows (refusals raise, exit 2)."""
+        return resolve_policy(layer_windows, self.replay_keep_tokens, force=self.replay_force,
+                              cache_all_layers=self.cache_all_layers)
 
     @property
     def num_blocks(self) -> int:

@@ -48,6 +48,10 @@ class ForwardBatch:
     decode: DecodeMeta | None
     logits_indices: torch.Tensor  # [N] int64 rows whose next-token logits are needed
     backend: AttentionBackend
+    # Slots of the full-attention layers' K/V when they differ from ``slot_mapping``: a
+    # bounded replay keeps the cached full-layer KV of the hit (−1: not written) while its
+    # sliding layers write theirs. None: every layer writes at ``slot_mapping``.
+    full_slot_mapping: torch.Tensor | None = None  # [T] int64
 
     @property
     def num_tokens(self) -> int:

@@ -20,7 +20,8 @@ from engine.kv.block_manager import BlockManager
 from engine.kv.cache import KVCache, KVCacheShape
 from engine.kv.committer import KVCommitter
 from engine.kv.loader import KVLoader
-from engine.kv.namespace import cached_layers
+from engine.kv.namespace import engine_namespaces
+from engine.kv.replay_planner import ReplayPlanner
 from engine.kv.store_link import StoreLink
 from engine.model.base import CausalLM
 from engine.model_runner import ModelRunner
@@ -45,6 +46,15 @@ class LLMEngine:
         self.ns = link.ns
         if self.ns.block_tokens != config.block_tokens:
             raise ValueError("the namespace and the engine disagree on block_tokens")
+        self.policy = config.replay_policy(spec.layer_windows)
+        self.namespaces = engine_namespaces(spec, config.block_tokens, self.policy,
+                                            tenant=self.ns.tenant)
+        if self.ns != self.namespaces.primary:
+            raise ValueError(
+                f"the store link's namespace {self.ns} is not this engine's "
+                f"{self.namespaces.primary} ({self.policy.describe()})")
+        sliding = self.namespaces.sliding
+        self.sliding_link = None if sliding is None else link.sibling(sliding)
         device = model_device(model)
         self.cache = KVCache(
             KVCacheShape(
@@ -62,9 +72,12 @@ class LLMEngine:
             config.num_blocks, config.block_tokens, self.cache.shape.bytes_per_block
         )
         self._progress = threading.Event()
-        layers = cached_layers(spec)
+        self.planner = ReplayPlanner(self.policy, config.block_tokens)
+        layers = self.ns.cached_layers  # the primary namespace's; a job may name another
         self.loader = KVLoader(
-            link, self.cache, layers, self.backend, self._progress, config.store_call_timeout_s
+            link, self.cache, layers, self.backend, self._progress,
+            config.store_call_timeout_s, sliding_link=self.sliding_link,
+            window_first_block=self.planner.window_first_block,
         )
         self.committer = KVCommitter(
             link, self.cache, layers, self.backend, self._progress, config.commit_timeout_s
@@ -78,6 +91,9 @@ class LLMEngine:
             self.committer,
             max_context_tokens=spec.max_context_tokens,
             eos_token_ids=spec.eos_token_ids,
+            planner=self.planner,
+            copy_blocks=self.cache.copy_blocks,
+            sliding_link=self.sliding_link,
         )
         self.runner = ModelRunner(model, self.cache, self.blocks, self.backend)
         self._closed = False
@@ -122,6 +138,19 @@ class LLMEngine:
     def hbm_stats(self) -> TierStats:
         return self.blocks.stats()
 
+    @property
+    def stored_bytes_per_token(self) -> float:
+        """KV bytes the store keeps per token under this engine's replay policy."""
+        return self.namespaces.bytes_per_token
+
+    def store_counters(self) -> dict[str, int]:
+        """The store links' counters, summed over the namespaces."""
+        out: dict[str, int] = {}
+        for link in (self.link, self.sliding_link):
+            for k, v in (link.counters() if link is not None else {}).items():
+                out[k] = out.get(k, 0) + v
+        return out
+
     def check_integrity(self) -> None:
         self.scheduler.check_integrity()
 
@@ -135,6 +164,8 @@ class LLMEngine:
         self.drain(max(0.0, deadline - time.monotonic()))
         self.loader.close()
         self.committer.close()
+        if self.sliding_link is not None:
+            self.sliding_link.close()
         self.link.close()
 
     def __enter__(self) -> LLMEngine:

@@ -1,8 +1,14 @@
 """One step on the model: the scheduler's batch as a ``ForwardBatch``, the forward pass,
-the sampled tokens."""
+the sampled tokens.
+
+A sequence admitted with a bounded replay (``seq.plan``) runs its replayed tokens like any
+prefill, except that its full-attention layers do not write K/V below the hit's end (they
+keep the cached KV: ``full_slot_mapping``) and its sliding layers see no key before the
+replay start (``sliding_kv_start``), in the prefill and in every decode step after it."""
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 
 import torch
@@ -29,6 +35,8 @@ class ModelRunner:
         # Observers of every step's logits (rows in the order of the sampled sequences):
         # how tests compare runs by logits, as the near-tie rule needs.
         self.logits_observers: list[Callable[[list[Sequence], torch.Tensor], None]] = []
+        # Tokens run through the model, counted here (tests check the replay's size on it).
+        self.counters: Counter[str] = Counter()
 
     @torch.inference_mode()
     def run(self, batch: ScheduledBatch) -> dict[int, int]:
@@ -36,6 +44,8 @@ class ModelRunner:
         end of its tokens this step (seq_id -> token)."""
         fb, sampled_seqs = self.prepare(batch)
         logits = self.model(fb, self.cache)
+        self.counters["forward_tokens_total"] += fb.num_tokens
+        self.counters["forward_steps_total"] += 1
         for observe in self.logits_observers:
             observe(sampled_seqs, logits)
         tokens = sample(logits, sampled_seqs)
@@ -46,6 +56,8 @@ class ModelRunner:
         ids: list[int] = []
         positions: list[int] = []
         slots: list[int] = []
+        full_slots: list[int] = []
+        kv_starts: list[int] = []
         logits_rows: list[int] = []
         sampled: list[Sequence] = []
         tables: list[list[int]] = []
@@ -57,7 +69,13 @@ class ModelRunner:
             table = self.blocks.block_ids(("seq", seq.seq_id))
             ids.extend(seq.token_ids[a : a + n])
             positions.extend(range(a, a + n))
-            slots.extend(table[p // bt] * bt + p % bt for p in range(a, a + n))
+            mine = [table[p // bt] * bt + p % bt for p in range(a, a + n)]
+            slots.extend(mine)
+            plan = seq.plan
+            keep_below = plan.full_write_start_tokens if plan is not None else 0
+            full_slots.extend(s if p >= keep_below else -1
+                              for p, s in zip(range(a, a + n), mine, strict=True))
+            kv_starts.append(plan.sliding_kv_start_tokens if plan is not None else 0)
             tables.append(table)
             lens.append(a + n)
             if a + n == seq.num_tokens:
@@ -76,12 +94,14 @@ class ModelRunner:
                 cu_seqlens_q=self._i32(cu),
                 block_tables=self._table(tables[:p]),
                 seq_lens=self._i32(lens[:p]),
+                sliding_kv_start=self._starts(kv_starts[:p]),
             )
             if p
             else None
         )
         decode = (
-            DecodeMeta(block_tables=self._table(tables[p:]), seq_lens=self._i32(lens[p:]))
+            DecodeMeta(block_tables=self._table(tables[p:]), seq_lens=self._i32(lens[p:]),
+                       sliding_kv_start=self._starts(kv_starts[p:]))
             if batch.decodes
             else None
         )
@@ -94,8 +114,14 @@ class ModelRunner:
             decode=decode,
             logits_indices=torch.tensor(logits_rows, dtype=torch.int64, device=self.device),
             backend=self.backend,
+            full_slot_mapping=(None if full_slots == slots else
+                               torch.tensor(full_slots, dtype=torch.int64, device=self.device)),
         )
         return fb, sampled
+
+    def _starts(self, starts: list[int]) -> torch.Tensor | None:
+        # None when no sequence has a kv_start: the kernels' plain path.
+        return self._i32(starts) if any(starts) else None
 
     def _i32(self, values: list[int]) -> torch.Tensor:
         return torch.tensor(values, dtype=torch.int32, device=self.device)

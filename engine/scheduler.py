@@ -13,6 +13,13 @@ requests keep computing. When the loader is done the request runs from where the
 blocks end (only blocks actually copied count); when its deadline passes first, the
 request recomputes instead. A hit never covers the last prompt token (``hit_cap``).
 
+Once the hit is known, the replay planner (``engine.kv.replay_planner``) turns it into the
+request's ``ReplayPlan``: with bounded replay, a hit whose last window lacks the sliding
+layers starts computing ``keep`` tokens before the hit's end. The hit blocks that replay
+writes into (their sliding layers) must be the request's own, so the pool's hit blocks
+among them are swapped for private copies (``privatize``), into blocks set aside at
+admission; a replay never writes a block another request may read.
+
 When a request finishes, the blocks of its sequence (prompt and generated tokens) that the
 store is not known to hold go to the background committer (``engine.kv.committer``), which
 keeps them referenced until their bytes are out of the pool.
@@ -23,13 +30,17 @@ from __future__ import annotations
 import itertools
 import time
 from collections import Counter, deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
+from bounded_replay import ReplayPlan
 from engine.config import EngineConfig
 from engine.errors import ContextTooLong, EngineInputError, EngineIntegrityError, PoolTooSmall
 from engine.kv.block_manager import BlockManager
+from engine.kv.block_pool import KVBlock
 from engine.kv.committer import CommitJob, KVCommitter
 from engine.kv.loader import KVLoader, LoadJob
+from engine.kv.replay_planner import ReplayPlanner
 from engine.kv.store_link import StoreLink
 from engine.sequence import Sequence, SequenceStatus
 from kvstore.keys import Namespace
@@ -56,6 +67,11 @@ def _owner(seq: Sequence) -> tuple[str, int]:
     return ("seq", seq.seq_id)
 
 
+def _reserve(seq: Sequence) -> tuple[str, int]:
+    """The blocks set aside at admission for the private copies a replay may need."""
+    return ("reserve", seq.seq_id)
+
+
 class Scheduler:
     def __init__(
         self,
@@ -67,11 +83,20 @@ class Scheduler:
         committer: KVCommitter,
         max_context_tokens: int,
         eos_token_ids: tuple[int, ...] = (),
+        *,
+        planner: ReplayPlanner,
+        copy_blocks: Callable[[list[tuple[int, int]]], None],
+        sliding_link: StoreLink | None = None,
     ) -> None:
+        """``copy_blocks``: copies pool blocks (old, new) on the engine thread.
+        ``sliding_link``: exact mode for a hybrid model, the sliding layers' namespace."""
         self.config = config
         self.blocks = blocks
         self.ns = ns
         self.link = link
+        self.planner = planner
+        self.copy_blocks = copy_blocks
+        self.links = (link,) if sliding_link is None else (link, sliding_link)
         self.loader = loader
         self.committer = committer
         self.max_context_tokens = max_context_tokens
@@ -95,7 +120,7 @@ class Scheduler:
             )
         # The last token sampled is never computed: it needs no slot.
         longest = min(n + seq.params.max_new_tokens - 1, self.max_context_tokens)
-        need = self.blocks.blocks_for(longest)
+        need = self.blocks.blocks_for(longest) + self.planner.max_reserve_blocks
         if need > self.blocks.pool.num_blocks:
             raise PoolTooSmall(
                 f"a prompt of {n} tokens plus {seq.params.max_new_tokens} new ones needs a "
@@ -168,6 +193,7 @@ class Scheduler:
         seq.status = SequenceStatus.WAITING
         seq.num_computed_tokens = 0
         seq.num_cached_blocks = 0
+        seq.reset_replay()
         seq.stats.preemptions += 1
         self.counters["preemptions_total"] += 1
         seq.stats.reset_admission()
@@ -181,15 +207,16 @@ class Scheduler:
         hit = self.blocks.longest_prefix(keys, seq.num_tokens)
         revived = sum(1 for b in hit if b.ref_cnt == 0)  # free now, taken by open()
         free_after_hit = self.blocks.num_free - revived
-        bt = self.blocks.block_tokens
-        if self.link.enabled and len(hit) < cap:
+        planner = self.planner
+        if self.link.enabled and (len(hit) < cap or planner.needs_sliding_load(hit)):
             n_load = cap - len(hit)
-            if n_load > free_after_hit:
+            reserve = planner.reserve_blocks(len(hit))
+            if n_load + reserve > free_after_hit:
                 return None
             self.blocks.open(_owner(seq), hit, lookup_blocks=cap)
             job_owner = ("load", next(self._job_ids))
             taken = self.blocks.take(job_owner, n_load)
-            if taken is None:  # checked against free_after_hit above
+            if taken is None or self.blocks.take(_reserve(seq), reserve) is None:
                 raise EngineIntegrityError("pool lost free blocks during admission")
             job = LoadJob(
                 owner=job_owner,
@@ -199,20 +226,27 @@ class Scheduler:
                 block_ids=[b.block_id for b in taken],
                 deadline_s=time.monotonic() + self.config.load_timeout_s,
             )
-            self._note_hit(seq, "hbm", len(hit))
-            seq.num_cached_blocks = len(hit)
+            if planner.loads_sliding and len(self.links) > 1:
+                job.sliding_keys = seq.block_keys(self.links[1].ns)[:cap]
+                job.pool_block_ids = [b.block_id for b in hit]
+                job.pool_has_sliding = [planner.has_sliding(b) for b in hit]
             seq.status = SequenceStatus.LOADING
             self.loading[seq.seq_id] = (seq, job)
             self.loader.submit(job)
             return 0
-        chunk = min(seq.num_tokens - len(hit) * bt, budget)
-        if self.blocks.blocks_for(len(hit) * bt + chunk) - len(hit) > free_after_hit:
+        plan = planner.plan(seq.num_tokens, [planner.has_sliding(b) for b in hit])
+        used = hit[: plan.hit_blocks]
+        start = plan.replay_start_tokens
+        chunk = min(seq.num_tokens - start, budget)
+        need = (max(0, self.blocks.blocks_for(start + chunk) - len(used))
+                + len(plan.replay_blocks))
+        if need > self.blocks.num_free - sum(1 for b in used if b.ref_cnt == 0):
             return None
-        self.blocks.open(_owner(seq), hit, lookup_blocks=cap)
-        if not self.blocks.grow(_owner(seq), len(hit) * bt + chunk):
+        self.blocks.open(_owner(seq), used, lookup_blocks=cap)
+        self._note_hit(seq, "hbm", len(used))
+        self._start_running(seq, plan, pool_blocks=len(used))
+        if not self.blocks.grow(_owner(seq), start + chunk):
             raise EngineIntegrityError("pool lost free blocks during admission")
-        self._note_hit(seq, "hbm", len(hit))
-        self._start_running(seq, len(hit))
         return chunk
 
     def _note_hit(self, seq: Sequence, tier: str, first: int, count: int | None = None) -> None:
@@ -221,9 +255,23 @@ class Scheduler:
         start, end = (0, first) if count is None else (first, first + count)
         seq.stats.hit_tokens[tier] += max(0, min(end * bt, p) - min(start * bt, p))
 
-    def _start_running(self, seq: Sequence, computed_blocks: int) -> None:
-        seq.num_computed_tokens = computed_blocks * self.blocks.block_tokens
-        seq.num_cached_blocks = computed_blocks
+    def _start_running(self, seq: Sequence, plan: ReplayPlan, pool_blocks: int) -> None:
+        """Run ``seq`` from its plan's replay start. Its table holds the hit (the pool's
+        ``pool_blocks`` first, then what the store filled) and maybe fresh blocks after it;
+        a hit the plan shortened gives back the blocks past it."""
+        owner = _owner(seq)
+        table = self.blocks.table(owner)
+        h = plan.hit_blocks
+        if len(table) > h and table[h].key is not None:
+            self.blocks.truncate(owner, h)  # indexed blocks past the hit: not ours to write
+        shared = range(plan.replay_blocks.start, min(plan.replay_blocks.stop, pool_blocks))
+        seq.copied_stored_layers = {i: table[i].stored_layers for i in shared}
+        self.blocks.release(_reserve(seq))  # its blocks are the private copies' room
+        if shared:
+            self.copy_blocks(self.blocks.privatize(owner, shared.start, shared.stop))
+        seq.plan = plan
+        seq.num_computed_tokens = plan.replay_start_tokens
+        seq.num_cached_blocks = h
         seq.status = SequenceStatus.RUNNING
         self.running.append(seq)
 
@@ -245,7 +293,11 @@ class Scheduler:
                 del self.loading[seq_id]
                 seq.stats.load_gave_up += 1
                 self.counters["loads_given_up_total"] += 1
-                self._start_running(seq, len(self.blocks.table(_owner(seq))))
+                hit = self.blocks.table(_owner(seq))
+                plan = self.planner.plan(seq.num_tokens,
+                                         [self.planner.has_sliding(b) for b in hit])
+                self._note_hit(seq, "hbm", plan.hit_blocks)
+                self._start_running(seq, plan, pool_blocks=len(hit))
         for cjob in self.committer.copied():
             self.blocks.release(cjob.owner)
         for cjob in self.committer.finished():
@@ -255,27 +307,38 @@ class Scheduler:
 
     def _loaded(self, seq: Sequence, job: LoadJob) -> None:
         owner = _owner(seq)
+        planner = self.planner
         hit = len(self.blocks.table(owner))
         got = job.loaded_blocks
         self.blocks.hand_over(job.owner, owner)
-        self.blocks.cache(owner, job.keys, hit, hit + got)
+        self.blocks.cache(owner, job.keys, hit, hit + got, planner.primary_layers)
         table = self.blocks.table(owner)
         for i in range(min(job.store_blocks, hit + got)):
             if table[i].key == job.keys[i]:
-                table[i].stored = True
-        for j, tier in enumerate(job.tiers):
+                table[i].stored_layers |= planner.primary_layers
+        sliding = set(job.sliding_loaded)
+        for i in sliding:  # copied in from the store: held and stored
+            if table[i].key == job.keys[i]:
+                table[i].layers |= planner.sliding_layers
+                table[i].stored_layers |= planner.sliding_layers
+        flags = [planner.has_sliding(table[i]) or i in sliding for i in range(hit + got)]
+        plan = planner.plan(seq.num_tokens, flags)
+        self._note_hit(seq, "hbm", min(hit, plan.hit_blocks))
+        for j, tier in enumerate(job.tiers[: max(0, plan.hit_blocks - hit)]):
             self._note_hit(seq, tier, hit + j, 1)
-        self._start_running(seq, hit + got)
+        self._start_running(seq, plan, pool_blocks=hit)
 
     def _mark_stored(self, job: CommitJob) -> None:
         res = job.result
         if res is None:
             return
         accepted = res.inserted + res.present  # the store drops a chain's tail, not its head
-        for j, block_id in enumerate(job.block_ids[:accepted]):
+        layers = frozenset(job.link.ns.cached_layers)
+        for block_id, key in zip(job.block_ids[:accepted], job.pool_keys, strict=False):
             block = self.blocks.pool.blocks[block_id]
-            if block.key == job.keys[job.first_block + j]:  # not reused since the copy
-                block.stored = True
+            # Not reused since the copy (same key, and holding the layers sent).
+            if block.key == key and layers <= block.layers:
+                block.stored_layers |= layers
 
     # -- after the forward pass -------------------------------------------------------
     def update(self, batch: ScheduledBatch, sampled: dict[int, int]) -> list[Sequence]:
@@ -288,10 +351,13 @@ class Scheduler:
             start = seq.num_computed_tokens
             seq.num_computed_tokens += n
             seq.stats.computed_tokens += max(0, min(start + n, seq.num_prompt_tokens) - start)
+            if seq.plan is not None:  # the hit's own tokens run again: a replay
+                seq.stats.replayed_tokens += max(0, min(start + n, seq.plan.hit_tokens) - start)
             full = seq.num_computed_tokens // self.blocks.block_tokens
             if full > seq.num_cached_blocks:
                 keys = seq.block_keys(self.ns)
-                self.blocks.cache(_owner(seq), keys, seq.num_cached_blocks, full)
+                self.blocks.cache(_owner(seq), keys, seq.num_cached_blocks, full,
+                                  self.planner.computed_layers)
                 seq.num_cached_blocks = full
             if seq.num_computed_tokens < seq.num_tokens:
                 continue  # a prefill chunk short of the end: no token yet
@@ -322,18 +388,42 @@ class Scheduler:
         full = seq.num_computed_tokens // self.blocks.block_tokens
         if self.link.enabled and full:
             table = self.blocks.table(owner)[:full]
-            known = next((i for i, b in enumerate(table) if not b.stored), full)
-            job_owner = ("commit", next(self._job_ids))
-            self.blocks.hold(job_owner, table[known:])
-            self.committer.submit(
-                CommitJob(
-                    owner=job_owner,
-                    keys=seq.block_keys(self.ns)[:full],
-                    first_block=known,
-                    block_ids=[b.block_id for b in table[known:]],
-                )
-            )
+            held, stored = self._layers_of(seq, table)
+            for link in self.links:
+                layers = frozenset(link.ns.cached_layers)
+                send = [i for i in range(full) if layers <= held[i] and not layers <= stored[i]]
+                if link is not self.link and not send:
+                    continue  # the primary chain is always sent: it refreshes recency
+                job_owner = ("commit", next(self._job_ids))
+                self.blocks.hold(job_owner, [table[i] for i in send])
+                pool_keys = seq.block_keys(self.ns)
+                self.committer.submit(CommitJob(
+                    owner=job_owner, link=link, keys=seq.block_keys(link.ns)[:full],
+                    indices=send, block_ids=[table[i].block_id for i in send],
+                    pool_keys=[pool_keys[i] for i in send]))
         self.blocks.release(owner)
+
+    def _layers_of(self, seq: Sequence, table: list[KVBlock]
+                   ) -> tuple[list[frozenset[int]], list[frozenset[int]]]:
+        """Per block of a finished sequence, the layers it holds and those the store is
+        known to hold: an indexed block records both; the sequence computed every layer of
+        the blocks past its hit; a private copy of a hit block holds the primary layers,
+        stored as its original was."""
+        hit = seq.plan.hit_blocks if seq.plan is not None else 0
+        held: list[frozenset[int]] = []
+        stored: list[frozenset[int]] = []
+        none: frozenset[int] = frozenset()
+        for i, b in enumerate(table):
+            if b.key is not None:
+                held.append(b.layers)
+                stored.append(b.stored_layers)
+            elif i >= hit:
+                held.append(self.planner.computed_layers)
+                stored.append(none)
+            else:
+                held.append(self.planner.primary_layers)
+                stored.append(seq.copied_stored_layers.get(i, none))
+        return held, stored
 
     def check_integrity(self) -> None:
         """The pool's accounting, and each sequence's blocks against its state."""
@@ -351,5 +441,6 @@ class Scheduler:
             table = self.blocks.table(_owner(seq))
             if len(table) * bt < seq.num_computed_tokens:
                 raise EngineIntegrityError(f"{seq} computed past its {len(table)} blocks")
-            if seq.num_cached_blocks > seq.num_computed_tokens // bt:
+            known = max(seq.num_computed_tokens, seq.plan.hit_tokens if seq.plan else 0)
+            if seq.num_cached_blocks > known // bt:
                 raise EngineIntegrityError(f"{seq} indexed blocks it has not computed")

@@ -10,6 +10,7 @@ from enum import Enum
 
 import torch
 
+from bounded_replay import ReplayPlan
 from engine.sampling_params import SamplingParams
 from kvstore.keys import Key, Namespace, chain_keys
 
@@ -35,6 +36,8 @@ class SequenceStats:
     last_token_s: float | None = None
     hit_tokens: dict[str, int] = field(default_factory=lambda: dict.fromkeys(TIERS, 0))
     computed_tokens: int = 0  # prompt tokens that went through the model
+    # Of those, tokens of the hit replayed (bounded replay): cached_tokens = hit − replayed.
+    replayed_tokens: int = 0
     preemptions: int = 0
     load_gave_up: int = 0  # store loads abandoned at their deadline
 
@@ -52,6 +55,7 @@ class SequenceStats:
     def reset_admission(self) -> None:
         self.hit_tokens = dict.fromkeys(TIERS, 0)
         self.computed_tokens = 0
+        self.replayed_tokens = 0
 
 
 class Sequence:
@@ -63,16 +67,22 @@ class Sequence:
         self.status = SequenceStatus.WAITING
         # Tokens whose K/V are in the pool; the rest are computed by the next steps.
         self.num_computed_tokens = 0
-        # Leading blocks of this sequence's table already in the pool's prefix index.
+        # Leading blocks of this sequence's table already in the pool's prefix index (or,
+        # for the hit blocks a replay writes into, held as private copies).
         self.num_cached_blocks = 0
+        # The admission's replay plan (bounded_replay), set when the request starts running:
+        # where its prefill started and which layers hold KV from where.
+        self.plan: ReplayPlan | None = None
+        # Layers the store held for hit blocks swapped for private copies (chain index ->
+        # layers): their keys are the pool's originals', so the commit must not resend them.
+        self.copied_stored_layers: dict[int, frozenset[int]] = {}
         self.stats = SequenceStats()
         self.finish_reason: str | None = None
         self.generator: torch.Generator | None = None
         if not params.greedy:
             self.generator = torch.Generator()
             self.generator.manual_seed(params.seed if params.seed is not None else self.seq_id)
-        self._keys: list[Key] = []
-        self._keys_ns: Namespace | None = None
+        self._keys: dict[Namespace, list[Key]] = {}
 
     def __repr__(self) -> str:
         return (f"Sequence({self.seq_id}, {self.status.value}, tokens={len(self.token_ids)}, "
@@ -94,9 +104,13 @@ class Sequence:
         """Chain keys of every full block of the tokens so far (DESIGN §3): the same keys the
         store uses, so one chain names a block in the pool and in the store."""
         n = len(self.token_ids) // ns.block_tokens
-        if ns != self._keys_ns or len(self._keys) != n:
+        keys = self._keys.get(ns)
+        if keys is None or len(keys) != n:
             # Rehashing from the root when a block fills costs microseconds per block; the
             # store's key API has no incremental form, and the chain must be its own.
-            self._keys = chain_keys(ns, self.token_ids[: n * ns.block_tokens])
-            self._keys_ns = ns
-        return self._keys
+            keys = self._keys[ns] = chain_keys(ns, self.token_ids[: n * ns.block_tokens])
+        return keys
+
+    def reset_replay(self) -> None:
+        self.plan = None
+        self.copied_stored_layers = {}

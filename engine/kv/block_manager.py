@@ -101,12 +101,36 @@ class BlockManager:
         blocks = self._tables.pop(src)
         self._tables[dst].extend(blocks)
 
-    def cache(self, owner: Owner, keys: Sequence[Key], start: int, end: int) -> None:
-        """Index blocks ``[start, end)`` of ``owner``'s table (full and computed) under
-        their chain keys, so later requests hit them."""
+    def cache(self, owner: Owner, keys: Sequence[Key], start: int, end: int,
+              layers: frozenset[int]) -> None:
+        """Index blocks ``[start, end)`` of ``owner``'s table (full, holding the K/V of
+        ``layers``) under their chain keys, so later requests hit them."""
         table = self._tables[owner]
         for i in range(start, end):
-            self.pool.cache(table[i], keys[i])
+            self.pool.cache(table[i], keys[i], layers)
+
+    def privatize(self, owner: Owner, start: int, end: int) -> list[tuple[int, int]]:
+        """Give ``owner`` blocks of its own for table entries ``[start, end)``: each is
+        replaced by a fresh block (its reference on the old one dropped). Returns the
+        ``(old, new)`` block ids whose bytes the caller copies before anything reads the new
+        ones. The pool must have the free blocks (the caller reserved them)."""
+        table = self._tables[owner]
+        if end - start > self.pool.num_free:
+            raise EngineIntegrityError(f"privatize needs {end - start} free blocks, the pool "
+                                       f"has {self.pool.num_free}")
+        fresh = self.pool.allocate(end - start)
+        old = table[start:end]
+        table[start:end] = fresh
+        self.pool.free(reversed(old))
+        self.counters["private_copies_total"] += len(fresh)
+        return [(a.block_id, b.block_id) for a, b in zip(old, fresh, strict=True)]
+
+    def truncate(self, owner: Owner, num_blocks: int) -> None:
+        """Drop ``owner``'s table entries from ``num_blocks`` on (tail first)."""
+        table = self._tables[owner]
+        tail = table[num_blocks:]
+        del table[num_blocks:]
+        self.pool.free(reversed(tail))
 
     def release(self, owner: Owner) -> None:
         """Drop all of ``owner``'s references, tail first (see ``BlockPool.free``)."""

@@ -10,6 +10,12 @@ Every block is in exactly one of three states:
   LRU free queue, so a later request can still hit it until it is evicted;
 - **free, empty**: ``ref_cnt == 0`` and no key.
 
+An indexed block records the layers whose K/V it holds: every layer when this engine
+computed it, only the stored layers when it was loaded from the store (bounded replay keeps
+the full-attention layers only, exact mode loads the sliding layers only for the last
+window's blocks). A pool hit on a block without the sliding layers is therefore still
+replayed or completed from the store, never read as if it held them.
+
 Allocation takes empty blocks first, then evicts the least recently freed cached block.
 Sequences free their blocks tail first, so the tail of a chain is evicted first and what
 stays cached of a chain is always a prefix, as in the store's tiers (DESIGN §6).
@@ -30,9 +36,11 @@ class KVBlock:
     block_id: int
     ref_cnt: int = 0
     key: Key | None = None  # the chain key (DESIGN §3) once full and indexed
-    # The store is known to hold this block's key (loaded from it, or committed and
-    # accepted): a finished request does not send it again.
-    stored: bool = False
+    # The layers whose K/V this block holds, set when it is indexed.
+    layers: frozenset[int] = frozenset()
+    # The layers the store is known to hold under this block's key (loaded from it, or
+    # committed and accepted): a finished request does not send them again.
+    stored_layers: frozenset[int] = frozenset()
 
 
 class NoFreeBlocks(Exception):
@@ -78,18 +86,22 @@ class BlockPool:
             hit.append(block)
         return hit
 
-    def cache(self, block: KVBlock, key: Key) -> bool:
-        """Index a full, in-use block under its chain key. A key already indexed (another
-        sequence computed or loaded the same block meanwhile) keeps its block; this one stays
-        unindexed and goes back empty when freed. Returns whether it was indexed."""
+    def cache(self, block: KVBlock, key: Key, layers: frozenset[int]) -> bool:
+        """Index a full, in-use block holding the K/V of ``layers`` under its chain key. A
+        key already indexed (another sequence computed or loaded the same block meanwhile)
+        keeps its block; this one stays unindexed and goes back empty when freed. Returns
+        whether it was indexed."""
         if block.ref_cnt < 1:
             raise EngineIntegrityError(f"block {block.block_id} cached while free")
+        if not layers:
+            raise EngineIntegrityError(f"block {block.block_id} indexed holding no layer")
         if block.key is not None:
             return block.key == key
         if key in self._index:
             self.counters["duplicate_blocks_total"] += 1
             return False
         block.key = key
+        block.layers = layers
         self._index[key] = block
         self.counters["cached_blocks_total"] += 1
         return True
@@ -117,7 +129,7 @@ class BlockPool:
                 assert block.key is not None  # only keyed blocks enter the cached queue
                 del self._index[block.key]
                 block.key = None
-                block.stored = False
+                block.layers = block.stored_layers = frozenset()
                 self.counters["evicted_blocks_total"] += 1
             block.ref_cnt = 1
             out.append(block)
@@ -162,8 +174,12 @@ class BlockPool:
             if block.key is not None:
                 raise fail(f"empty block {block.block_id} still holds a key")
         for block in self.blocks:
-            if block.stored and block.key is None:
-                raise fail(f"block {block.block_id} marked stored without a key")
+            if block.key is None and (block.layers or block.stored_layers):
+                raise fail(f"block {block.block_id} records layers without a key")
+            if not block.stored_layers <= block.layers:
+                raise fail(f"block {block.block_id}: the store holds layers the block lacks")
+            if block.key is not None and not block.layers:
+                raise fail(f"block {block.block_id} indexed holding no layer")
         for key, block in self._index.items():
             if block.key != key:
                 raise fail(f"index entry points at block {block.block_id} of another key")

@@ -44,3 +44,13 @@ class KVCache:
         )
         self.k = [self.storage[i, 0] for i in range(s.num_layers)]
         self.v = [self.storage[i, 1] for i in range(s.num_layers)]
+
+    def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
+        """Copy every layer's K and V of block ``src`` into block ``dst`` for each pair:
+        one indexed copy over the whole pool tensor."""
+        if not pairs:
+            return
+        src = torch.tensor([a for a, _ in pairs], dtype=torch.int64, device=self.device)
+        dst = torch.tensor([b for _, b in pairs], dtype=torch.int64, device=self.device)
+        self.storage.index_copy_(2, dst, self.storage.index_select(2, src))
+

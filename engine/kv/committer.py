@@ -9,6 +9,10 @@ references: only from that moment may the blocks be reused) and then calls
 ``store.commit`` with the whole chain, so the store also refreshes the recency of the part
 it already had. The commit's outcome comes back separately: the engine marks the blocks
 the store accepted as stored, so later requests do not send them again.
+
+A job names the store link (so the namespace, and the layers its blocks carry) it goes
+to: exact mode for a hybrid model commits a request's full-attention layers and its
+sliding layers as two jobs, to two namespaces of the same chain.
 """
 
 from __future__ import annotations
@@ -31,9 +35,11 @@ from kvstore.tier import CommitResult
 @dataclass(eq=False)
 class CommitJob:
     owner: tuple[str, int]  # the block manager owner holding ``block_ids``
+    link: StoreLink  # where the blocks go: its namespace's layers are copied out
     keys: list[Key]  # the chain of the sequence's full computed blocks, from block 0
-    first_block: int  # chain blocks [0, first_block) are known to be in the store
-    block_ids: list[int]  # pool blocks of chain blocks first_block, first_block + 1, ...
+    indices: list[int]  # chain blocks to send (ascending): the store lacks them
+    block_ids: list[int]  # their pool blocks
+    pool_keys: list[Key]  # the keys the pool indexes those blocks by (the primary chain)
     # Written by the committer thread.
     result: CommitResult | None = None
     error: BaseException | None = None
@@ -64,16 +70,17 @@ class KVCommitter(TransferThread[CommitJob]):
         finally:
             self._copied.put(job)
             self._notify()
-        payloads = {job.first_block + j: rows[j] for j in range(len(job.block_ids))}
-        job.result = self.link.commit(job.keys, payloads, self.timeout_s)
+        payloads = {i: rows[j] for j, i in enumerate(job.indices)}
+        job.result = job.link.commit(job.keys, payloads, self.timeout_s)
 
     def _copy_out(self, job: CommitJob) -> torch.Tensor:
         # One reused buffer: the next job's copy starts only after this commit returned.
-        rows = self.buffer.rows(len(job.block_ids))
+        layers = list(job.link.ns.cached_layers)
+        rows = self.buffer.rows(len(job.block_ids), len(layers))
         if job.block_ids:
             ids = torch.tensor(job.block_ids, dtype=torch.int64, device=self.cache.device)
             kernels.read_kv_blocks(
-                self.cache.k, self.cache.v, ids, self.layers, rows, backend=self.backend
+                self.cache.k, self.cache.v, ids, layers, rows, backend=self.backend
             )
             self._synchronize()
         return rows

@@ -8,6 +8,11 @@ engine learns which leading blocks the store holds), copies the blocks past the 
 own hit into a host staging buffer (``get_into``) and from there into the pool
 (``kernels.write_kv_blocks``). Running requests keep computing meanwhile.
 
+Exact mode for a hybrid model keeps the sliding layers in a namespace of their own
+(``bounded_replay.stored_namespaces``): after the primary blocks the loader copies the
+sliding layers of the last window's blocks (those the pool does not hold them for) into
+their pool blocks, so the request needs no replay.
+
 The job reports what was actually copied: ``get_into`` may return fewer blocks than
 ``lookup`` promised (evicted in between, corrupt, the store died), and only those are
 admitted. The engine gives up on a job whose deadline passes; the loader notices at its
@@ -19,7 +24,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -39,10 +44,16 @@ class LoadJob:
     first_block: int  # the pool already holds blocks [0, first_block)
     block_ids: list[int]  # pool blocks for chain blocks first_block, first_block + 1, ...
     deadline_s: float  # time.monotonic() after which the engine recomputes instead
+    # Exact mode, hybrid model: the sliding namespace's chain (empty: nothing to load), and
+    # for the pool's part of the hit its blocks and whether they hold the sliding layers.
+    sliding_keys: list[Key] = field(default_factory=list)
+    pool_block_ids: list[int] = field(default_factory=list)
+    pool_has_sliding: list[bool] = field(default_factory=list)
     # Written by the loader thread, read by the engine after ``done`` is set.
     store_blocks: int = 0  # the store's prefix: chain blocks [0, store_blocks) are there
     loaded_blocks: int = 0  # blocks copied into block_ids[:loaded_blocks]
     tiers: tuple[str, ...] = ()  # tier that served each loaded block
+    sliding_loaded: tuple[int, ...] = ()  # chain blocks whose sliding layers were copied in
     error: BaseException | None = None  # a bug, re-raised on the engine thread
     done: threading.Event = field(default_factory=threading.Event)
     cancelled: bool = False  # set by the engine when it gives up
@@ -57,8 +68,16 @@ class KVLoader(TransferThread[LoadJob]):
         backend: str | kernels.AttentionBackend | None,
         progress: threading.Event,
         call_timeout_s: float = 5.0,
+        *,
+        sliding_link: StoreLink | None = None,
+        window_first_block: Callable[[int], int] | None = None,
     ) -> None:
+        """``sliding_link``: the sliding layers' namespace (exact mode, hybrid model), with
+        ``window_first_block(h)``, the first block the last window of an ``h``-block hit
+        reaches."""
         self.call_timeout_s = call_timeout_s
+        self.sliding_link = sliding_link
+        self.window_first_block = window_first_block
         super().__init__("kv-loader", link, cache, layers, backend, progress)
 
     def _done(self, job: LoadJob) -> None:
@@ -68,6 +87,12 @@ class KVLoader(TransferThread[LoadJob]):
         return min(self.call_timeout_s, job.deadline_s - time.monotonic())
 
     def _work(self, job: LoadJob) -> None:
+        if job.block_ids:
+            self._load_primary(job)
+        if job.sliding_keys:
+            self._load_sliding(job)
+
+    def _load_primary(self, job: LoadJob) -> None:
         if job.cancelled or self._remaining(job) <= 0:
             return
         found = self.link.lookup(job.keys, self._remaining(job))
@@ -75,15 +100,43 @@ class KVLoader(TransferThread[LoadJob]):
         want = min(job.store_blocks, job.first_block + len(job.block_ids)) - job.first_block
         if want <= 0 or job.cancelled or self._remaining(job) <= 0:
             return
-        staging = self.buffer.rows(want)
         keys = job.keys[job.first_block : job.first_block + want]
-        got = min(self.link.get_into(keys, staging, self._remaining(job)), want)
-        if got <= 0 or job.cancelled:
-            return
-        ids = torch.tensor(job.block_ids[:got], dtype=torch.int64, device=self.cache.device)
-        kernels.write_kv_blocks(
-            self.cache.k, self.cache.v, ids, self.layers, staging[:got], backend=self.backend
-        )
-        self._synchronize()
+        got = self._copy_in(self.link, keys, job.block_ids[:want], job)
         job.tiers = tuple(found.tiers[job.first_block : job.first_block + got])
         job.loaded_blocks = got
+
+    def _load_sliding(self, job: LoadJob) -> None:
+        """The sliding layers of the last window's blocks that lack them."""
+        link, first_of = self.sliding_link, self.window_first_block
+        if link is None or first_of is None or job.cancelled or self._remaining(job) <= 0:
+            return
+        hit = job.first_block + job.loaded_blocks
+        ids = job.pool_block_ids[: job.first_block] + job.block_ids[: job.loaded_blocks]
+        lacking = [i for i in range(first_of(hit), hit)
+                   if i >= job.first_block or not job.pool_has_sliding[i]]
+        if not lacking:
+            return
+        lo = lacking[0]  # copy the run [lo, hit); blocks in it that hold them stay as they are
+        got = self._copy_in(link, job.sliding_keys[lo:hit], ids[lo:hit], job,
+                            only=[i - lo for i in lacking])
+        job.sliding_loaded = tuple(i for i in lacking if i < lo + got)
+
+    def _copy_in(self, link: StoreLink, keys: list[Key], block_ids: list[int], job: LoadJob,
+                 only: list[int] | None = None) -> int:
+        """Copy the longest present prefix of ``keys`` from ``link``'s namespace into the
+        pool blocks ``block_ids`` (rows ``only`` of it, when given); returns the prefix
+        length the store delivered."""
+        layers = list(link.ns.cached_layers)
+        staging = self.buffer.rows(len(keys), len(layers))
+        got = min(link.get_into(keys, staging, self._remaining(job)), len(keys))
+        if got <= 0 or job.cancelled:
+            return 0
+        rows = [r for r in (range(got) if only is None else only) if r < got]
+        if rows:
+            ids = torch.tensor([block_ids[r] for r in rows], dtype=torch.int64,
+                               device=self.cache.device)
+            src = staging[:got] if only is None else staging[rows]
+            kernels.write_kv_blocks(self.cache.k, self.cache.v, ids, layers, src,
+                                    backend=self.backend)
+            self._synchronize()  # the staging rows are reused by the next copy
+        return got

@@ -1,16 +1,19 @@
-"""The store namespace of an engine (DESIGN §3, §11): which blocks it may share.
+"""The store namespaces of an engine (DESIGN §3, §11): which blocks it may share.
 
-Everything that changes the bytes of a block's K/V is in it: the checkpoint (its name and
+Everything that changes the bytes of a block's K/V is in them: the checkpoint (its name and
 the revision digest of its tensors and KV-relevant config), the KV dtype, the layers the
 blocks carry, the head geometry and the block size; and the tenant the store's token maps
 to, so an engine never registers a namespace the daemon would refuse and tenants never
-share hits.
+share hits. Which layers go into which namespace is the replay policy's decision
+(``bounded_replay.stored_namespaces``): bounded mode keeps the full-attention layers only,
+exact mode for a hybrid model keeps the sliding layers in a second namespace.
 """
 
 from __future__ import annotations
 
 import torch
 
+from bounded_replay import ReplayPolicy, StoredNamespaces, resolve_policy, stored_namespaces
 from engine.model.spec import ModelSpec
 from kvstore.keys import Namespace
 
@@ -20,21 +23,30 @@ def kv_dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def cached_layers(spec: ModelSpec) -> tuple[int, ...]:
-    """The layers a stored block carries: all of them. Bounded replay (a later issue) keeps
-    only the full-attention layers; this is the one place that decides it."""
-    return tuple(range(spec.num_layers))
-
-
-def engine_namespace(spec: ModelSpec, block_tokens: int, tenant: str = "") -> Namespace:
+def all_layers_namespace(spec: ModelSpec, block_tokens: int, tenant: str = "") -> Namespace:
+    """Every layer of the model in one namespace: what a model with one kind of layer
+    stores, and the base the replay policy derives its namespaces from."""
     return Namespace(
         model_id=spec.model_id,
         model_revision=spec.revision,
         kv_dtype=kv_dtype_name(spec.dtype),
         kv_layout="mha",
-        cached_layers=cached_layers(spec),
+        cached_layers=tuple(range(spec.num_layers)),
         kv_heads=spec.num_kv_heads,
         head_dim=spec.head_dim,
         block_tokens=block_tokens,
         tenant=tenant,
     )
+
+
+def engine_namespaces(spec: ModelSpec, block_tokens: int, policy: ReplayPolicy,
+                      tenant: str = "") -> StoredNamespaces:
+    return stored_namespaces(all_layers_namespace(spec, block_tokens, tenant), policy)
+
+
+def engine_namespace(spec: ModelSpec, block_tokens: int, tenant: str = "",
+                     policy: ReplayPolicy | None = None) -> Namespace:
+    """The primary namespace (the one a store link is opened for); ``policy`` None is the
+    model's default policy."""
+    policy = policy or resolve_policy(spec.layer_windows)
+    return engine_namespaces(spec, block_tokens, policy, tenant).primary

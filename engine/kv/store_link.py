@@ -58,6 +58,11 @@ class StoreLink(ABC):
         return None
 
     @abstractmethod
+    def sibling(self, ns: Namespace) -> StoreLink:
+        """A link to the same store for another namespace (exact mode keeps a hybrid
+        model's sliding layers apart); closing it leaves the store open."""
+
+    @abstractmethod
     def close(self) -> None:
         """Flush what the store accepted and release it (idempotent)."""
 
@@ -86,6 +91,9 @@ class NullStoreLink(StoreLink):
     def counters(self) -> dict[str, int]:
         return {}
 
+    def sibling(self, ns: Namespace) -> StoreLink:
+        return NullStoreLink(ns)
+
     def close(self) -> None:
         pass
 
@@ -104,6 +112,7 @@ class KVStoreLink(StoreLink):
         itself."""
         self.store = store
         self._close_store = close_store
+        self._timeout_s = timeout_s
         self.ns = ns
         self.name = name
         self._lock = threading.Lock()
@@ -175,6 +184,7 @@ class KVStoreLink(StoreLink):
         )
         with self._lock:
             self._counters["loaded_blocks_total"] += got
+            self._counters["loaded_bytes_total"] += got * self.ns.block_bytes
         return got
 
     def commit(
@@ -188,6 +198,7 @@ class KVStoreLink(StoreLink):
         )
         with self._lock:
             self._counters["committed_blocks_total"] += res.inserted
+            self._counters["committed_bytes_total"] += res.inserted * self.ns.block_bytes
             self._counters["commit_dropped_blocks_total"] += res.dropped
         return res
 
@@ -198,6 +209,10 @@ class KVStoreLink(StoreLink):
     def stats(self, timeout_s: float = 2.0) -> StoreStats | None:
         return self._guarded("stats", lambda: self.store.stats(timeout_s=timeout_s), None,
                              timeout_s)
+
+    def sibling(self, ns: Namespace) -> StoreLink:
+        return KVStoreLink(self.store, ns, self.name, timeout_s=self._timeout_s,
+                           close_store=False)
 
     def close(self) -> None:
         if self._closed:

@@ -39,24 +39,26 @@ def drain(q: queue.Queue[J]) -> list[J]:
 
 
 class PayloadBuffer:
-    """Rows of ``[len(layers), 2, block_tokens, kv_heads, head_dim]`` in the pool's dtype,
+    """Rows of ``[num_layers, 2, block_tokens, kv_heads, head_dim]`` in the pool's dtype,
     one allocation reused by every transfer (pinned when the pool is on a GPU): a fresh
-    buffer per transfer would pay its page faults every time."""
+    buffer per transfer would pay its page faults every time. ``num_layers`` defaults to
+    the thread's layers; exact mode for a hybrid model also moves the sliding layers' own
+    namespace through the same buffer."""
 
     def __init__(self, cache: KVCache, layers: Sequence[int]) -> None:
         self.cache = cache
         self.num_layers = len(layers)
-        self._rows: torch.Tensor | None = None
+        self._flat: torch.Tensor | None = None
 
-    def rows(self, n: int) -> torch.Tensor:
+    def rows(self, n: int, num_layers: int | None = None) -> torch.Tensor:
         s = self.cache.shape
-        if self._rows is None or self._rows.shape[0] < n:
-            self._rows = torch.empty(
-                (n, self.num_layers, 2, s.block_tokens, s.kv_heads, s.head_dim),
-                dtype=s.dtype,
-                pin_memory=self.cache.device.type == "cuda",
-            )
-        return self._rows[:n]
+        layers = self.num_layers if num_layers is None else num_layers
+        shape = (layers, 2, s.block_tokens, s.kv_heads, s.head_dim)
+        row = layers * 2 * s.block_tokens * s.kv_heads * s.head_dim
+        if self._flat is None or self._flat.numel() < n * row:
+            self._flat = torch.empty(n * row, dtype=s.dtype,
+                                     pin_memory=self.cache.device.type == "cuda")
+        return self._flat[: n * row].view(n, *shape)
 
 
 class TransferThread(ABC, Generic[J]):

@@ -58,7 +58,10 @@ class Attention(nn.Module):
         q = apply_rotary(q, cos, sin)
         k = apply_rotary(k, cos, sin)
         backend = batch.backend
-        kernels.write_kv_slots(k, v, k_pool, v_pool, batch.slot_mapping, backend=backend)
+        slots = batch.slot_mapping
+        if self.window is None and batch.full_slot_mapping is not None:
+            slots = batch.full_slot_mapping  # a replay keeps the cached full-layer KV
+        kernels.write_kv_slots(k, v, k_pool, v_pool, slots, backend=backend)
         parts = []
         n_pre = batch.num_prefill_tokens
         if batch.prefill is not None:

@@ -9,6 +9,8 @@ from hypothesis import strategies as st
 from engine.errors import EngineIntegrityError
 from engine.kv.block_pool import BlockPool, NoFreeBlocks
 
+ALL = frozenset({0, 1})
+
 
 def keys(n: int, tag: str = "a") -> list[bytes]:
     return [f"{tag}{i:015d}".encode() for i in range(n)]
@@ -17,7 +19,7 @@ def keys(n: int, tag: str = "a") -> list[bytes]:
 def cached_chain(pool: BlockPool, chain: list[bytes]) -> list:
     blocks = pool.allocate(len(chain))
     for b, k in zip(blocks, chain, strict=True):
-        assert pool.cache(b, k)
+        assert pool.cache(b, k, ALL)
     return blocks
 
 
@@ -59,8 +61,8 @@ def test_allocate_too_many_takes_nothing() -> None:
 def test_duplicate_key_keeps_the_first_block() -> None:
     pool = BlockPool(2)
     a, b = pool.allocate(2)
-    assert pool.cache(a, b"k" * 16)
-    assert not pool.cache(b, b"k" * 16)
+    assert pool.cache(a, b"k" * 16, ALL)
+    assert not pool.cache(b, b"k" * 16, ALL)
     pool.free([a, b])
     assert pool.longest_prefix([b"k" * 16]) == [a]
     assert pool.num_empty == 1  # b went back empty: nothing points at it
@@ -78,14 +80,32 @@ def test_double_free_and_stale_refs_are_caught() -> None:
         pool.check_integrity()
 
 
-def test_eviction_forgets_stored_flag() -> None:
+def test_eviction_forgets_layers_and_stored_layers() -> None:
     pool = BlockPool(1)
     (a,) = pool.allocate(1)
-    pool.cache(a, b"k" * 16)
-    a.stored = True
+    pool.cache(a, b"k" * 16, ALL)
+    a.stored_layers = ALL
     pool.free([a])
     (again,) = pool.allocate(1)
-    assert again is a and a.key is None and not a.stored
+    assert again is a and a.key is None and not a.stored_layers and not a.layers
+    pool.check_integrity()
+
+
+def test_a_block_records_the_layers_it_holds() -> None:
+    pool = BlockPool(2)
+    a, b = pool.allocate(2)
+    with pytest.raises(EngineIntegrityError, match="no layer"):
+        pool.cache(a, b"k" * 16, frozenset())
+    assert pool.cache(a, b"k" * 16, frozenset({1}))
+    assert a.layers == {1}
+    a.stored_layers = frozenset({0, 1})  # the store cannot hold what the block lacks
+    with pytest.raises(EngineIntegrityError, match="lacks"):
+        pool.check_integrity()
+    a.stored_layers = frozenset({1})
+    b.layers = frozenset({0})  # no key, no layers
+    with pytest.raises(EngineIntegrityError, match="without a key"):
+        pool.check_integrity()
+    b.layers = frozenset()
     pool.check_integrity()
 
 
@@ -99,7 +119,7 @@ def test_random_operations_keep_the_pool_consistent(ops: list[tuple[str, int]]) 
             new = pool.allocate(arg)
             for b in new:
                 if counter % 2 == 0:
-                    pool.cache(b, counter.to_bytes(16, "big"))
+                    pool.cache(b, counter.to_bytes(16, "big"), ALL)
                 counter += 1
             held.extend(new)
         elif op == "f" and held:

@@ -1,0 +1,70 @@
+"""The engine's side of bounded replay: from a request's hit (its table's blocks and the
+layers each holds) to a ``bounded_replay.ReplayPlan``.
+
+A hit block always holds the primary namespace's layers (the pool indexes that chain). What
+decides the plan is whether the blocks of the last window also hold the sliding layers:
+blocks this engine computed do; blocks loaded from a bounded store do not (bounded mode then
+replays); in exact mode the loader copies the sliding layers of the window's blocks in from
+their own namespace, and a hit whose window still lacks them is shortened
+(``bounded_replay.longest_exact_hit``), never replayed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from bounded_replay import (
+    ReplayPlan,
+    ReplayPolicy,
+    longest_exact_hit,
+    plan_replay,
+    window_is_cached,
+)
+from engine.kv.block_pool import KVBlock
+
+
+class ReplayPlanner:
+    def __init__(self, policy: ReplayPolicy, block_tokens: int) -> None:
+        self.policy = policy
+        self.block_tokens = block_tokens
+        self.primary_layers = frozenset(policy.primary_layers)
+        self.sliding_layers = frozenset(policy.sliding_apart)  # a hit block may lack these
+        self.computed_layers = frozenset(policy.layout.all_layers)
+
+    def has_sliding(self, block: KVBlock) -> bool:
+        return self.sliding_layers <= block.layers
+
+    def window_first_block(self, hit_blocks: int) -> int:
+        return self.policy.layout.window_first_block(hit_blocks, self.block_tokens)
+
+    @property
+    def loads_sliding(self) -> bool:
+        """Exact mode for a hybrid model: the sliding layers come from their own namespace."""
+        return not self.policy.is_bounded and bool(self.sliding_layers)
+
+    def needs_sliding_load(self, hit: Sequence[KVBlock]) -> bool:
+        """A pool hit that exact mode can use whole only with sliding layers from the store."""
+        flags = [self.has_sliding(b) for b in hit]
+        return self.loads_sliding and not window_is_cached(
+            self.policy, len(hit), self.block_tokens, flags)
+
+    def reserve_blocks(self, pool_hit_blocks: int) -> int:
+        """Fresh blocks an admission keeps aside for private copies of the pool's hit blocks
+        that its replay may write into (at most ``ceil(keep / B)``)."""
+        if not self.policy.is_bounded:
+            return 0
+        return min(pool_hit_blocks, self.policy.max_replay_blocks(self.block_tokens))
+
+    @property
+    def max_reserve_blocks(self) -> int:
+        return self.reserve_blocks(1 << 62)
+
+    def plan(self, prompt_tokens: int, has_sliding: Sequence[bool]) -> ReplayPlan:
+        """The plan for a hit of ``len(has_sliding)`` blocks (flag ``i``: hit block ``i``
+        holds the sliding layers); exact mode may shorten the hit."""
+        h = len(has_sliding)
+        if not self.policy.is_bounded:
+            h = longest_exact_hit(self.policy, h, self.block_tokens, has_sliding)
+        cached = window_is_cached(self.policy, h, self.block_tokens, has_sliding)
+        return plan_replay(self.policy, prompt_tokens, h, self.block_tokens,
+                           window_cached=cached)
