@@ -4,9 +4,13 @@ came from (pool ``hbm``, store ``dram``/``ssd``, or computed) and how long the f
 took.
 
 ``--json`` prints exactly ``{"namespace": HEX, "turns": [{"prompt_tokens", "hit_tokens":
-{"hbm", "dram", "ssd"}, "computed_tokens", "ttft_s", "decode_tokens_per_s", "token_ids",
-"text"}]}`` (``token_ids`` and ``text`` are the generated answer). Otherwise a table, one
-row per turn as it finishes, and a summary of the pool and the store.
+{"hbm", "dram", "ssd"}, "computed_tokens", "replayed_tokens", "stored_bytes_per_token",
+"ttft_s", "decode_tokens_per_s", "token_ids", "text"}]}`` (``token_ids`` and ``text`` are
+the generated answer). ``computed_tokens`` counts every prompt token that went through the
+model, the ``replayed_tokens`` of a bounded replay included (so hit + computed = prompt +
+replayed); ``stored_bytes_per_token`` is what the store keeps per token under the replay
+policy. Otherwise a table, one row per turn as it finishes, and a summary of the pool, the
+store and the replay policy.
 """
 
 from __future__ import annotations
@@ -41,19 +45,24 @@ class TurnResult:
     prompt_tokens: int
     hit_tokens: dict[str, int]
     computed_tokens: int
+    replayed_tokens: int
+    stored_bytes_per_token: float
     ttft_s: float
     decode_tokens_per_s: float
     token_ids: list[int]
     text: str
 
     @classmethod
-    def of(cls, seq: Sequence, session: str, text: str) -> TurnResult:
+    def of(cls, seq: Sequence, session: str, text: str, stored_bytes_per_token: float = 0.0
+           ) -> TurnResult:
         s = seq.stats
         return cls(
             session=session,
             prompt_tokens=seq.num_prompt_tokens,
             hit_tokens={t: s.hit_tokens[t] for t in TIERS},
             computed_tokens=s.computed_tokens,
+            replayed_tokens=s.replayed_tokens,
+            stored_bytes_per_token=stored_bytes_per_token,
             ttft_s=s.ttft_s,
             decode_tokens_per_s=s.decode_tokens_per_s(len(seq.output_ids)),
             token_ids=seq.output_ids,
@@ -65,6 +74,8 @@ class TurnResult:
             "prompt_tokens": self.prompt_tokens,
             "hit_tokens": dict(self.hit_tokens),
             "computed_tokens": self.computed_tokens,
+            "replayed_tokens": self.replayed_tokens,
+            "stored_bytes_per_token": self.stored_bytes_per_token,
             "ttft_s": self.ttft_s,
             "decode_tokens_per_s": self.decode_tokens_per_s,
             "token_ids": self.token_ids,
@@ -103,6 +114,14 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"),
                    help="weights and KV dtype (default: the checkpoint's)")
     p.add_argument("--device", default="cpu", help="torch device of the model and the pool")
+    p.add_argument("--replay-keep", type=int, metavar="N",
+                   help="bounded replay (hybrid models): the store keeps the full-attention "
+                        "layers only and a hit recomputes its last N tokens (default: the "
+                        "largest sliding window + 12); 0 = exact, as --cache-all-layers")
+    p.add_argument("--force", action="store_true",
+                   help="accept a --replay-keep below the safe default (more drift)")
+    p.add_argument("--cache-all-layers", action="store_true",
+                   help="exact mode: the store keeps every layer; a hit recomputes nothing")
     p.add_argument("--dram", default="1GiB", metavar="SIZE", help="embedded: DRAM tier size")
     p.add_argument("--ssd-capacity", default="8GiB", metavar="SIZE",
                    help="embedded: SSD tier size")
@@ -127,14 +146,17 @@ def run(args: argparse.Namespace) -> int:
         auth_token_file=args.auth_token_file,
     )
     config = EngineConfig(pool_tokens=args.pool_tokens, max_batched_tokens=args.max_batched_tokens,
-                          attention_backend=args.attention_backend)
+                          attention_backend=args.attention_backend,
+                          replay_keep_tokens=args.replay_keep, replay_force=args.force,
+                          cache_all_layers=args.cache_all_layers)
     turns = (read_session_file(args.session_file) if args.session_file
              else [SessionTurn("", _read_text(args.prompt_file))])
     loaded = load_model(args.model, dtype=args.dtype, device=args.device,
                         progress=not args.json)
+    policy = config.replay_policy(loaded.spec.layer_windows)  # refusals before the store opens
     link = open_store_link(
         args.kv_store,
-        lambda tenant: engine_namespace(loaded.spec, config.block_tokens, tenant),
+        lambda tenant: engine_namespace(loaded.spec, config.block_tokens, tenant, policy),
         store_opts,
     )
     table = None if args.json else TurnTable()
@@ -142,8 +164,9 @@ def run(args: argparse.Namespace) -> int:
         results = play(engine, loaded.tokenizer, turns, params, raw_prompt=not args.session_file,
                        on_turn=None if table is None else table.row,
                        progress=not args.json)
-        store_counters = link.counters()
+        store_counters = engine.store_counters()
         hbm = engine.hbm_stats()
+        stored_per_token = engine.stored_bytes_per_token
     failed = store_counters.get("store_errors_total", 0)
     if failed:
         print(f"kvengine: kv store {link.name}: {failed} calls failed; their blocks were served "
@@ -158,6 +181,8 @@ def run(args: argparse.Namespace) -> int:
               f"{hbm.counters.get('evicted_blocks_total', 0)} evicted, "
               f"{store_counters.get('loaded_blocks_total', 0)} loaded from the store, "
               f"{store_counters.get('committed_blocks_total', 0)} committed")
+        print(f"replay: {policy.describe()}; the store keeps {stored_per_token:.0f} bytes "
+              f"of KV per token ({policy.stored_layer_fraction:.0%} of the layers)")
     return 0
 
 
@@ -193,7 +218,8 @@ def play(
         turn_params = params if params.greedy else replace(params, seed=(params.seed or 0) + i)
         seq = engine.add_request(ids, turn_params)
         _run_to_end(engine, seq, progress)
-        result = TurnResult.of(seq, turn.session, conv.record_answer(seq.output_ids))
+        result = TurnResult.of(seq, turn.session, conv.record_answer(seq.output_ids),
+                               engine.stored_bytes_per_token)
         results.append(result)
         if on_turn is not None:
             on_turn(i, result)
@@ -211,9 +237,9 @@ def _run_to_end(engine: LLMEngine, seq: Sequence, progress: bool) -> None:
 class TurnTable:
     """The human table: a header, then one row per turn as it finishes."""
 
-    COLUMNS = ("turn", "session", "prompt", "hbm", "dram", "ssd", "computed", "ttft_s",
-               "decode tok/s")
-    WIDTHS = (4, 8, 7, 7, 7, 7, 8, 8, 12)
+    COLUMNS = ("turn", "session", "prompt", "hbm", "dram", "ssd", "computed", "replayed",
+               "ttft_s", "decode tok/s")
+    WIDTHS = (4, 8, 7, 7, 7, 7, 8, 8, 8, 12)
 
     def __init__(self) -> None:
         self._printed = False
@@ -224,5 +250,6 @@ class TurnTable:
             self._printed = True
         cells = (str(i + 1), r.session[:8] or "-", str(r.prompt_tokens),
                  str(r.hit_tokens["hbm"]), str(r.hit_tokens["dram"]), str(r.hit_tokens["ssd"]),
-                 str(r.computed_tokens), f"{r.ttft_s:.3f}", f"{r.decode_tokens_per_s:.1f}")
+                 str(r.computed_tokens), str(r.replayed_tokens), f"{r.ttft_s:.3f}",
+                 f"{r.decode_tokens_per_s:.1f}")
         print(" ".join(c.rjust(w) for c, w in zip(cells, self.WIDTHS, strict=True)), flush=True)

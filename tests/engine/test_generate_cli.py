@@ -13,8 +13,8 @@ import pytest
 from engine import cli
 from tests.engine.sessions import agent_session, write_session_file
 
-TURN_KEYS = {"prompt_tokens", "hit_tokens", "computed_tokens", "ttft_s",
-             "decode_tokens_per_s", "token_ids", "text"}
+TURN_KEYS = {"prompt_tokens", "hit_tokens", "computed_tokens", "replayed_tokens",
+             "stored_bytes_per_token", "ttft_s", "decode_tokens_per_s", "token_ids", "text"}
 
 
 @pytest.fixture(scope="module")
