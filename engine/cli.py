@@ -23,6 +23,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
                    "write a random-weight checkpoint in the Hugging Face layout"),
     "model-info": ("engine.model.model_info",
                    "check a checkpoint loads and print its shape, windows and revision"),
+    "replay-fidelity": ("engine.replay_fidelity",
+                        "measure bounded replay's logit drift against a cold prefill"),
 }
 
 

@@ -106,7 +106,8 @@ def test_exact_mode_reproduces_a_cold_prefill_loading_sliding_layers_for_the_win
     # token's 24-token window reaches: positions 217..239, blocks 13 and 14.
     ns = engine_namespaces(deep.spec, BT, cfg.replay_policy(deep.spec.layer_windows))
     assert ns.sliding is not None
-    assert counters["loaded_bytes_total"] == 15 * ns.primary.block_bytes + 2 * ns.sliding.block_bytes
+    want = 15 * ns.primary.block_bytes + 2 * ns.sliding.block_bytes
+    assert counters["loaded_bytes_total"] == want
 
 
 @pytest.mark.parametrize(("length", "hit_blocks", "keep"),

@@ -1,0 +1,153 @@
+"""Bounded replay at the command line (issue 12): ``kvengine generate`` on the ``tiny
+--hybrid`` checkpoint (replayed tokens and stored bytes per token per turn, the flags and
+their refusals) and ``kvengine replay-fidelity``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from engine import cli
+from tests.engine.sessions import agent_session, write_session_file
+
+# tiny: 2 layers (the sliding one first), 2 KV heads of 16, float32 K and V.
+LAYER_BYTES_PER_TOKEN = 2 * 2 * 16 * 4
+SAFE_KEEP = 128 + 12
+
+
+@pytest.fixture(scope="module")
+def session_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_session_file(tmp_path_factory.mktemp("sessions") / "agents.jsonl",
+                              agent_session(turns_each=2))
+
+
+def main(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    code = cli.main(list(args))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def generate_json(capsys: pytest.CaptureFixture[str], model: Path, session: Path,
+                  store: Path, *extra: str) -> list[dict]:  # type: ignore[type-arg]
+    code, out, err = main(capsys, "generate", "--model", str(model), "--session-file",
+                          str(session), "--kv-store", f"embedded:{store}", "--dram", "64MiB",
+                          "--ssd-capacity", "256MiB", "--max-new-tokens", "5", "--json",
+                          *extra)
+    assert code == 0, err
+    return list(json.loads(out)["turns"])
+
+
+def test_a_second_process_replays_keep_tokens_of_each_store_hit(
+    tiny_hybrid_dir: Path, session_file: Path, tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    store = tmp_path / "store"
+    first = generate_json(capsys, tiny_hybrid_dir, session_file, store)
+    # One process: its pool hits hold every layer (computed here), nothing is replayed.
+    assert all(t["replayed_tokens"] == 0 for t in first)
+    assert sum(t["hit_tokens"]["hbm"] for t in first) > 0
+    second = generate_json(capsys, tiny_hybrid_dir, session_file, store)
+    t0 = second[0]
+    store_hit = t0["hit_tokens"]["dram"] + t0["hit_tokens"]["ssd"]
+    assert store_hit > SAFE_KEEP
+    assert t0["replayed_tokens"] == SAFE_KEEP
+    for t in first + second:
+        assert t["stored_bytes_per_token"] == LAYER_BYTES_PER_TOKEN  # the full layer only
+        hit = sum(t["hit_tokens"].values())
+        assert hit + t["computed_tokens"] == t["prompt_tokens"] + t["replayed_tokens"]
+
+
+def test_cache_all_layers_is_exact_and_stores_every_layer(
+    tiny_hybrid_dir: Path, session_file: Path, tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    store = tmp_path / "store"
+    generate_json(capsys, tiny_hybrid_dir, session_file, store, "--cache-all-layers")
+    second = generate_json(capsys, tiny_hybrid_dir, session_file, store, "--cache-all-layers")
+    assert second[0]["hit_tokens"]["dram"] + second[0]["hit_tokens"]["ssd"] > 0
+    for t in second:
+        assert t["replayed_tokens"] == 0
+        assert t["stored_bytes_per_token"] == 2 * LAYER_BYTES_PER_TOKEN
+        assert sum(t["hit_tokens"].values()) + t["computed_tokens"] == t["prompt_tokens"]
+
+
+def test_a_forced_small_keep_replays_that_many(
+    tiny_hybrid_dir: Path, session_file: Path, tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    store = tmp_path / "store"
+    generate_json(capsys, tiny_hybrid_dir, session_file, store, "--replay-keep", "40", "--force")
+    second = generate_json(capsys, tiny_hybrid_dir, session_file, store, "--replay-keep", "40",
+                           "--force")
+    assert second[0]["replayed_tokens"] == 40
+
+
+def test_a_full_attention_model_ignores_keep(
+    tiny_dir: Path, session_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+) -> None:
+    store = tmp_path / "store"
+    generate_json(capsys, tiny_dir, session_file, store, "--replay-keep", "5")
+    second = generate_json(capsys, tiny_dir, session_file, store, "--replay-keep", "5")
+    assert second[0]["hit_tokens"]["dram"] + second[0]["hit_tokens"]["ssd"] > 0
+    assert all(t["replayed_tokens"] == 0 for t in second)
+    assert all(t["stored_bytes_per_token"] == 2 * LAYER_BYTES_PER_TOKEN for t in second)
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--replay-keep", "64"], "below the safe minimum of 140 tokens"),
+        (["--replay-keep", "140", "--cache-all-layers"], "exclude each other"),
+        (["--replay-keep", "-1"], "must be a token count >= 0"),
+    ],
+)
+def test_unsafe_replay_flags_are_refused(
+    tiny_hybrid_dir: Path, session_file: Path, tmp_path: Path,
+    capsys: pytest.CaptureFixture[str], extra: list[str], message: str,
+) -> None:
+    store = tmp_path / "store"
+    code, out, err = main(capsys, "generate", "--model", str(tiny_hybrid_dir), "--session-file",
+                          str(session_file), "--kv-store", f"embedded:{store}", *extra)
+    assert code == 2 and out == ""
+    assert err.count("\n") == 1 and message in err
+    assert not store.exists()  # refused before the store opened
+
+
+def test_replay_fidelity_json(tiny_hybrid_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = main(capsys, "replay-fidelity", "--model", str(tiny_hybrid_dir),
+                          "--keep", "0,40,default", "--lengths", "300", "--num-prompts", "1",
+                          "--hits", "0.9", "--turns", "2", "--new-tokens", "4",
+                          "--turn-tokens", "20", "--block-tokens", "16", "--json")
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["keeps"] == [0, 40, SAFE_KEEP] and doc["safe_keep_tokens"] == SAFE_KEEP
+    runs = {(r["keep_tokens"], r["turn"]): r for r in doc["runs"]}
+    assert len(runs) == 6 and len(doc["summary"]) == 6
+    for turn in (1, 2):
+        exact = runs[0, turn]
+        assert exact["mode"] == "exact" and exact["replayed_tokens"] == 0
+        assert exact["hit_tokens"] > 0 and exact["max_abs_logit_diff"] < 1e-4
+        assert exact["greedy_agreement"] == 1.0
+        assert runs[40, turn]["replayed_tokens"] == 40
+        # tiny's sliding layer comes first: a keep over its window rebuilds it exactly.
+        assert runs[SAFE_KEEP, turn]["max_abs_logit_diff"] < 1e-4
+    # Turn 2 hits what turn 1 committed: more than the 90 % of the first prompt.
+    assert runs[40, 2]["hit_tokens"] > runs[40, 1]["prompt_tokens"] - 16
+    # Below the window the sliding layer misses context: the drift shows.
+    assert runs[40, 1]["max_abs_logit_diff"] > 1e-5
+
+
+def test_replay_fidelity_table_and_bad_keep(
+    tiny_hybrid_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, _ = main(capsys, "replay-fidelity", "--model", str(tiny_hybrid_dir), "--keep",
+                        "0", "--lengths", "100", "--num-prompts", "1", "--hits", "0.5",
+                        "--turns", "1", "--new-tokens", "2", "--block-tokens", "16")
+    assert code == 0
+    header = next(line for line in out.splitlines() if line.split()[:2] == ["keep", "mode"])
+    assert "greedy" in header and "KL" in header
+    code, _, err = main(capsys, "replay-fidelity", "--model", str(tiny_hybrid_dir), "--keep",
+                        "abc")
+    assert code == 2 and "--keep" in err and err.count("\n") == 1
