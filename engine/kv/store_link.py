@@ -211,8 +211,8 @@ class KVStoreLink(StoreLink):
                              timeout_s)
 
     def sibling(self, ns: Namespace) -> StoreLink:
-        return KVStoreLink(self.store, ns, self.name, timeout_s=self._timeout_s,
-                           close_store=False)
+        return type(self)(self.store, ns, self.name, timeout_s=self._timeout_s,
+                          close_store=False)
 
     def close(self) -> None:
         if self._closed:

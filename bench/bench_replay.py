@@ -1,0 +1,222 @@
+"""Bounded replay vs exact reuse vs cold on the small hybrid checkpoint (issue 12).
+
+For each context ``N``: a prompt of ``N`` cached tokens plus ``--new-tokens`` new ones.
+Cold: the whole prompt prefilled from nothing. Exact reuse (``--cache-all-layers``): the
+store holds every layer (full and sliding layers in two namespaces; the sliding ones are
+loaded only for the last window's blocks) and a hit computes only the new tokens. Bounded
+replay (the default keep): the store holds the full-attention layers only and a hit
+recomputes ``keep`` + new tokens. Each hit is served from the embedded store's DRAM, then,
+the store reopened on the same directory (empty DRAM), from its SSD. Per case: TTFT, the
+tokens computed and replayed (counted by the engine), the bytes loaded from the store, and
+the bytes per token the store keeps. Ratios are against the same run's figures.
+
+The store is filled once per ``N`` by one cold prefill of the ``N`` cached tokens in exact
+mode; bounded mode's namespace gets the same full-attention blocks copied over (a bounded
+fill would store exactly those bytes: the full layers of a cold prefill). Run alone under
+``/work/bin/cpu-exclusive``::
+
+    python -m bench.bench_replay --sizes 4096,16384 --new-tokens 1024
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from bench.harness import machine
+from engine.config import EngineConfig
+from engine.kv.namespace import engine_namespaces
+from engine.kv.store_link import KVStoreLink, NullStoreLink, StoreLink
+from engine.llm_engine import LLMEngine
+from engine.model.loader import LoadedModel, load_model
+from engine.sampling_params import SamplingParams
+from engine.sequence import Sequence
+from kvstore.embedded import open_embedded
+from kvstore.keys import Namespace, chain_keys
+from kvstore.tier import CommitResult, KVStore
+
+ONE_TOKEN = SamplingParams(max_new_tokens=1, ignore_eos=True)
+MODES = ("exact", "bounded")
+
+
+def default_model_dir() -> Path:
+    from engine.model.revision import default_cache_dir
+
+    return default_cache_dir() / "models" / "small-qwen3-hybrid"  # the make-run model
+
+
+def ensure_model(path: Path) -> Path:
+    if not (path / "config.json").is_file():
+        from engine.model.make_model import make_model
+
+        print(f"making the small hybrid model in {path} ...", file=sys.stderr)
+        make_model("qwen3", "small", path, hybrid=True, progress=True)
+    return path
+
+
+class ReadOnlyLink(KVStoreLink):
+    """A measured run loads but does not commit: the next case must hit exactly the
+    filled prefix, not the blocks an earlier case computed."""
+
+    def commit(self, keys: Any, payloads: Any, timeout_s: float) -> CommitResult:
+        return CommitResult(dropped=len(payloads))
+
+
+class Bench:
+    def __init__(self, lm: LoadedModel, pool_tokens: int, budget: int, store_root: Path,
+                 dram_bytes: int, ssd_bytes: int) -> None:
+        self.lm = lm
+        self.configs = {
+            "exact": EngineConfig(pool_tokens=pool_tokens, max_batched_tokens=budget,
+                                  cache_all_layers=True),
+            "bounded": EngineConfig(pool_tokens=pool_tokens, max_batched_tokens=budget),
+        }
+        self.ns = {m: engine_namespaces(lm.spec, c.block_tokens,
+                                        c.replay_policy(lm.spec.layer_windows))
+                   for m, c in self.configs.items()}
+        self.store_root = store_root
+        self.dram_bytes = dram_bytes
+        self.ssd_bytes = ssd_bytes
+
+    def engine(self, mode: str, store: KVStore | None = None, *, fill: bool = False
+               ) -> LLMEngine:
+        ns = self.ns[mode].primary
+        kind = KVStoreLink if fill else ReadOnlyLink
+        link: StoreLink = (NullStoreLink(ns) if store is None
+                           else kind(store, ns, "embedded", close_store=False))
+        return LLMEngine(self.lm.model, self.configs[mode], link)
+
+    def open_store(self, directory: Path) -> KVStore:
+        return open_embedded(dram_bytes=self.dram_bytes, ssd_dir=str(directory),
+                             ssd_capacity_bytes=self.ssd_bytes)
+
+    def prompt(self, n: int, seed: int) -> list[int]:
+        g = torch.Generator().manual_seed(seed)
+        return torch.randint(0, self.lm.spec.vocab_size, (n,), generator=g).tolist()
+
+    @staticmethod
+    def run_one(eng: LLMEngine, ids: list[int]) -> Sequence:
+        (seq,) = eng.generate([ids], ONE_TOKEN)
+        return seq
+
+    def copy_full_layers(self, store: KVStore, tokens: list[int]) -> None:
+        """Exact mode's full-attention blocks, committed under bounded mode's namespace."""
+        src: Namespace = self.ns["exact"].primary
+        dst: Namespace = self.ns["bounded"].primary
+        if tuple(src.cached_layers) != tuple(dst.cached_layers):
+            raise RuntimeError("exact and bounded primary namespaces hold different layers")
+        src_keys, dst_keys = chain_keys(src, tokens), chain_keys(dst, tokens)
+        rows = torch.empty((len(src_keys), *src.payload_shape), dtype=self.lm.spec.dtype)
+        store.register(dst)
+        got = store.get_into(src, src_keys, rows)
+        if got != len(src_keys):
+            raise RuntimeError(f"the fill stored {got} of {len(src_keys)} blocks")
+        store.commit(dst, dst_keys, {i: rows[i] for i in range(got)})
+
+    def case(self, eng: LLMEngine, ids: list[int]) -> dict[str, Any]:
+        seq = self.run_one(eng, ids)
+        s = seq.stats
+        return {"ttft_s": s.ttft_s, "hit_tokens": dict(s.hit_tokens),
+                "computed_tokens": s.computed_tokens, "replayed_tokens": s.replayed_tokens,
+                "loaded_bytes": eng.store_counters().get("loaded_bytes_total", 0),
+                "stored_bytes_per_token": eng.stored_bytes_per_token}
+
+    def round(self, n: int, new: int, seed: int, cases: str) -> dict[str, dict[str, Any]]:
+        ids = self.prompt(n + new, seed)
+        out: dict[str, dict[str, Any]] = {}
+        if cases in ("all", "cold"):
+            with self.engine("exact") as eng:
+                out["cold"] = self.case(eng, ids)
+        if cases == "cold":
+            return out
+        directory = Path(tempfile.mkdtemp(dir=self.store_root, prefix="bench-replay-"))
+        try:
+            store = self.open_store(directory)
+            try:
+                with self.engine("exact", store, fill=True) as eng:  # N tokens, cold
+                    self.run_one(eng, ids[:n])
+                self.copy_full_layers(store, ids[:n])
+                store.flush()
+                for mode in MODES:
+                    with self.engine(mode, store) as eng:
+                        out[f"{mode}_dram"] = self.case(eng, ids)
+            finally:
+                store.close()
+            for mode in MODES:  # reopened: an empty DRAM tier, reads from the SSD
+                store = self.open_store(directory)
+                try:
+                    with self.engine(mode, store) as eng:
+                        out[f"{mode}_ssd"] = self.case(eng, ids)
+                finally:
+                    store.close()
+        finally:
+            shutil.rmtree(directory, ignore_errors=True)
+        return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="bench_replay", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", type=Path, default=None, help="default: the make-run model")
+    p.add_argument("--sizes", default="4096,16384", help="cached context tokens")
+    p.add_argument("--new-tokens", type=int, default=1024, help="new prompt tokens per hit")
+    p.add_argument("--rounds", type=int, default=1)
+    p.add_argument("--cases", choices=("all", "cold", "hits"), default="all",
+                   help="cold and hits of one size in separate commands (64 K: each runs "
+                        "a cold prefill of minutes)")
+    p.add_argument("--budget", type=int, default=EngineConfig().max_batched_tokens,
+                   help="per-step token budget (prefill chunk)")
+    p.add_argument("--dram", type=int, default=2 << 30, help="store DRAM tier bytes")
+    p.add_argument("--ssd", type=int, default=8 << 30, help="store SSD tier bytes")
+    p.add_argument("--store-root", type=Path, default=None,
+                   help="where the SSD tier's directories go (a real disk, not tmpfs)")
+    p.add_argument("--json", type=Path, help="also write the figures here")
+    args = p.parse_args(argv)
+    model_dir = ensure_model(args.model or default_model_dir())
+    store_root = args.store_root or model_dir.parent.parent / "bench-store"
+    store_root.mkdir(parents=True, exist_ok=True)
+    sizes = [int(s) for s in args.sizes.split(",")]
+    lm = load_model(model_dir)
+    pool = (max(sizes) + args.new_tokens) * 2 + 4096
+    b = Bench(lm, pool, args.budget, store_root, args.dram, args.ssd)
+    keep = b.configs["bounded"].replay_policy(lm.spec.layer_windows).keep_tokens
+    print(f"# bench_replay on {model_dir.name}: {machine()}, torch threads "
+          f"{torch.get_num_threads()}, budget {args.budget} tokens/step, keep {keep}, "
+          f"{args.new_tokens} new tokens, {args.rounds} round(s) (median)")
+    with b.engine("exact") as eng:  # warm-up: first-call costs are not the steady state
+        b.run_one(eng, b.prompt(256, 1))
+    print("| context | case | TTFT s | computed | replayed | loaded MiB | stored B/token "
+          "| cold/case | case/exact (same tier) |\n|---|---|---|---|---|---|---|---|---|")
+    rows = []
+    for n in sizes:
+        runs = [b.round(n, args.new_tokens, n + r, args.cases) for r in range(args.rounds)]
+        med = {k: statistics.median(run[k]["ttft_s"] for run in runs) for k in runs[0]}
+        for k, first in runs[0].items():
+            tier = k.rsplit("_", 1)[-1]
+            exact = med.get(f"exact_{tier}")
+            cold = med.get("cold")
+            row = {"context_tokens": n, "case": k, **first, "ttft_s": med[k],
+                   "cold_over_case": cold / med[k] if cold else None,
+                   "case_over_exact": med[k] / exact if exact else None}
+            rows.append(row)
+            vs_exact = "" if exact is None else f"{row['case_over_exact']:.2f}"
+            vs_cold = "" if cold is None else f"{row['cold_over_case']:.1f}×"
+            print(f"| {n} | {k} | {med[k]:.2f} | {first['computed_tokens']} | "
+                  f"{first['replayed_tokens']} | {first['loaded_bytes'] / 2**20:.1f} | "
+                  f"{first['stored_bytes_per_token']:.0f} | {vs_cold} | "
+                  f"{vs_exact} |", flush=True)
+    if args.json:
+        args.json.write_text(json.dumps({"keep_tokens": keep, "rows": rows}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
