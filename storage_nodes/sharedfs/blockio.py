@@ -1,10 +1,12 @@
 """Moving blocks between caller rows and segment slots.
 
 Reads: one batch of slot reads (``queue_depth`` in flight) into backend staging
-memory; each slot's header is checked (magic, version, fingerprint, key, length), its
-payload copied out and the copy checked against the header's checksum (DESIGN §4: the
-check reads what the caller gets); the first failure ends the prefix.
-Writes: encode into staging, one batch of slot writes, one sync per segment touched.
+memory; as each slot lands its header is checked (magic, version, fingerprint, key,
+length), its payload copied out and the copy checked against the header's checksum
+(DESIGN §4: the check reads what the caller gets), overlapping the reads still in
+flight; the first failure in key order ends the prefix.
+Writes: one batch of slot writes, each slot encoded into staging just before it is
+issued (so encoding overlaps the writes in flight), one sync per segment touched.
 Both split work into batches of at most ``staging_max_bytes``.
 """
 
@@ -77,24 +79,35 @@ def _read_part(ctx: Context, st: NsState, keys: Sequence[bytes], part: Sequence[
             off = slot_offset(loc.slot, sb)
             ctx.io.fresh(fd, off, sb)
             reqs.append(IORequest(fd, off, buf[j * sb : (j + 1) * sb]))
-        results = ctx.io.read_batch(reqs) if reqs else []
-        for j, res in enumerate(results):
+        verdicts: list[ReadFailure | int] = [0] * len(reqs)  # a checksum or why not
+
+        def check(j: int, res: int) -> None:  # on an I/O thread, as each read lands
             i = start + j
             if res < 0:
-                return ReadFailure(i, part[j], errno=-res)
+                verdicts[j] = ReadFailure(i, part[j], errno=-res)
+                return
             try:
                 payload, csum = check_header(buf[j * sb : (j + 1) * sb],
                                              fingerprint=st.fingerprint, key=keys[i],
                                              payload_len=bb)
             except BlockError as e:
-                return ReadFailure(i, part[j], error=e)
-            row = out[i * bb : (i + 1) * bb]
+                verdicts[j] = ReadFailure(i, part[j], error=e)
+                return
+            row = out[i * bb : (i + 1) * bb]  # rows past a failure may be written: unspecified
             row[:] = payload
             if xxhash.xxh3_64_intdigest(row) != csum:
                 err = BlockChecksumError(f"payload checksum mismatch for key {keys[i].hex()}")
                 in_copy = xxhash.xxh3_64_intdigest(payload) == csum
-                return ReadFailure(i, part[j], error=err, in_copy=in_copy)
-            sums.append(csum)
+                verdicts[j] = ReadFailure(i, part[j], error=err, in_copy=in_copy)
+                return
+            verdicts[j] = csum
+
+        if reqs:
+            ctx.io.read_batch(reqs, check)
+        for v in verdicts:
+            if isinstance(v, ReadFailure):
+                return v
+            sums.append(v)
         return failure
     finally:
         for fd in fds:
@@ -114,19 +127,22 @@ def write_group(ctx: Context, st: NsState, keys: Sequence[bytes], rows: Sequence
     try:
         created_us = int(ctx.config.clock() * 1_000_000)
         reqs = []
-        for j, (seg, slot) in enumerate(slots):
+
+        def encode(j: int) -> None:  # on an I/O thread, just before slot j is written
             view = buf[j * sb : (j + 1) * sb]
             n = encode_block_into(view, st.fingerprint, keys[j], rows[j], created_us,
                                   None if checksums is None else checksums[j])
             view[n:] = bytes(sb - n)  # no stale bytes of an earlier block in the padding
+
+        for j, (seg, slot) in enumerate(slots):
             try:
                 fd = ctx.files.acquire(ctx.segment_path(st, ctx.me, seg), write=True)
             except OSError as e:
                 return -(e.errno or errno.EIO)
             acquired.append(fd)
             fds[fd] = None
-            reqs.append(IORequest(fd, slot_offset(slot, sb), view))
-        bad = [r for r in ctx.io.write_batch(reqs) if r < 0]
+            reqs.append(IORequest(fd, slot_offset(slot, sb), buf[j * sb : (j + 1) * sb]))
+        bad = [r for r in ctx.io.write_batch(reqs, encode) if r < 0]
         if bad:
             return bad[0]
         bad = [r for r in ctx.io.sync(list(fds)) if r < 0]

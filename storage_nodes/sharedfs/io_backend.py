@@ -48,6 +48,11 @@ class IOBackend(ABC):
     * ``read_batch``/``write_batch`` perform every request and return per request the
       bytes transferred (full transfers; short ones are retried, EOF is ``-EIO``) or a
       negative errno, in request order.
+    * ``read_batch(reqs, on_done)`` calls ``on_done(i, result)`` once per request after
+      it completes and before returning; ``write_batch(reqs, prepare)`` calls
+      ``prepare(i)`` once per request before it is issued. Both may run on backend
+      threads, concurrently with each other and with requests in flight (that is their
+      point: checking and encoding overlap the I/O); their exceptions propagate.
     * ``sync(fds)`` makes completed writes durable and visible to other clients of the
       file system (fsync: a FUSE client flushes its write cache); 0 or -errno per fd.
     * ``fresh(fd, offset, length)`` is called before reading a range another host may
@@ -72,10 +77,12 @@ class IOBackend(ABC):
     def free(self, buf: memoryview) -> None: ...
 
     @abstractmethod
-    def read_batch(self, reqs: Sequence[IORequest]) -> list[int]: ...
+    def read_batch(self, reqs: Sequence[IORequest],
+                   on_done: Callable[[int, int], None] | None = None) -> list[int]: ...
 
     @abstractmethod
-    def write_batch(self, reqs: Sequence[IORequest]) -> list[int]: ...
+    def write_batch(self, reqs: Sequence[IORequest],
+                    prepare: Callable[[int], None] | None = None) -> list[int]: ...
 
     def sync(self, fds: Sequence[int]) -> list[int]:
         return _run_each(os.fsync, fds)
@@ -129,16 +136,29 @@ class PosixBackend(IOBackend):
                 self._idle.append(m)
                 self._idle.sort(key=len)
 
-    def _batch(self, op: Callable[[IORequest], int], reqs: Sequence[IORequest]) -> list[int]:
-        if len(reqs) <= 1:
-            return [op(r) for r in reqs]
-        return list(self._pool.map(op, reqs))
+    def _batch(self, op: Callable[[int], int], n: int) -> list[int]:
+        if n <= 1:
+            return [op(i) for i in range(n)]
+        return list(self._pool.map(op, range(n)))
 
-    def read_batch(self, reqs: Sequence[IORequest]) -> list[int]:
-        return self._batch(_pread_full, reqs)
+    def read_batch(self, reqs: Sequence[IORequest],
+                   on_done: Callable[[int, int], None] | None = None) -> list[int]:
+        def op(i: int) -> int:
+            res = _pread_full(reqs[i])
+            if on_done is not None:
+                on_done(i, res)
+            return res
 
-    def write_batch(self, reqs: Sequence[IORequest]) -> list[int]:
-        return self._batch(_pwrite_full, reqs)
+        return self._batch(op, len(reqs))
+
+    def write_batch(self, reqs: Sequence[IORequest],
+                    prepare: Callable[[int], None] | None = None) -> list[int]:
+        def op(i: int) -> int:
+            if prepare is not None:
+                prepare(i)
+            return _pwrite_full(reqs[i])
+
+        return self._batch(op, len(reqs))
 
     def sync(self, fds: Sequence[int]) -> list[int]:
         if len(fds) <= 1:

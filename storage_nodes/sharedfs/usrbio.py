@@ -21,7 +21,7 @@ import ctypes.util
 import errno
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -149,10 +149,19 @@ class UsrbioBackend(IOBackend):
                     out[i] = res if res < 0 else (res if res == len(reqs[i].buf) else -errno.EIO)
         return out
 
-    def read_batch(self, reqs: Sequence[IORequest]) -> list[int]:
-        return self._run(self._rring, reqs, True)
+    def read_batch(self, reqs: Sequence[IORequest],
+                   on_done: Callable[[int, int], None] | None = None) -> list[int]:
+        out = self._run(self._rring, reqs, True)
+        if on_done is not None:  # the ring completes a whole batch: check after it
+            for i, res in enumerate(out):
+                on_done(i, res)
+        return out
 
-    def write_batch(self, reqs: Sequence[IORequest]) -> list[int]:
+    def write_batch(self, reqs: Sequence[IORequest],
+                    prepare: Callable[[int], None] | None = None) -> list[int]:
+        if prepare is not None:
+            for i in range(len(reqs)):
+                prepare(i)
         return self._run(self._wring, reqs, False)
 
     def close(self) -> None:
