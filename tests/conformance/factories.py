@@ -52,6 +52,13 @@ STORE_FACTORIES: dict[str, StoreFactory] = {
     "manager-dram+dram": _manager_dram_dram,
 }
 
+#: The tiers each store reports in ``stats()``, top first: what "every tier" means for it,
+#: and (a tier named "ssd" below DRAM) the durability a ``durability="ssd"`` commit gets.
+STORE_TIERS: dict[str, tuple[str, ...]] = {
+    "manager-dram": ("dram",),
+    "manager-dram+dram": ("dram", "ssd"),
+}
+
 # --- implementations registered by their own packages below this line -------------
 
 
@@ -80,6 +87,7 @@ def _daemon_store(client: str, shm: str) -> StoreFactory:
 # The sync client over the chunked gRPC path, the asyncio one over shared memory.
 STORE_FACTORIES["daemon-grpc-sync"] = _daemon_store("sync", "off")
 STORE_FACTORIES["daemon-shm-aio"] = _daemon_store("async", "auto")
+STORE_TIERS["daemon-grpc-sync"] = STORE_TIERS["daemon-shm-aio"] = ("dram",)
 
 
 def _ssd_tier(backend: str) -> TierFactory:
@@ -120,6 +128,7 @@ def _manager_dram_ssd(tmp: Path, capacity_bytes: int) -> tuple[KVStore, Callable
 
 
 STORE_FACTORIES["manager-dram+ssd"] = _manager_dram_ssd
+STORE_TIERS["manager-dram+ssd"] = ("dram", "ssd")
 
 
 # The storage-node cluster: 3 real `kvstore node` processes on loopback, R=2, started

@@ -115,7 +115,7 @@ def test_dram_only_daemon_with_evictions_matches_the_model(
     body = loadgen(capsys, conv_trace, d.url, "--bytes-per-token", "4")
     assert body["tiers"]["ssd"]["present"] is False
     assert body["tiers"]["dram"]["capacity_blocks"] == 128
-    assert body["store_counters"].get("lookups_total", 0) >= body["requests"]
+    assert body["store_counters"]["lookups_total"] >= body["requests"]
     # The issue allows 1 point; at concurrency 1 a DRAM-only daemon is the model exactly
     # (one LRU over the same last→first stream), so anything else is a bug.
     assert abs(body["gap_points"]) <= 1.0
