@@ -92,7 +92,10 @@ class DaemonConfig:
         check_capacity("--dram", self.dram_bytes)
         if self.ssd_capacity_bytes is not None:
             check_capacity("--ssd-capacity", self.ssd_capacity_bytes)
+        if self.shared_fs_capacity_bytes is not None:
+            check_capacity("--shared-fs-capacity", self.shared_fs_capacity_bytes)
         check_directory("--ssd-dir", self.ssd_dir)
+        check_directory("--shared-fs", self.shared_fs_dir)
         check_directory("--access-log", self.access_log_dir)
         if self.ssd_dir and self.nodes:
             raise InvalidArgument("--ssd-dir and --nodes are exclusive: one tier below DRAM")

@@ -116,6 +116,8 @@ def test_what_this_machine_refuses_is_one_line(tmp_path: Path) -> None:
         (["--listen", "127.0.0.1:0", "--metrics-listen", f"127.0.0.1:{port}"], "in use"),
         (["--ssd-dir", str(tmp_path / "file"), "--ssd-capacity", "1GiB"], "not a directory"),
         (["--access-log", str(tmp_path / "file")], "not a directory"),
+        (["--shared-fs", str(tmp_path / "file"), "--shared-fs-capacity", "1GiB"], "not a dir"),
+        (["--shared-fs", str(tmp_path / "fs"), "--shared-fs-capacity", str(1 << 70)], "must be in"),
         (["--tls-cert", str(tmp_path / "bad.pem"), "--tls-key", str(tmp_path / "bad.pem")], "PEM"),
     ]
     try:
