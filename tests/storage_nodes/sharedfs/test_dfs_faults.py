@@ -98,8 +98,9 @@ def test_a_data_server_killed_under_load_costs_no_bytes_and_no_errors(where) -> 
     assert sum(s["corrupt_blocks_total"] for s in ssd) == 0
 
 
-def test_a_daemon_killed_mid_write_leaves_nothing_readable_that_is_wrong() -> None:
-    c = cluster_or_skip("moosefs")
+@pytest.mark.parametrize("where", ["moosefs", "glusterfs"])
+def test_a_daemon_killed_mid_write_leaves_nothing_readable_that_is_wrong(where) -> None:
+    c = cluster_or_skip(where)
     name = f"crash-{uuid.uuid4().hex[:8]}"
     r1, r2 = c.mounts[0] / name, c.mounts[1] / name
     writer = start_daemon(r1, "w", capacity="8MiB")  # small: slots get reused
