@@ -25,6 +25,9 @@ class EngineConfig:
     replay_keep_tokens: int | None = None
     replay_force: bool = False  # accept a keep below the safe default
     cache_all_layers: bool = False  # exact mode: the store keeps every layer
+    # False: only the prompt's full blocks are indexed in the pool and committed, so a trace
+    # replay leaves in the caches exactly the blocks the trace names (kvengine bench-serve).
+    cache_generated_tokens: bool = True
 
     def __post_init__(self) -> None:
         if self.block_tokens < 1:

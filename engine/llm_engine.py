@@ -22,6 +22,7 @@ from engine.kv.committer import KVCommitter
 from engine.kv.loader import KVLoader
 from engine.kv.namespace import engine_namespaces
 from engine.kv.replay_planner import ReplayPlanner
+from engine.kv.request_scope import IDENTITY, RequestScope
 from engine.kv.store_link import StoreLink
 from engine.model.base import CausalLM
 from engine.model_runner import ModelRunner
@@ -99,10 +100,18 @@ class LLMEngine:
         self._closed = False
 
     # -- requests ---------------------------------------------------------------------
-    def add_request(self, token_ids: Iterable[int], params: SamplingParams) -> Sequence:
-        seq = Sequence(list(token_ids), params)
+    def add_request(self, token_ids: Iterable[int], params: SamplingParams,
+                    scope: RequestScope = IDENTITY) -> Sequence:
+        """Queue a request; ``scope`` (tenant, cache salt) decides whose cached blocks it
+        may hit (``engine.kv.request_scope``). Bad input raises ``EngineInputError``."""
+        seq = Sequence(list(token_ids), params, scope)
         self.scheduler.add(seq)
         return seq
+
+    def abort(self, seq: Sequence) -> None:
+        """Stop a request now (its client went away): its pool blocks are freed, what it
+        computed is committed. ``finish_reason`` becomes ``"abort"``."""
+        self.scheduler.abort(seq)
 
     @property
     def has_unfinished(self) -> bool:

@@ -202,6 +202,8 @@ class Scheduler:
     def _admit(self, seq: Sequence, budget: int) -> int | None:
         """Take the pool's hit and start the store load or the first chunk. Returns the
         chunk scheduled now (0 while loading), or None when the pool lacks the blocks."""
+        if seq.stats.admitted_s is None:
+            seq.stats.admitted_s = time.perf_counter()
         keys = seq.block_keys(self.ns)
         cap = self.blocks.hit_cap(seq.num_tokens)
         hit = self.blocks.longest_prefix(keys, seq.num_tokens)
@@ -225,6 +227,7 @@ class Scheduler:
                 first_block=len(hit),
                 block_ids=[b.block_id for b in taken],
                 deadline_s=time.monotonic() + self.config.load_timeout_s,
+                scope=seq.scope,
             )
             if planner.loads_sliding and len(self.links) > 1:
                 job.sliding_keys = seq.block_keys(self.links[1].ns)[:cap]
@@ -310,6 +313,8 @@ class Scheduler:
         planner = self.planner
         hit = len(self.blocks.table(owner))
         got = job.loaded_blocks
+        seq.stats.store_lookup_s += job.lookup_s
+        seq.stats.store_load_s += job.load_s
         self.blocks.hand_over(job.owner, owner)
         self.blocks.cache(owner, job.keys, hit, hit + got, planner.primary_layers)
         table = self.blocks.table(owner)
@@ -353,7 +358,7 @@ class Scheduler:
             seq.stats.computed_tokens += max(0, min(start + n, seq.num_prompt_tokens) - start)
             if seq.plan is not None:  # the hit's own tokens run again: a replay
                 seq.stats.replayed_tokens += max(0, min(start + n, seq.plan.hit_tokens) - start)
-            full = seq.num_computed_tokens // self.blocks.block_tokens
+            full = self._cacheable_blocks(seq)
             if full > seq.num_cached_blocks:
                 keys = seq.block_keys(self.ns)
                 self.blocks.cache(_owner(seq), keys, seq.num_cached_blocks, full,
@@ -381,11 +386,38 @@ class Scheduler:
             return "length"
         return None
 
+    def _cacheable_blocks(self, seq: Sequence) -> int:
+        """Leading blocks of ``seq`` computed and allowed in the pool index and the store."""
+        full = seq.num_computed_tokens // self.blocks.block_tokens
+        if not self.config.cache_generated_tokens:
+            full = min(full, seq.num_prompt_tokens // self.blocks.block_tokens)
+        return full
+
+    def abort(self, seq: Sequence) -> None:
+        """Stop ``seq`` now, wherever it is (a client went away): its blocks are freed at
+        once; what it computed is committed like a finished request's. No-op once done."""
+        if seq.status is SequenceStatus.FINISHED:
+            return
+        seq.finish_reason = "abort"
+        self.counters["aborted_total"] += 1
+        if seq.status is SequenceStatus.WAITING:
+            self.waiting.remove(seq)
+            seq.status = SequenceStatus.FINISHED
+            return
+        if seq.status is SequenceStatus.LOADING:
+            _, job = self.loading.pop(seq.seq_id)
+            job.cancelled = True  # the loader stops; its blocks go when it reports
+            self.blocks.release(_owner(seq))
+            self.blocks.release(_reserve(seq))  # room set aside for a replay's copies
+            seq.status = SequenceStatus.FINISHED
+            return
+        self._finish(seq)
+
     def _finish(self, seq: Sequence) -> None:
         owner = _owner(seq)
         self.running.remove(seq)
         seq.status = SequenceStatus.FINISHED
-        full = seq.num_computed_tokens // self.blocks.block_tokens
+        full = self._cacheable_blocks(seq)
         if self.link.enabled and full:
             table = self.blocks.table(owner)[:full]
             held, stored = self._layers_of(seq, table)
@@ -400,7 +432,7 @@ class Scheduler:
                 self.committer.submit(CommitJob(
                     owner=job_owner, link=link, keys=seq.block_keys(link.ns)[:full],
                     indices=send, block_ids=[table[i].block_id for i in send],
-                    pool_keys=[pool_keys[i] for i in send]))
+                    pool_keys=[pool_keys[i] for i in send], scope=seq.scope))
         self.blocks.release(owner)
 
     def _layers_of(self, seq: Sequence, table: list[KVBlock]

@@ -11,6 +11,7 @@ from enum import Enum
 import torch
 
 from bounded_replay import ReplayPlan
+from engine.kv.request_scope import IDENTITY, RequestScope
 from engine.sampling_params import SamplingParams
 from kvstore.keys import Key, Namespace, chain_keys
 
@@ -32,6 +33,9 @@ class SequenceStats:
     the end (a preempted request starts over; ``preemptions`` counts how often)."""
 
     arrival_s: float = field(default_factory=time.perf_counter)
+    admitted_s: float | None = None  # first admission (the queue time ends there)
+    store_lookup_s: float = 0.0  # time in the store's lookup for this request
+    store_load_s: float = 0.0  # time copying its hit in from the store
     first_token_s: float | None = None
     last_token_s: float | None = None
     hit_tokens: dict[str, int] = field(default_factory=lambda: dict.fromkeys(TIERS, 0))
@@ -59,8 +63,11 @@ class SequenceStats:
 
 
 class Sequence:
-    def __init__(self, token_ids: list[int], params: SamplingParams) -> None:
+    def __init__(self, token_ids: list[int], params: SamplingParams,
+                 scope: RequestScope = IDENTITY) -> None:
         self.seq_id = next(_ids)
+        # Whose blocks this request may hit: every namespace it names goes through it.
+        self.scope = scope
         self.token_ids = list(token_ids)
         self.num_prompt_tokens = len(token_ids)
         self.params = params
@@ -100,9 +107,16 @@ class Sequence:
     def is_finished(self) -> bool:
         return self.status is SequenceStatus.FINISHED
 
+    def namespace(self, ns: Namespace) -> Namespace:
+        """The engine namespace ``ns`` as this request sees it (its tenant, its salt)."""
+        return self.scope.apply(ns)
+
     def block_keys(self, ns: Namespace) -> list[Key]:
         """Chain keys of every full block of the tokens so far (DESIGN §3): the same keys the
-        store uses, so one chain names a block in the pool and in the store."""
+        store uses, so one chain names a block in the pool and in the store. The chain is
+        that of the request's own namespace (``namespace(ns)``), so requests of different
+        scopes never share a block."""
+        ns = self.namespace(ns)
         n = len(self.token_ids) // ns.block_tokens
         keys = self._keys.get(ns)
         if keys is None or len(keys) != n:

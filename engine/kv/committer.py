@@ -26,6 +26,7 @@ import torch
 
 import kernels
 from engine.kv.cache import KVCache
+from engine.kv.request_scope import IDENTITY, RequestScope
 from engine.kv.store_link import StoreLink
 from engine.kv.transfer import TransferThread, drain
 from kvstore.keys import Key
@@ -40,6 +41,7 @@ class CommitJob:
     indices: list[int]  # chain blocks to send (ascending): the store lacks them
     block_ids: list[int]  # their pool blocks
     pool_keys: list[Key]  # the keys the pool indexes those blocks by (the primary chain)
+    scope: RequestScope = IDENTITY  # the request's tenant and salt (its namespace)
     # Written by the committer thread.
     result: CommitResult | None = None
     error: BaseException | None = None
@@ -71,7 +73,8 @@ class KVCommitter(TransferThread[CommitJob]):
             self._copied.put(job)
             self._notify()
         payloads = {i: rows[j] for j, i in enumerate(job.indices)}
-        job.result = job.link.commit(job.keys, payloads, self.timeout_s)
+        job.result = job.link.commit(job.keys, payloads, self.timeout_s,
+                                     ns=job.scope.apply(job.link.ns))
 
     def _copy_out(self, job: CommitJob) -> torch.Tensor:
         # One reused buffer: the next job's copy starts only after this commit returned.

@@ -31,6 +31,7 @@ import torch
 
 import kernels
 from engine.kv.cache import KVCache
+from engine.kv.request_scope import IDENTITY, RequestScope
 from engine.kv.store_link import StoreLink
 from engine.kv.transfer import TransferThread
 from kvstore.keys import Key
@@ -49,11 +50,15 @@ class LoadJob:
     sliding_keys: list[Key] = field(default_factory=list)
     pool_block_ids: list[int] = field(default_factory=list)
     pool_has_sliding: list[bool] = field(default_factory=list)
+    scope: RequestScope = IDENTITY  # the request's tenant and salt (its namespaces)
     # Written by the loader thread, read by the engine after ``done`` is set.
     store_blocks: int = 0  # the store's prefix: chain blocks [0, store_blocks) are there
     loaded_blocks: int = 0  # blocks copied into block_ids[:loaded_blocks]
     tiers: tuple[str, ...] = ()  # tier that served each loaded block
     sliding_loaded: tuple[int, ...] = ()  # chain blocks whose sliding layers were copied in
+    lookup_s: float = 0.0  # time spent in the store's lookup
+    load_started_s: float = 0.0  # perf_counter() when the copy began (0: no copy)
+    load_s: float = 0.0  # time spent copying the hit in (store, then pool)
     error: BaseException | None = None  # a bug, re-raised on the engine thread
     done: threading.Event = field(default_factory=threading.Event)
     cancelled: bool = False  # set by the engine when it gives up
@@ -81,6 +86,8 @@ class KVLoader(TransferThread[LoadJob]):
         super().__init__("kv-loader", link, cache, layers, backend, progress)
 
     def _done(self, job: LoadJob) -> None:
+        if job.load_started_s:
+            job.load_s = time.perf_counter() - job.load_started_s
         job.done.set()
 
     def _remaining(self, job: LoadJob) -> float:
@@ -95,11 +102,15 @@ class KVLoader(TransferThread[LoadJob]):
     def _load_primary(self, job: LoadJob) -> None:
         if job.cancelled or self._remaining(job) <= 0:
             return
-        found = self.link.lookup(job.keys, self._remaining(job))
+        started = time.perf_counter()
+        found = self.link.lookup(job.keys, self._remaining(job),
+                                 ns=job.scope.apply(self.link.ns))
+        job.lookup_s = time.perf_counter() - started
         job.store_blocks = min(found.hit_blocks, len(job.keys))
         want = min(job.store_blocks, job.first_block + len(job.block_ids)) - job.first_block
         if want <= 0 or job.cancelled or self._remaining(job) <= 0:
             return
+        job.load_started_s = time.perf_counter()
         keys = job.keys[job.first_block : job.first_block + want]
         got = self._copy_in(self.link, keys, job.block_ids[:want], job)
         job.tiers = tuple(found.tiers[job.first_block : job.first_block + got])
@@ -128,7 +139,8 @@ class KVLoader(TransferThread[LoadJob]):
         length the store delivered."""
         layers = list(link.ns.cached_layers)
         staging = self.buffer.rows(len(keys), len(layers))
-        got = min(link.get_into(keys, staging, self._remaining(job)), len(keys))
+        got = min(link.get_into(keys, staging, self._remaining(job),
+                                ns=job.scope.apply(link.ns)), len(keys))
         if got <= 0 or job.cancelled:
             return 0
         rows = [r for r in (range(got) if only is None else only) if r < got]

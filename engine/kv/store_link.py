@@ -6,12 +6,18 @@ found" (or "nothing stored"), the failure is counted, and the first one of each 
 logged as a warning. ``NullStoreLink`` is the ``--kv-store none`` null object: it finds
 nothing and stores nothing, without ever being asked. Methods are called from the loader's
 and the committer's threads; the counters are guarded.
+
+A call may name another namespace than the link's own (``ns=``): a server's requests carry
+their tenant and cache salt in it (``engine.kv.request_scope``). Each namespace is
+registered with the store before its first use. ``observe(call, seconds)`` sees the
+duration of every store call (a server's latency histograms); by default it does nothing.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from abc import ABC, abstractmethod
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
@@ -25,11 +31,17 @@ log = logging.getLogger("engine.store")
 T = TypeVar("T")
 
 
+def _ignore_call(call: str, seconds: float) -> None:
+    pass
+
+
 class StoreLink(ABC):
     """Store calls that cannot fail: misses are the only bad news."""
 
     name: str
     ns: Namespace
+    # Called with (call, seconds) after every store call; a server sets it.
+    observe: Callable[[str, float], None] = staticmethod(_ignore_call)
 
     @property
     @abstractmethod
@@ -37,16 +49,20 @@ class StoreLink(ABC):
         """Whether admission should ask this store at all."""
 
     @abstractmethod
-    def lookup(self, keys: Sequence[Key], timeout_s: float) -> LookupResult:
-        """Longest prefix of ``keys`` the store holds (0 when it cannot say)."""
+    def lookup(self, keys: Sequence[Key], timeout_s: float,
+               ns: Namespace | None = None) -> LookupResult:
+        """Longest prefix of ``keys`` (a chain of ``ns``, default the link's) the store
+        holds (0 when it cannot say)."""
 
     @abstractmethod
-    def get_into(self, keys: Sequence[Key], dst: Any, timeout_s: float) -> int:
+    def get_into(self, keys: Sequence[Key], dst: Any, timeout_s: float,
+                 ns: Namespace | None = None) -> int:
         """Copy the longest present prefix into ``dst`` rows; blocks copied (0 on failure)."""
 
     @abstractmethod
     def commit(
-        self, keys: Sequence[Key], payloads: Mapping[int, Any], timeout_s: float
+        self, keys: Sequence[Key], payloads: Mapping[int, Any], timeout_s: float,
+        ns: Namespace | None = None,
     ) -> CommitResult:
         """Store the given blocks of the chain ``keys``; a failure stores nothing."""
 
@@ -77,14 +93,17 @@ class NullStoreLink(StoreLink):
     def enabled(self) -> bool:
         return False
 
-    def lookup(self, keys: Sequence[Key], timeout_s: float) -> LookupResult:
+    def lookup(self, keys: Sequence[Key], timeout_s: float,
+               ns: Namespace | None = None) -> LookupResult:
         return LookupResult(hit_blocks=0)
 
-    def get_into(self, keys: Sequence[Key], dst: Any, timeout_s: float) -> int:
+    def get_into(self, keys: Sequence[Key], dst: Any, timeout_s: float,
+                 ns: Namespace | None = None) -> int:
         return 0
 
     def commit(
-        self, keys: Sequence[Key], payloads: Mapping[int, Any], timeout_s: float
+        self, keys: Sequence[Key], payloads: Mapping[int, Any], timeout_s: float,
+        ns: Namespace | None = None,
     ) -> CommitResult:
         return CommitResult(dropped=len(payloads))
 
@@ -118,25 +137,26 @@ class KVStoreLink(StoreLink):
         self._lock = threading.Lock()
         self._counters: Counter[str] = Counter()
         self._warned: set[str] = set()
-        self._registered = False
+        self._registered: set[Namespace] = set()
         self._closed = False
-        self._register(timeout_s)
+        self._register(ns, timeout_s)
 
     @property
     def enabled(self) -> bool:
         return True
 
-    def _register(self, timeout_s: float) -> bool:
-        """Register the namespace once; a store that cannot take it now is retried before
+    def _register(self, ns: Namespace, timeout_s: float) -> bool:
+        """Register a namespace once; a store that cannot take it now is retried before
         the next call (a daemon that comes back later still gets used)."""
-        if self._registered:
+        if ns in self._registered:
             return True
         try:
-            self.store.register(self.ns, timeout_s=timeout_s)
+            self.store.register(ns, timeout_s=timeout_s)
         except KVStoreError as e:
             self._failed("register", e)
             return False
-        self._registered = True
+        with self._lock:
+            self._registered.add(ns)
         return True
 
     def _failed(self, call: str, err: Exception) -> None:
@@ -151,9 +171,11 @@ class KVStoreLink(StoreLink):
             log.warning("kv store %s is %s (%s: %s); its blocks count as misses from now on "
                         "while it fails", self.name, what, kind, err)
 
-    def _guarded(self, call: str, fn: Callable[[], T], miss: T, timeout_s: float) -> T:
-        if self._closed or not self._register(timeout_s):
+    def _guarded(self, call: str, fn: Callable[[], T], miss: T, timeout_s: float,
+                 ns: Namespace | None = None) -> T:
+        if self._closed or not self._register(ns or self.ns, timeout_s):
             return miss
+        start = time.perf_counter()
         try:
             return fn()
         except BlockError as e:  # a corrupt block: a miss, like any other lost block
@@ -164,23 +186,30 @@ class KVStoreLink(StoreLink):
         except KVStoreError as e:
             self._failed(call, e)
             return miss
+        finally:
+            self.observe(call, time.perf_counter() - start)
 
-    def lookup(self, keys: Sequence[Key], timeout_s: float) -> LookupResult:
+    def lookup(self, keys: Sequence[Key], timeout_s: float,
+               ns: Namespace | None = None) -> LookupResult:
         if not keys:
             return LookupResult(hit_blocks=0)
+        ns = ns or self.ns
         return self._guarded(
             "lookup",
-            lambda: self.store.lookup(self.ns, keys, timeout_s=timeout_s),
+            lambda: self.store.lookup(ns, keys, timeout_s=timeout_s),
             LookupResult(hit_blocks=0),
             timeout_s,
+            ns,
         )
 
-    def get_into(self, keys: Sequence[Key], dst: Any, timeout_s: float) -> int:
+    def get_into(self, keys: Sequence[Key], dst: Any, timeout_s: float,
+                 ns: Namespace | None = None) -> int:
         if not keys:
             return 0
+        ns = ns or self.ns
         got = self._guarded(
-            "get", lambda: self.store.get_into(self.ns, keys, dst, timeout_s=timeout_s), 0,
-            timeout_s,
+            "get", lambda: self.store.get_into(ns, keys, dst, timeout_s=timeout_s), 0,
+            timeout_s, ns,
         )
         with self._lock:
             self._counters["loaded_blocks_total"] += got
@@ -188,13 +217,16 @@ class KVStoreLink(StoreLink):
         return got
 
     def commit(
-        self, keys: Sequence[Key], payloads: Mapping[int, Any], timeout_s: float
+        self, keys: Sequence[Key], payloads: Mapping[int, Any], timeout_s: float,
+        ns: Namespace | None = None,
     ) -> CommitResult:
+        ns = ns or self.ns
         res = self._guarded(
             "commit",
-            lambda: self.store.commit(self.ns, keys, payloads, timeout_s=timeout_s),
+            lambda: self.store.commit(ns, keys, payloads, timeout_s=timeout_s),
             CommitResult(dropped=len(payloads)),
             timeout_s,
+            ns,
         )
         with self._lock:
             self._counters["committed_blocks_total"] += res.inserted
