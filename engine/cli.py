@@ -21,6 +21,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
                  "run a prompt or a multi-turn session, the KV store behind the pool"),
     "make-model": ("engine.model.make_model",
                    "write a random-weight checkpoint in the Hugging Face layout"),
+    "serve": ("engine.server.cli",
+              "serve the engine over an OpenAI-compatible HTTP API"),
     "model-info": ("engine.model.model_info",
                    "check a checkpoint loads and print its shape, windows and revision"),
     "replay-fidelity": ("engine.replay_fidelity",

@@ -55,6 +55,7 @@ LAYER_OF: Mapping[str, str] = {
     "storage_nodes.node.cli": "app",
     "storage_nodes.node_cli": "app",
     "engine.cli": "app",
+    "engine.server": "app",
     # test scaffolding still inside the product tree (issue 15 item 3 moves it out)
     "kvstore.daemon.process": "testing",
     "storage_nodes.node.process": "testing",

@@ -7,6 +7,12 @@ only its own tenant's namespaces). Every RPC carries
 known token (no early exit, no dict lookup keyed by the secret), and a tenant may only
 name namespaces whose ``tenant`` field is its own. Without a token file every caller is
 trusted (``OpenAuth``, the null object) — fine on loopback, warned about elsewhere.
+
+**Delegation** (DESIGN §7): a token whose tenant ends in ``/*`` (``token engine-1/*``) is
+granted that prefix: it may use the tenant ``engine-1/*`` itself and every tenant
+``engine-1/NAME``. An engine serving many tenants of its own over one daemon
+(``kvengine serve --auth-token-file``) registers ``engine-1/<http tenant>`` namespaces with
+it, so its tenants never share blocks and no other token can reach them.
 """
 
 from __future__ import annotations
@@ -19,6 +25,18 @@ from dataclasses import dataclass
 from kvstore.errors import InvalidArgument
 from kvstore.keys import Namespace
 from kvstore.wire.errors import AccessDenied
+
+DELEGATION_SUFFIX = "/*"
+
+
+def owns(caller_tenant: str, ns_tenant: str) -> bool:
+    """Whether a token of ``caller_tenant`` may use namespaces of ``ns_tenant``."""
+    if ns_tenant == caller_tenant:
+        return True
+    if not caller_tenant.endswith(DELEGATION_SUFFIX):
+        return False
+    prefix = caller_tenant[:-1]  # "engine-1/"
+    return ns_tenant.startswith(prefix) and len(ns_tenant) > len(prefix)
 
 
 class AuthError(Exception):
@@ -51,7 +69,7 @@ class Authenticator(ABC):
 
     def check_namespace(self, tenant: str | None, ns: Namespace) -> None:
         """Raise ``AccessDenied`` unless ``tenant`` owns ``ns``."""
-        if tenant is not None and ns.tenant != tenant:
+        if tenant is not None and not owns(tenant, ns.tenant):
             raise AccessDenied(
                 f"namespace of tenant {ns.tenant!r} is not accessible to tenant {tenant!r}"
             )

@@ -15,7 +15,7 @@ from typing import Any
 
 import grpc
 
-from kvstore.daemon.auth import Caller
+from kvstore.daemon.auth import DELEGATION_SUFFIX, Caller
 from kvstore.daemon.catalog import MemoryCatalog
 from kvstore.daemon.rpc_plumbing import RpcPlumbing
 from kvstore.daemon.staging import DATA_OFFSET, StagingArea
@@ -39,7 +39,9 @@ class ControlRpcs(RpcPlumbing):
 
     def Flush(self, req: pb.FlushRequest, ctx: grpc.ServicerContext) -> Any:
         def run(caller: Caller) -> pb.FlushResponse:
-            scope = None if caller.sees_everything else caller.tenant
+            # A delegating token's blocks lie under many tenants: it waits for all blocks.
+            delegating = caller.tenant is not None and caller.tenant.endswith(DELEGATION_SUFFIX)
+            scope = None if caller.sees_everything or delegating else caller.tenant
             self.ledger.flush(scope, self.store, ctx.time_remaining())
             return pb.FlushResponse()
 

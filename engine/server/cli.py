@@ -1,0 +1,150 @@
+"""``kvengine serve``: the engine behind an OpenAI-compatible HTTP API (FastAPI + uvicorn).
+
+It binds ``--listen`` (127.0.0.1:8000 by default; port 0 picks a free one) and prints
+``listening on HOST:PORT`` on stdout once the socket is bound, so scripts and tests never
+race for a port. A non-loopback bind without ``--auth-token-file`` is warned about.
+SIGINT/SIGTERM stop it: requests in flight are aborted and pending commits reach the store.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import logging
+import socket
+import sys
+import time
+
+from engine.config import EngineConfig
+from engine.errors import EngineInputError
+from engine.kv.namespace import engine_namespace
+from engine.kv.stores import StoreOptions, default_store_dir, open_store_link
+from engine.llm_engine import LLMEngine
+from engine.model.loader import load_model
+from engine.server.engine_loop import EngineLoop
+from engine.server.metrics import ServerMetrics
+from engine.server.tenants import Tenants
+from kvstore.units import parse_size
+
+_DEFAULTS = EngineConfig()
+log = logging.getLogger("engine.server")
+
+
+def configure(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", required=True, metavar="DIR", help="Hugging Face checkpoint dir")
+    p.add_argument("--kv-store", default="none", metavar="STORE",
+                   help="none (pool prefix caching only), embedded[:DIR] (DRAM + SSD in this "
+                        f"process; DIR defaults to {default_store_dir()}) or grpc://HOST:PORT "
+                        "(a running `kvstore serve`)")
+    p.add_argument("--listen", default="127.0.0.1:8000", metavar="HOST:PORT",
+                   help="address to bind (port 0: any free port)")
+    p.add_argument("--auth-token-file", metavar="F",
+                   help="HTTP clients' tokens: 'token tenant' lines; each tenant's requests get "
+                        "their own namespace (no shared hits). Without it, no auth")
+    p.add_argument("--store-token-file", metavar="F",
+                   help="grpc: file holding the daemon's bearer token (else "
+                        "$KVSTORE_AUTH_TOKEN); with --auth-token-file it must be a delegating "
+                        "token (tenant 'P/*' in the daemon's file)")
+    p.add_argument("--max-queue", type=int, default=256, metavar="N",
+                   help="requests accepted and not finished; more get 503 with Retry-After")
+    p.add_argument("--served-model-name", metavar="NAME",
+                   help="the model's name in the API (default: the checkpoint dir's name)")
+    p.add_argument("--pool-tokens", type=int, default=_DEFAULTS.pool_tokens, metavar="N",
+                   help="KV pool (the hbm tier) size in tokens")
+    p.add_argument("--block-tokens", type=int, default=_DEFAULTS.block_tokens, metavar="N",
+                   help="tokens per pool and store block")
+    p.add_argument("--max-batched-tokens", type=int, default=_DEFAULTS.max_batched_tokens,
+                   metavar="N", help="per-step token budget (prefill chunk size)")
+    p.add_argument("--max-num-seqs", type=int, default=_DEFAULTS.max_num_seqs, metavar="N",
+                   help="requests admitted at once")
+    p.add_argument("--no-cache-generated", action="store_true",
+                   help="keep generated tokens' blocks out of the pool index and the store "
+                        "(trace replays: the caches hold exactly the trace's blocks)")
+    p.add_argument("--attention-backend", choices=("torch", "triton"),
+                   help="kernels backend (default: the device's)")
+    p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"),
+                   help="weights and KV dtype (default: the checkpoint's)")
+    p.add_argument("--device", default="cpu", help="torch device of the model and the pool")
+    p.add_argument("--dram", default="1GiB", metavar="SIZE", help="embedded: DRAM tier size")
+    p.add_argument("--ssd-capacity", default="8GiB", metavar="SIZE",
+                   help="embedded: SSD tier size")
+    p.add_argument("--log-level", default="warning",
+                   choices=("debug", "info", "warning", "error"), help="server log level")
+
+
+def parse_listen(value: str) -> tuple[str, int]:
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) < 65536:
+        raise EngineInputError(f"--listen {value!r}: expected HOST:PORT")
+    return host.strip("[]"), int(port)
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def run(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from engine.server.app import ServerState, create_app
+
+    logging.basicConfig(format="kvengine serve: %(levelname)s: %(message)s",
+                        level=args.log_level.upper())
+    host, port = parse_listen(args.listen)
+    if args.max_queue < 1:
+        raise EngineInputError("--max-queue must be >= 1")
+    config = EngineConfig(pool_tokens=args.pool_tokens, block_tokens=args.block_tokens,
+                          max_batched_tokens=args.max_batched_tokens,
+                          max_num_seqs=args.max_num_seqs,
+                          attention_backend=args.attention_backend,
+                          cache_generated_tokens=not args.no_cache_generated)
+    store_opts = StoreOptions(dram_bytes=parse_size(args.dram),
+                              ssd_capacity_bytes=parse_size(args.ssd_capacity),
+                              auth_token_file=args.store_token_file)
+    loaded = load_model(args.model, dtype=args.dtype, device=args.device, progress=False)
+    link = open_store_link(
+        args.kv_store, lambda tenant: engine_namespace(loaded.spec, config.block_tokens, tenant),
+        store_opts)
+    try:
+        tenants = Tenants(args.auth_token_file, link.ns.tenant)
+    except BaseException:
+        link.close()
+        raise
+    if not is_loopback(host) and not tenants.enabled:
+        print(f"kvengine serve: warning: listening on {host} without --auth-token-file: "
+              "anyone who can reach it can use the engine", file=sys.stderr, flush=True)
+    engine = LLMEngine(loaded.model, config, link)
+    metrics = ServerMetrics(engine)
+    link.observe = metrics.observe_store_call
+    loop = EngineLoop(engine, on_finished=lambda h: metrics.observe_finished(h.seq, h.arrival_s)
+                      if h.seq is not None else None)
+    spec = loaded.spec
+    state = ServerState(loop=loop, tokenizer=loaded.tokenizer,
+                        model_name=args.served_model_name or spec.model_id,
+                        max_context_tokens=spec.max_context_tokens,
+                        vocab_size=spec.vocab_size, tenants=tenants, metrics=metrics,
+                        max_queue=args.max_queue, created=int(time.time()))
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        loop.close()
+        raise EngineInputError(f"--listen {args.listen}: {e.strerror}") from None
+    bound = sock.getsockname()
+    print(f"listening on {host}:{bound[1]}", flush=True)
+    server = uvicorn.Server(uvicorn.Config(create_app(state), log_level=args.log_level,
+                                           access_log=args.log_level in ("debug", "info"),
+                                           timeout_graceful_shutdown=5))
+    try:
+        server.run(sockets=[sock])
+    finally:
+        loop.close()
+        sock.close()
+    return 0

@@ -1,0 +1,208 @@
+"""The engine's own thread: it owns the ``LLMEngine`` and runs its steps, off the event loop.
+
+The HTTP side never touches the engine. It submits a request (token ids, sampling
+parameters, scope) and gets a ``Handle`` whose ``events`` (an ``asyncio.Queue`` on the
+server's loop) receive ``TokensEvent``s as the engine produces tokens and one
+``DoneEvent`` (or ``ErrorEvent``) at the end. ``abort(handle)`` stops a request wherever it
+is (a client that went away): the engine thread frees its sequence before its next step.
+So ``/health`` answers and disconnects are noticed even during a minute-long prefill,
+because the event loop is never the one computing.
+
+Commands reach the thread through a queue that it drains between steps; a step is never
+interrupted. A bug in a step fails the requests in flight (500) and the thread goes on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from engine.errors import EngineError
+from engine.kv.request_scope import RequestScope
+from engine.llm_engine import LLMEngine
+from engine.sampling_params import SamplingParams
+from engine.sequence import Sequence
+
+log = logging.getLogger("engine.server")
+
+
+@dataclass(frozen=True, slots=True)
+class TokensEvent:
+    token_ids: list[int]  # new output tokens since the last event
+
+
+@dataclass(frozen=True, slots=True)
+class DoneEvent:
+    seq: Sequence  # finished: finish_reason and stats are final
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorEvent:
+    error: BaseException  # EngineInputError: the client's fault (400); else a bug (500)
+
+
+Event = TokensEvent | DoneEvent | ErrorEvent
+
+
+@dataclass(eq=False)
+class Handle:
+    token_ids: list[int]
+    params: SamplingParams
+    scope: RequestScope
+    loop: asyncio.AbstractEventLoop
+    arrival_s: float = field(default_factory=time.perf_counter)  # the HTTP request's
+    events: asyncio.Queue[Event] = field(default_factory=asyncio.Queue)
+    # Engine thread only.
+    seq: Sequence | None = None
+    delivered: int = 0
+    aborted: bool = False
+    abort_reason: str = "abort"
+
+    def _emit(self, event: Event) -> None:
+        with contextlib.suppress(RuntimeError):  # the server's loop is gone (shutting down)
+            self.loop.call_soon_threadsafe(self.events.put_nowait, event)
+
+
+class EngineLoop:
+    def __init__(self, engine: LLMEngine,
+                 on_finished: Callable[[Handle], None] | None = None) -> None:
+        """``on_finished`` runs on the engine thread for every request that ends, aborted
+        ones included (metrics)."""
+        self.engine = engine
+        self._on_finished = on_finished or (lambda handle: None)
+        self._commands: queue.SimpleQueue[tuple[str, Handle | None]] = queue.SimpleQueue()
+        self._wake = threading.Event()
+        self._active: dict[int, Handle] = {}  # seq_id -> handle (engine thread only)
+        self._in_flight = 0  # submitted and not yet finished (any thread reads it)
+        self._lock = threading.Lock()
+        self._stop = False
+        self._thread = threading.Thread(target=self._run, name="engine", daemon=True)
+        self._thread.start()
+
+    # -- any thread ---------------------------------------------------------------------
+    @property
+    def in_flight(self) -> int:
+        with self._lock:
+            return self._in_flight
+
+    def try_submit(self, handle: Handle, limit: int) -> bool:
+        """Queue ``handle`` unless ``limit`` requests are already in flight."""
+        with self._lock:
+            if self._in_flight >= limit:
+                return False
+            self._in_flight += 1
+        self._commands.put(("add", handle))
+        self._wake.set()
+        return True
+
+    def abort(self, handle: Handle, reason: str = "abort") -> None:
+        """Stop ``handle``'s request; ``reason`` becomes its finish reason (``"stop"`` when
+        the server found a stop string, ``"abort"`` when the client left)."""
+        handle.abort_reason = reason
+        self._commands.put(("abort", handle))
+        self._wake.set()
+
+    def close(self) -> None:
+        """Stop the thread (requests in flight are aborted), then close the engine."""
+        self._commands.put(("stop", None))
+        self._wake.set()
+        self._thread.join()
+        self.engine.close()
+
+    # -- the engine thread --------------------------------------------------------------
+    def _run(self) -> None:
+        while True:
+            if not self._drain_commands():
+                break
+            if not self.engine.has_unfinished:
+                # Idle: still take in finished copy-outs and commits, so their blocks are
+                # released and marked stored without waiting for the next request.
+                try:
+                    self.engine.scheduler.poll()
+                except Exception:  # a bug in a transfer thread: keep serving
+                    log.exception("taking in finished store transfers failed")
+                copying = not self.engine.committer.wait_idle(0)
+                self._wake.wait(timeout=0.02 if copying else 0.5)
+                self._wake.clear()
+                continue
+            try:
+                self.engine.step()
+            except Exception as e:  # a bug: fail what is in flight, keep serving
+                log.exception("engine step failed; failing %d requests", len(self._active))
+                self._fail_all(e)
+                continue
+            self._publish()
+        for handle in list(self._active.values()):
+            self._abort(handle)
+
+    def _drain_commands(self) -> bool:
+        while True:
+            try:
+                cmd, handle = self._commands.get_nowait()
+            except queue.Empty:
+                return True
+            if cmd == "stop":
+                return False
+            assert handle is not None
+            if cmd == "add":
+                self._add(handle)
+            elif cmd == "abort":
+                self._abort(handle)
+
+    def _add(self, handle: Handle) -> None:
+        if handle.aborted:  # the client left before the engine saw the request
+            self._finished(handle)
+            return
+        try:
+            handle.seq = self.engine.add_request(handle.token_ids, handle.params, handle.scope)
+        except (EngineError, ValueError) as e:
+            self._finished(handle)
+            handle._emit(ErrorEvent(e))
+            return
+        self._active[handle.seq.seq_id] = handle
+
+    def _abort(self, handle: Handle) -> None:
+        handle.aborted = True
+        seq = handle.seq
+        if seq is None or seq.seq_id not in self._active:
+            return  # not added yet (``_add`` drops it) or already finished
+        self.engine.abort(seq)
+        seq.finish_reason = handle.abort_reason
+        del self._active[seq.seq_id]
+        self._finished(handle)
+        self._on_finished(handle)
+
+    def _publish(self) -> None:
+        for seq_id, handle in list(self._active.items()):
+            seq = handle.seq
+            assert seq is not None
+            out = seq.output_ids
+            if len(out) > handle.delivered:
+                handle._emit(TokensEvent(out[handle.delivered :]))
+                handle.delivered = len(out)
+            if seq.is_finished:
+                del self._active[seq_id]
+                self._finished(handle)
+                self._on_finished(handle)
+                handle._emit(DoneEvent(seq))
+
+    def _fail_all(self, error: BaseException) -> None:
+        for handle in list(self._active.values()):
+            if handle.seq is not None and not handle.seq.is_finished:
+                try:
+                    self.engine.abort(handle.seq)
+                except Exception:  # the engine is already broken; the error is reported
+                    log.exception("abort after a failed step")
+            self._finished(handle)
+            handle._emit(ErrorEvent(error))
+        self._active.clear()
+
+    def _finished(self, handle: Handle) -> None:
+        with self._lock:
+            self._in_flight -= 1

@@ -1,0 +1,106 @@
+"""``GET /metrics``: the server's Prometheus metrics, on a registry of its own.
+
+- ``kvengine_time_to_first_token_seconds`` and ``kvengine_time_per_output_token_seconds``
+  (histograms, from the HTTP request's arrival);
+- ``kvengine_ttft_part_seconds{part}``: TTFT broken into ``queue`` (arrival to admission),
+  ``store_lookup``, ``store_load`` and ``compute`` (the rest: prefill and first sample);
+- ``kvengine_store_call_seconds{call}``: every store call (``lookup``, ``get``, ``commit``);
+- ``kvengine_prompt_tokens_total{source}``: prompt tokens by where their KV came from,
+  ``hbm`` (the pool), ``dram``, ``ssd``, or ``computed``; replayed hit tokens (bounded
+  replay) are counted under ``computed`` and not under their tier;
+- ``kvengine_generation_tokens_total``, ``kvengine_requests_total{finish_reason}``,
+  ``kvengine_rejected_requests_total{reason}``;
+- gauges read at scrape time: ``kvengine_requests_running``, ``kvengine_requests_waiting``
+  (queued or loading from the store), ``kvengine_pool_blocks``, ``kvengine_pool_used_blocks``
+  and ``kvengine_pool_usage_ratio``.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from engine.llm_engine import LLMEngine
+from engine.sequence import TIERS, Sequence
+
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 60, 120)
+_STORE_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
+                  0.25, 0.5, 1, 5)
+
+
+def cached_tokens(seq: Sequence) -> int:
+    """Prompt tokens served from a cache: hits minus the tokens of the hit replayed."""
+    s = seq.stats
+    return max(0, sum(s.hit_tokens.values()) - getattr(s, "replayed_tokens", 0))
+
+
+class ServerMetrics:
+    def __init__(self, engine: LLMEngine) -> None:
+        self.registry = r = CollectorRegistry()
+        self.ttft = Histogram("kvengine_time_to_first_token_seconds",
+                              "Time from the request's arrival to its first token",
+                              buckets=_LATENCY_BUCKETS, registry=r)
+        self.tpot = Histogram("kvengine_time_per_output_token_seconds",
+                              "Time per output token after the first",
+                              buckets=_STORE_BUCKETS, registry=r)
+        self.ttft_part = Histogram("kvengine_ttft_part_seconds",
+                                   "TTFT broken into queue, store lookup, store load, compute",
+                                   ["part"], buckets=_LATENCY_BUCKETS, registry=r)
+        self.store_call = Histogram("kvengine_store_call_seconds", "Store call latency",
+                                    ["call"], buckets=_STORE_BUCKETS, registry=r)
+        self.prompt_tokens = Counter("kvengine_prompt_tokens",
+                                     "Prompt tokens by the source of their KV", ["source"],
+                                     registry=r)
+        self.generation_tokens = Counter("kvengine_generation_tokens",
+                                         "Output tokens generated", registry=r)
+        self.requests = Counter("kvengine_requests", "Requests ended, by finish reason",
+                                ["finish_reason"], registry=r)
+        self.rejected = Counter("kvengine_rejected_requests",
+                                "Requests refused before the engine saw them", ["reason"],
+                                registry=r)
+        for source in (*TIERS, "computed"):
+            self.prompt_tokens.labels(source)
+        sched, blocks = engine.scheduler, engine.blocks
+        Gauge("kvengine_requests_running", "Requests admitted and computing",
+              registry=r).set_function(lambda: len(sched.running))
+        Gauge("kvengine_requests_waiting", "Requests queued or loading from the store",
+              registry=r).set_function(lambda: len(sched.waiting) + len(sched.loading))
+        total = blocks.pool.num_blocks
+        Gauge("kvengine_pool_blocks", "KV pool size in blocks", registry=r).set(total)
+        Gauge("kvengine_pool_used_blocks", "Pool blocks held by requests or copies",
+              registry=r).set_function(lambda: total - blocks.num_free)
+        Gauge("kvengine_pool_usage_ratio", "Share of the pool held",
+              registry=r).set_function(lambda: (total - blocks.num_free) / total)
+
+    def observe_store_call(self, call: str, seconds: float) -> None:
+        self.store_call.labels(call).observe(seconds)
+
+    def observe_finished(self, seq: Sequence, arrival_s: float) -> None:
+        """A request ended (any reason); ``arrival_s`` is its HTTP arrival
+        (``time.perf_counter``)."""
+        s = seq.stats
+        self.requests.labels(seq.finish_reason or "unknown").inc()
+        out = len(seq.output_ids)
+        self.generation_tokens.inc(out)
+        if s.first_token_s is None:
+            return  # aborted before its first token: no latency to report
+        cached = cached_tokens(seq)
+        replayed = sum(s.hit_tokens.values()) - cached
+        for tier in TIERS:
+            share = s.hit_tokens[tier]
+            take = min(share, replayed)  # replayed tokens come off the hit's own tiers
+            replayed -= take
+            self.prompt_tokens.labels(tier).inc(share - take)
+        self.prompt_tokens.labels("computed").inc(seq.num_prompt_tokens - cached)
+        ttft = s.first_token_s - arrival_s
+        self.ttft.observe(ttft)
+        queue = max(0.0, (s.admitted_s or s.first_token_s) - arrival_s)
+        store = s.store_lookup_s + s.store_load_s
+        self.ttft_part.labels("queue").observe(queue)
+        self.ttft_part.labels("store_lookup").observe(s.store_lookup_s)
+        self.ttft_part.labels("store_load").observe(s.store_load_s)
+        self.ttft_part.labels("compute").observe(max(0.0, ttft - queue - store))
+        if out > 1 and s.last_token_s is not None:
+            self.tpot.observe((s.last_token_s - s.first_token_s) / (out - 1))
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,62 @@
+"""Delegation (DESIGN §7): a token granted ``P/*`` uses ``P/*`` and every ``P/NAME``
+tenant, and no other; tested on the rule and against a real daemon."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from clients.errors import AccessDenied
+from kvstore.daemon.auth import owns
+from tests.conftest import small_ns
+from tests.kvstore.daemon.conftest import SpawnDaemon, make_chain, payloads, write_tokens
+from tests.kvstore.daemon.test_auth import client
+
+names = st.text(st.characters(codec="ascii", exclude_characters="\x00"), min_size=1,
+                max_size=6)
+
+
+@given(names, names)
+def test_a_plain_tenant_owns_only_itself(a: str, b: str) -> None:
+    if a.endswith("/*"):
+        return
+    assert owns(a, a)
+    assert owns(a, b) == (a == b)
+
+
+@given(names, names, names)
+def test_a_delegating_tenant_owns_its_prefix(p: str, name: str, other: str) -> None:
+    grant = f"{p}/*"
+    assert owns(grant, grant)
+    assert owns(grant, f"{p}/{name}")
+    assert not owns(grant, p)  # the bare prefix is not below it
+    assert not owns(grant, f"{p}/")  # nor is an empty name
+    if not f"{other}/".startswith(f"{p}/"):
+        assert not owns(grant, f"{other}/{name}")
+
+
+def test_daemon_accepts_delegated_namespaces_only(spawn_daemon: SpawnDaemon,
+                                                  tmp_path: Path) -> None:
+    tokens = write_tokens(tmp_path / "tokens", ["engine-1/*", "engine-1/alice"])
+    d = spawn_daemon("--auth-token-file", str(tmp_path / "tokens"))
+    alice_ns = small_ns(tenant="engine-1/alice")
+    bob_ns = small_ns(tenant="engine-1/bob")
+    keys = make_chain(alice_ns, 3, seed=2)
+    with client(d.target, tokens["engine-1/*"]) as engine, \
+            client(d.target, tokens["engine-1/alice"]) as alice:
+        assert engine.tenant() == "engine-1/*"
+        for ns in (alice_ns, bob_ns, small_ns(tenant="engine-1/*")):
+            engine.register(ns)
+        engine.commit(alice_ns, keys, payloads(alice_ns, keys))
+        engine.flush()
+        assert engine.lookup(alice_ns, keys).hit_blocks == 3
+        # The sub-tenant's own token reaches its blocks, not its sibling's.
+        assert alice.lookup(alice_ns, keys).hit_blocks == 3
+        with pytest.raises(AccessDenied):
+            alice.lookup(bob_ns, keys)
+        for outside in ("engine-1", "engine-2/alice", "alice"):
+            with pytest.raises(AccessDenied):
+                engine.register(small_ns(tenant=outside))
