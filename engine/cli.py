@@ -23,6 +23,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
                    "write a random-weight checkpoint in the Hugging Face layout"),
     "serve": ("engine.server.cli",
               "serve the engine over an OpenAI-compatible HTTP API"),
+    "bench-serve": ("engine.server.bench_serve",
+                    "replay agent traces through a running kvengine serve, scaled"),
     "model-info": ("engine.model.model_info",
                    "check a checkpoint loads and print its shape, windows and revision"),
     "replay-fidelity": ("engine.replay_fidelity",

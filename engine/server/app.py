@@ -32,7 +32,7 @@ from engine.server.engine_loop import (
     TokensEvent,
 )
 from engine.server.errors import APIError, bad_request, internal, not_found, overloaded
-from engine.server.metrics import ServerMetrics, cached_tokens
+from engine.server.metrics import ServerMetrics, cached_tokens, ttft_parts
 from engine.server.protocol import GenerationRequest, Kind, parse_request
 from engine.server.tenants import Tenants
 from engine.server.text_stream import TextStream
@@ -50,6 +50,10 @@ class ServerState:
     tenants: Tenants
     metrics: ServerMetrics
     max_queue: int
+    # What a replay client needs to know to scale a trace and predict its hits.
+    block_tokens: int = 64
+    pool_tokens: int = 0
+    block_bytes: int = 0
     retry_after_s: int = 1
     created: int = 0
 
@@ -62,6 +66,16 @@ class _Result:
     completion_tokens: int = 0
     finish_reason: str | None = None
     handle: Handle | None = None
+
+    def timing(self) -> dict[str, Any]:
+        """The ``kvengine`` extension of the last chunk: hits per tier and the TTFT split
+        (for replays; OpenAI clients ignore unknown fields)."""
+        handle = self.handle
+        if handle is None or handle.seq is None:
+            return {}
+        seq = handle.seq
+        return {"hit_tokens": dict(seq.stats.hit_tokens),
+                **ttft_parts(seq, handle.arrival_s)}
 
     def usage(self, prompt_tokens: int) -> dict[str, Any]:
         seq = None if self.handle is None else self.handle.seq
@@ -98,7 +112,10 @@ def create_app(state: ServerState) -> FastAPI:
         state.tenants.authenticate(request.headers.get("authorization"))
         return {"object": "list", "data": [
             {"id": state.model_name, "object": "model", "created": state.created,
-             "owned_by": "kvengine", "max_model_len": state.max_context_tokens}]}
+             "owned_by": "kvengine", "max_model_len": state.max_context_tokens,
+             "kvengine": {"block_tokens": state.block_tokens, "pool_tokens": state.pool_tokens,
+                          "block_bytes": state.block_bytes, "vocab_size": state.vocab_size,
+                          "max_context_tokens": state.max_context_tokens}}]}
 
     @app.post("/v1/completions", response_model=None)
     async def completions(request: Request) -> Response:
@@ -271,7 +288,8 @@ async def _sse(state: ServerState, request: Request, req: GenerationRequest, han
         yield chunk(None, result.finish_reason)
         if req.include_usage:
             usage = {"id": rid, "object": obj, "created": created, "model": state.model_name,
-                     "choices": [], "usage": result.usage(prompt_tokens)}
+                     "choices": [], "usage": result.usage(prompt_tokens),
+                     "kvengine": result.timing()}
             yield f"data: {json.dumps(usage)}\n\n"
         yield "data: [DONE]\n\n"
         done = True

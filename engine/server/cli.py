@@ -128,7 +128,10 @@ def run(args: argparse.Namespace) -> int:
                         model_name=args.served_model_name or spec.model_id,
                         max_context_tokens=spec.max_context_tokens,
                         vocab_size=spec.vocab_size, tenants=tenants, metrics=metrics,
-                        max_queue=args.max_queue, created=int(time.time()))
+                        max_queue=args.max_queue, created=int(time.time()),
+                        block_tokens=config.block_tokens,
+                        pool_tokens=config.num_blocks * config.block_tokens,
+                        block_bytes=link.ns.block_bytes)
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

@@ -33,6 +33,18 @@ def cached_tokens(seq: Sequence) -> int:
     return max(0, sum(s.hit_tokens.values()) - getattr(s, "replayed_tokens", 0))
 
 
+def ttft_parts(seq: Sequence, arrival_s: float) -> dict[str, float]:
+    """The request's TTFT split: ``queue_s`` (arrival to admission), ``store_lookup_s``,
+    ``store_load_s`` and ``compute_s`` (the rest: prefill and the first sample)."""
+    s = seq.stats
+    first = s.first_token_s if s.first_token_s is not None else arrival_s
+    ttft = first - arrival_s
+    queue = max(0.0, (s.admitted_s or first) - arrival_s)
+    return {"queue_s": queue, "store_lookup_s": s.store_lookup_s,
+            "store_load_s": s.store_load_s,
+            "compute_s": max(0.0, ttft - queue - s.store_lookup_s - s.store_load_s)}
+
+
 class ServerMetrics:
     def __init__(self, engine: LLMEngine) -> None:
         self.registry = r = CollectorRegistry()
@@ -91,14 +103,9 @@ class ServerMetrics:
             replayed -= take
             self.prompt_tokens.labels(tier).inc(share - take)
         self.prompt_tokens.labels("computed").inc(seq.num_prompt_tokens - cached)
-        ttft = s.first_token_s - arrival_s
-        self.ttft.observe(ttft)
-        queue = max(0.0, (s.admitted_s or s.first_token_s) - arrival_s)
-        store = s.store_lookup_s + s.store_load_s
-        self.ttft_part.labels("queue").observe(queue)
-        self.ttft_part.labels("store_lookup").observe(s.store_lookup_s)
-        self.ttft_part.labels("store_load").observe(s.store_load_s)
-        self.ttft_part.labels("compute").observe(max(0.0, ttft - queue - store))
+        self.ttft.observe(s.first_token_s - arrival_s)
+        for part, seconds in ttft_parts(seq, arrival_s).items():
+            self.ttft_part.labels(part.removesuffix("_s")).observe(seconds)
         if out > 1 and s.last_token_s is not None:
             self.tpot.observe((s.last_token_s - s.first_token_s) / (out - 1))
 

@@ -1,0 +1,381 @@
+"""``kvengine bench-serve``: replay kv-cache-tester agent sessions through a running
+``kvengine serve``, scaled and structure-preserving, and compare its hit rate with the
+simulator's (``kvstore hitrate``) on the same requests.
+
+Real agent prompts are far beyond a CPU (median 115 K tokens), so each trace block becomes
+``k`` tokens (``--tokens-per-trace-block``; start the server with ``--block-tokens k``):
+equal trace hash ids (within a session, as the trace scopes them) give equal token ids, and
+every request also gets a short unique tail (the trace's partial last block, scaled, at least
+one token), so its full blocks can all hit. Prompts go as token-id lists to
+``/v1/completions`` with ``max_tokens`` small, streamed, with ``include_usage``; start the
+server with ``--no-cache-generated`` so the caches hold what the simulator models.
+
+Arrivals are closed-loop per session: a session's next request is sent when its previous
+answer is complete; sessions run concurrently (``--concurrency``). Client TTFT is the time
+to the first streamed chunk; the server's own split of it (queue, store lookup, store load,
+compute) and the hit tokens per tier come back in each request's last chunk (the
+``kvengine`` extension field). The prediction replays the same scaled requests, in trace
+time order, through the simulator with the server's pool as ``hbm`` and its DRAM and SSD
+(``--dram``/``--ssd``, as given to the server) at the server's block size.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import math
+import sys
+import threading
+import time
+import urllib.parse
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from tqdm import tqdm
+
+from engine.errors import EngineInputError
+from kvstore.hitrate.config import ABSENT, SimConfig
+from kvstore.hitrate.readers.kvcache_tester import KvCacheTesterReader
+from kvstore.hitrate.request import Request
+from kvstore.hitrate.simulator import Simulator
+from kvstore.units import Capacity, parse_size
+
+TIERS = ("hbm", "dram", "ssd")
+PARTS = ("queue_s", "store_lookup_s", "store_load_s", "compute_s")
+
+
+@dataclass(frozen=True, slots=True)
+class ScaledRequest:
+    session: int
+    time_s: float  # trace time (for the prediction's order)
+    keys: list[int]  # the trace's hash ids, scoped to the session by the reader
+    tail_tokens: int
+    prompt: list[int]
+
+
+@dataclass
+class Outcome:
+    prompt_tokens: int
+    cached_tokens: int
+    hit_tokens: dict[str, int]
+    ttft_s: float  # client side: send to first chunk
+    parts: dict[str, float]
+    total_s: float
+
+
+@dataclass
+class Replay:
+    sessions: list[list[ScaledRequest]]
+    outcomes: list[Outcome] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    wall_s: float = 0.0
+
+
+def configure(p: argparse.ArgumentParser) -> None:
+    p.add_argument("traces", nargs="+", metavar="TRACE",
+                   help="kv-cache-tester session files (one JSON document per session)")
+    p.add_argument("--target", default="http://127.0.0.1:8000", metavar="URL",
+                   help="the kvengine serve to replay through")
+    p.add_argument("--tokens-per-trace-block", type=int, required=True, metavar="K",
+                   help="tokens per trace block; the server must run with --block-tokens K")
+    p.add_argument("--sessions", type=int, default=None, metavar="N",
+                   help="replay the first N sessions (file order)")
+    p.add_argument("--requests-per-session", type=int, default=None, metavar="M",
+                   help="replay each session's first M requests (time order)")
+    p.add_argument("--concurrency", type=int, default=None, metavar="C",
+                   help="sessions in flight at once (default: all)")
+    p.add_argument("--max-tokens", type=int, default=1, metavar="N",
+                   help="tokens generated per request")
+    p.add_argument("--model", default=None, help="model name (default: the server's)")
+    p.add_argument("--api-key", default=None, help="bearer token, if the server wants one")
+    p.add_argument("--vocab-low", type=int, default=16, metavar="ID",
+                   help="lowest token id used (keeps clear of special tokens)")
+    p.add_argument("--dram", default="0", metavar="SIZE",
+                   help="prediction: the server's DRAM tier (0: none, as --kv-store none)")
+    p.add_argument("--ssd", default="0", metavar="SIZE",
+                   help="prediction: the server's SSD tier (0: none)")
+    p.add_argument("--json", action="store_true", help="print the report as one JSON object")
+
+
+# -- the requests -----------------------------------------------------------------------
+
+def load_sessions(paths: list[str], k: int, vocab: int, low: int, n_sessions: int | None,
+                  per_session: int | None) -> list[list[ScaledRequest]]:
+    files = sorted(paths)[:n_sessions] if n_sessions else sorted(paths)
+    reader = KvCacheTesterReader(files)
+    unique = iter(range(1 << 62))
+    sessions: list[list[ScaledRequest]] = []
+    span = vocab - low
+    if span < 2:
+        raise EngineInputError(f"--vocab-low {low} leaves no token ids below {vocab}")
+    for s, path in enumerate(files):
+        out: list[ScaledRequest] = []
+        for req in reader.file_requests(s, path):
+            if per_session is not None and len(out) >= per_session:
+                break
+            keys = [int(x) for x in req.keys]
+            b = req.block_tokens
+            tail = max(1, math.ceil((req.input_tokens - len(keys) * b) * k / b))
+            ids: list[int] = []
+            for key in keys:
+                ids.extend(block_tokens(key, k, low, span))
+            rng = np.random.default_rng([0xC0FFEE, next(unique)])
+            ids.extend(int(t) for t in rng.integers(low, vocab, tail))
+            out.append(ScaledRequest(s, req.time_s, keys, tail, ids))
+        if out:
+            sessions.append(out)
+    if not sessions:
+        raise EngineInputError("the traces hold no requests")
+    return sessions
+
+
+_BLOCKS: dict[tuple[int, int], list[int]] = {}
+
+
+def block_tokens(key: int, k: int, low: int, span: int) -> list[int]:
+    """The ``k`` token ids of a trace block: a function of its scoped id only."""
+    got = _BLOCKS.get((key, k))
+    if got is None:
+        rng = np.random.default_rng([key & 0xFFFFFFFFFFFF, key >> 48, k])
+        got = _BLOCKS[(key, k)] = [int(t) + low for t in rng.integers(0, span, k)]
+    return got
+
+
+# -- the replay ------------------------------------------------------------------------
+
+class Target:
+    def __init__(self, url: str, api_key: str | None) -> None:
+        u = urllib.parse.urlsplit(url)
+        if u.scheme != "http" or not u.hostname:
+            raise EngineInputError(f"--target {url!r}: expected http://HOST:PORT")
+        self.host, self.port = u.hostname, u.port or 80
+        self.headers = {"Content-Type": "application/json"}
+        if api_key:
+            self.headers["Authorization"] = f"Bearer {api_key}"
+
+    def get_json(self, path: str) -> Any:
+        conn = http.client.HTTPConnection(self.host, self.port, timeout=30)
+        try:
+            conn.request("GET", path, headers=self.headers)
+            resp = conn.getresponse()
+            body = resp.read()
+            if resp.status != 200:
+                raise EngineInputError(f"GET {path}: HTTP {resp.status}: {body[:200]!r}")
+            return json.loads(body)
+        except OSError as e:
+            raise EngineInputError(f"cannot reach {self.host}:{self.port}: {e}") from None
+        finally:
+            conn.close()
+
+    def complete(self, conn: http.client.HTTPConnection, model: str, prompt: list[int],
+                 max_tokens: int) -> Outcome:
+        body = json.dumps({"model": model, "prompt": prompt, "max_tokens": max_tokens,
+                           "temperature": 0, "ignore_eos": True, "stream": True,
+                           "stream_options": {"include_usage": True}})
+        start = time.perf_counter()
+        conn.request("POST", "/v1/completions", body=body, headers=self.headers)
+        resp = conn.getresponse()
+        if resp.status != 200:
+            raise RuntimeError(f"HTTP {resp.status}: {resp.read()[:300]!r}")
+        first: float | None = None
+        last: dict[str, Any] = {}
+        for raw in resp:
+            line = raw.strip()
+            if not line.startswith(b"data: "):
+                continue
+            if first is None:
+                first = time.perf_counter()
+            data = line[6:]
+            if data == b"[DONE]":
+                resp.read()  # the end of the chunked body: the connection is reused
+                break
+            chunk = json.loads(data)
+            if "error" in chunk:
+                raise RuntimeError(f"stream error: {chunk['error']}")
+            if chunk.get("usage"):
+                last = chunk
+        end = time.perf_counter()
+        usage, ext = last.get("usage") or {}, last.get("kvengine") or {}
+        return Outcome(
+            prompt_tokens=int(usage.get("prompt_tokens", len(prompt))),
+            cached_tokens=int((usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)),
+            hit_tokens={t: int(ext.get("hit_tokens", {}).get(t, 0)) for t in TIERS},
+            ttft_s=(first or end) - start,
+            parts={p: float(ext.get(p, 0.0)) for p in PARTS},
+            total_s=end - start,
+        )
+
+
+def replay(target: Target, model: str, sessions: list[list[ScaledRequest]], max_tokens: int,
+           concurrency: int, progress: bool) -> Replay:
+    result = Replay(sessions)
+    lock = threading.Lock()
+    todo = iter(range(len(sessions)))
+    bar = tqdm(total=sum(len(s) for s in sessions), unit="req", desc="replay",
+               disable=None if progress else True)
+
+    def worker() -> None:
+        conn = http.client.HTTPConnection(target.host, target.port, timeout=600)
+        try:
+            while True:
+                with lock:
+                    s = next(todo, None)
+                if s is None:
+                    return
+                for req in sessions[s]:  # closed loop: the next turn after this answer
+                    try:
+                        out = target.complete(conn, model, req.prompt, max_tokens)
+                    except (OSError, RuntimeError, http.client.HTTPException) as e:
+                        conn.close()
+                        conn = http.client.HTTPConnection(target.host, target.port,
+                                                          timeout=600)
+                        with lock:
+                            result.errors.append(f"session {s}: {e}")
+                        continue
+                    with lock:
+                        result.outcomes.append(out)
+                        bar.update(1)
+        finally:
+            conn.close()
+
+    start = time.perf_counter()
+    threads = [threading.Thread(target=worker, daemon=True) for _ in range(concurrency)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    result.wall_s = time.perf_counter() - start
+    bar.close()
+    return result
+
+
+# -- the prediction and the report -------------------------------------------------------
+
+def predict(sessions: list[list[ScaledRequest]], k: int, pool_tokens: int, dram_blocks: int,
+            ssd_blocks: int) -> dict[str, Any]:
+    def cap(blocks: int) -> Capacity:
+        return ABSENT if blocks <= 0 else Capacity(tokens=blocks * k)
+
+    sim = Simulator(SimConfig(hbm=cap(pool_tokens // k), dram=cap(dram_blocks),
+                              ssd=cap(ssd_blocks), replay_keep_tokens=0))
+    merged = sorted(((r.time_s, r.session, i, r) for s in sessions
+                     for i, r in enumerate(s)), key=lambda x: (x[0], x[1], x[2]))
+    sim.feed(Request(t, len(r.keys) * k + r.tail_tokens, r.keys, k) for t, _, _, r in merged)
+    res = sim.result()
+    total = res.input_tokens if hasattr(res, "input_tokens") else None
+    d = res.to_dict()
+    tiers = {name: res.tier(name).hit_tokens for name in TIERS}
+    prompt = total if total is not None else sum(len(r.prompt) for s in sessions for r in s)
+    return {"token_hit_rate": res.token_hit_rate, "hit_tokens": tiers,
+            "prompt_tokens": prompt, "simulator": d}
+
+
+def _pcts(xs: list[float]) -> dict[str, float]:
+    if not xs:
+        return {"p50": 0.0, "p90": 0.0, "p99": 0.0, "mean": 0.0}
+    a = np.asarray(xs)
+    return {"p50": float(np.percentile(a, 50)), "p90": float(np.percentile(a, 90)),
+            "p99": float(np.percentile(a, 99)), "mean": float(a.mean())}
+
+
+def report(rep: Replay, prediction: dict[str, Any]) -> dict[str, Any]:
+    outs = rep.outcomes
+    prompt = sum(o.prompt_tokens for o in outs)
+    hits = {t: sum(o.hit_tokens[t] for o in outs) for t in TIERS}
+    cached = sum(o.cached_tokens for o in outs)
+    return {
+        "requests": len(outs),
+        "errors": len(rep.errors),
+        "sessions": len(rep.sessions),
+        "wall_s": rep.wall_s,
+        "requests_per_s": len(outs) / rep.wall_s if rep.wall_s else 0.0,
+        "prompt_tokens_per_s": prompt / rep.wall_s if rep.wall_s else 0.0,
+        "ttft_s": _pcts([o.ttft_s for o in outs]),
+        "ttft_parts_s": {p.removesuffix("_s"): _pcts([o.parts[p] for o in outs])
+                         for p in PARTS},
+        "prompt_tokens": prompt,
+        "cached_tokens": cached,
+        "hit_tokens": hits,
+        "token_hit_rate": cached / prompt if prompt else 0.0,
+        "hit_rate_by_tier": {t: hits[t] / prompt if prompt else 0.0 for t in TIERS},
+        "predicted": {
+            "token_hit_rate": prediction["token_hit_rate"],
+            "hit_rate_by_tier": {t: prediction["hit_tokens"][t] / prediction["prompt_tokens"]
+                                 for t in TIERS},
+        },
+        "first_errors": rep.errors[:3],
+    }
+
+
+def run(args: argparse.Namespace) -> int:
+    k = args.tokens_per_trace_block
+    if k < 1 or args.max_tokens < 1:
+        raise EngineInputError("--tokens-per-trace-block and --max-tokens must be >= 1")
+    for p in args.traces:
+        if not Path(p).is_file():
+            raise EngineInputError(f"trace {p}: no such file")
+    target = Target(args.target, args.api_key)
+    models = target.get_json("/v1/models")["data"]
+    model = args.model or models[0]["id"]
+    info = _server_info(target)
+    if info["block_tokens"] != k:
+        raise EngineInputError(f"the server's blocks hold {info['block_tokens']} tokens; "
+                               f"start it with --block-tokens {k}")
+    sessions = load_sessions(args.traces, k, info["vocab_size"], args.vocab_low,
+                             args.sessions, args.requests_per_session)
+    longest = max(len(r.prompt) for s in sessions for r in s)
+    if longest + args.max_tokens > info["max_context_tokens"]:
+        raise EngineInputError(f"a scaled prompt has {longest} tokens, over the model's "
+                               f"context of {info['max_context_tokens']}: lower "
+                               "--tokens-per-trace-block")
+    block_bytes = info["block_bytes"]
+    dram_blocks = parse_size(args.dram) // block_bytes
+    ssd_blocks = parse_size(args.ssd) // block_bytes
+    prediction = predict(sessions, k, info["pool_tokens"], dram_blocks, ssd_blocks)
+    concurrency = args.concurrency or len(sessions)
+    rep = replay(target, model, sessions, args.max_tokens, concurrency,
+                 progress=not args.json)
+    out = report(rep, prediction)
+    if args.json:
+        json.dump(out, sys.stdout)
+        sys.stdout.write("\n")
+    else:
+        _print(out)
+    return 1 if rep.errors else 0
+
+
+def _server_info(target: Target) -> dict[str, int]:
+    """Block size, pool, vocabulary and context of the server (its ``/v1/models`` entry)."""
+    m = target.get_json("/v1/models")["data"][0]
+    try:
+        return {key: int(m["kvengine"][key]) for key in
+                ("block_tokens", "pool_tokens", "block_bytes", "vocab_size",
+                 "max_context_tokens")}
+    except (KeyError, TypeError, ValueError):
+        raise EngineInputError("the target is not a kvengine serve (no 'kvengine' field in "
+                               "/v1/models)") from None
+
+
+def _print(out: dict[str, Any]) -> None:
+    t = out["ttft_s"]
+    print(f"{out['requests']} requests ({out['errors']} errors) from {out['sessions']} sessions "
+          f"in {out['wall_s']:.1f} s: {out['requests_per_s']:.2f} req/s, "
+          f"{out['prompt_tokens_per_s']:.0f} prompt tok/s")
+    print(f"TTFT p50 {t['p50'] * 1e3:.1f} ms  p90 {t['p90'] * 1e3:.1f} ms  "
+          f"p99 {t['p99'] * 1e3:.1f} ms")
+    parts = "  ".join(f"{p} {v['mean'] * 1e3:.1f} ms" for p, v in out["ttft_parts_s"].items())
+    print(f"TTFT mean parts: {parts}")
+    measured = "  ".join(f"{t} {v:.3f}" for t, v in out["hit_rate_by_tier"].items())
+    predicted = "  ".join(f"{t} {v:.3f}" for t, v in out["predicted"]["hit_rate_by_tier"].items())
+    print(f"token hit rate {out['token_hit_rate']:.4f} (by tier: {measured})")
+    print(f"predicted      {out['predicted']['token_hit_rate']:.4f} (by tier: {predicted})")
+
+
+def iter_prompts(sessions: list[list[ScaledRequest]]) -> Iterator[list[int]]:
+    for s in sessions:
+        for r in s:
+            yield r.prompt

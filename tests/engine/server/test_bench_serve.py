@@ -1,0 +1,109 @@
+"""``kvengine bench-serve`` through a real ``kvengine serve`` (embedded store, tiny model):
+a small generated kv-cache-tester trace, and a slice of the real ones when present. The
+measured token hit rate must agree with the simulator's prediction on the same scaled
+requests."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from engine.cli import main
+from engine.server.bench_serve import block_tokens, load_sessions
+from tests.conftest import traces_dir
+from tests.engine.server.serve_process import ServeProcess
+
+K = 4
+
+
+def write_trace(directory: Path, sessions: int = 3, turns: int = 4) -> list[str]:
+    """Agent-like sessions: a shared 19-block prefix, six new blocks per turn."""
+    paths = []
+    for s in range(sessions):
+        reqs, ids, t = [], list(range(1, 20)), 0.0
+        for turn in range(turns):
+            reqs.append({"t": t, "type": "n", "in": len(ids) * 64 + 30, "out": 5,
+                         "hash_ids": list(ids)})
+            ids += list(range(100 * (turn + 1) + s, 100 * (turn + 1) + s + 6))
+            t += 10.0
+        p = directory / f"trace_{s}.json"
+        p.write_text(json.dumps({"id": f"s{s}", "block_size": 64, "hash_id_scope": "local",
+                                 "requests": reqs}))
+        paths.append(str(p))
+    return paths
+
+
+@pytest.fixture(scope="module")
+def server(tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServeProcess]:
+    store = tmp_path_factory.mktemp("store")
+    env = {"KVENGINE_CACHE_DIR": str(tmp_path_factory.mktemp("cache"))}
+    with ServeProcess(["--model", str(tiny_dir), "--kv-store", f"embedded:{store}",
+                       "--block-tokens", str(K), "--pool-tokens", "256",
+                       "--no-cache-generated", "--dram", "64MiB", "--ssd-capacity", "256MiB"],
+                      env) as s:
+        yield s
+
+
+def bench(server: ServeProcess, paths: list[str], capsys: pytest.CaptureFixture[str],
+          *extra: str) -> dict:
+    rc = main(["bench-serve", *paths, "--target", server.base_url,
+               "--tokens-per-trace-block", str(K), "--dram", "64MiB", "--ssd", "256MiB",
+               "--json", *extra])
+    out = json.loads(capsys.readouterr().out)
+    assert rc == 0 and out["errors"] == 0, out["first_errors"]
+    return out
+
+
+def test_equal_trace_ids_give_equal_tokens(tmp_path: Path) -> None:
+    paths = write_trace(tmp_path, sessions=2)
+    sessions = load_sessions(paths, K, vocab=512, low=16, n_sessions=None, per_session=None)
+    first, second = sessions[0][0], sessions[0][1]
+    # The second turn extends the first: same blocks, same tokens, then new ones.
+    assert second.prompt[: len(first.keys) * K] == first.prompt[: len(first.keys) * K]
+    # A session's ids are its own: session 1's block 1 differs from session 0's.
+    assert sessions[1][0].prompt[:K] != first.prompt[:K]
+    assert block_tokens(7, K, 16, 496) == block_tokens(7, K, 16, 496)
+    assert all(16 <= t < 512 for r in sessions[0] for t in r.prompt)
+
+
+def test_replay_of_a_small_trace_hits_what_the_simulator_predicts(
+        server: ServeProcess, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = bench(server, write_trace(tmp_path), capsys)
+    assert out["requests"] == 12
+    predicted = out["predicted"]["token_hit_rate"]
+    assert predicted > 0.5
+    assert abs(out["token_hit_rate"] - predicted) <= 0.01
+    assert sum(out["hit_tokens"].values()) == out["cached_tokens"]
+    assert out["hit_tokens"]["dram"] > 0  # the pool is too small for three sessions
+    for q in ("p50", "p90", "p99"):
+        assert out["ttft_s"][q] > 0
+    assert set(out["ttft_parts_s"]) == {"queue", "store_lookup", "store_load", "compute"}
+
+
+def test_bench_serve_refuses_a_mismatched_block_size(
+        server: ServeProcess, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rc = main(["bench-serve", *write_trace(tmp_path, 1, 1), "--target", server.base_url,
+               "--tokens-per-trace-block", "8"])
+    assert rc == 2 and "--block-tokens 8" in capsys.readouterr().err
+
+
+@pytest.mark.traces
+def test_replay_of_real_agent_sessions(tiny_dir: Path, tmp_path: Path,
+                                       capsys: pytest.CaptureFixture[str]) -> None:
+    root = traces_dir()
+    if root is None:
+        pytest.skip("sample traces not found: set KVSTORE_TRACES_DIR or provide ../shared/traces")
+    paths = [str(root / "kv-cache-tester" / n) for n in ("trace_0048.json", "trace_0115.json")]
+    # Two sessions of up to 1277 blocks: 4 tokens a block stays inside the 8 K context, and
+    # the pool holds one prompt.
+    env = {"KVENGINE_CACHE_DIR": str(tmp_path / "cache")}
+    with ServeProcess(["--model", str(tiny_dir), "--kv-store", f"embedded:{tmp_path}",
+                       "--block-tokens", str(K), "--pool-tokens", "6144",
+                       "--no-cache-generated", "--dram", "64MiB", "--ssd-capacity", "256MiB"],
+                      env) as server:
+        out = bench(server, paths, capsys, "--requests-per-session", "5")
+    assert out["requests"] == 10
+    assert abs(out["token_hit_rate"] - out["predicted"]["token_hit_rate"]) <= 0.01
