@@ -36,13 +36,12 @@ class RequestScope:
     def apply(self, ns: Namespace) -> Namespace:
         if self.is_identity:
             return ns
-        changes: dict[str, str] = {}
-        if self.tenant is not None:
-            changes["tenant"] = self.tenant
+        tenant = ns.tenant if self.tenant is None else self.tenant
+        revision = ns.model_revision
         if self.cache_salt:
             digest = xxhash.xxh3_128(self.cache_salt.encode()).hexdigest()
-            changes["model_revision"] = f"{ns.model_revision}+salt:{digest}"
-        return dataclasses.replace(ns, **changes)
+            revision = f"{revision}+salt:{digest}"
+        return dataclasses.replace(ns, tenant=tenant, model_revision=revision)
 
 
 IDENTITY = RequestScope()

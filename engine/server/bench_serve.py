@@ -117,7 +117,7 @@ def load_sessions(paths: list[str], k: int, vocab: int, low: int, n_sessions: in
         for req in reader.file_requests(s, path):
             if per_session is not None and len(out) >= per_session:
                 break
-            keys = [int(x) for x in req.keys]
+            keys = [int(x) for x in req.keys]  # type: ignore[call-overload]  # ints here
             b = req.block_tokens
             tail = max(1, math.ceil((req.input_tokens - len(keys) * b) * k / b))
             ids: list[int] = []

@@ -1,0 +1,144 @@
+"""Agent traces through the served engine (issue 13, item 5): one kv-cache-tester slice
+replayed by ``kvengine bench-serve`` through ``kvengine serve --kv-store none`` and through
+``--kv-store embedded``, the same pool (well below the slice's working set, so hits beyond
+it can only come from the store). Prints TTFT p50/p99 of each and their ratio, and the
+measured token hit rate against the simulator's prediction for the same tiers.
+
+The model is ``tiny`` (made in a temporary directory): the slice's scaled prompts (k tokens
+a trace block) must fit its 8 K context and the replay must take minutes on 2 cores. Each
+configuration is started fresh (empty pool and store) per round; rounds interleave the two
+and the figures are medians over rounds. Run alone::
+
+    /work/bin/cpu-exclusive .venv/bin/python -m bench.bench_serve --rounds 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.harness import machine
+from engine.model.make_model import make_model
+from engine.server.bench_serve import Target, load_sessions, predict, replay, report
+
+REPO = Path(__file__).resolve().parents[1]
+SLICE = ("trace_0001.json", "trace_0013.json", "trace_0048.json", "trace_0059.json")
+
+
+def spawn(args: list[str], env: dict[str, str]) -> tuple[subprocess.Popen[str], str]:
+    proc = subprocess.Popen([sys.executable, "-m", "engine.cli", "serve", "--listen",
+                             "127.0.0.1:0", *args], cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True, env={**os.environ, **env})
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    if not line.startswith("listening on "):
+        proc.kill()
+        raise SystemExit(f"kvengine serve did not start: {line!r}")
+    url = "http://127.0.0.1:" + line.rsplit(":", 1)[1].strip()
+    target = Target(url, None)
+    for _ in range(600):
+        try:
+            target.get_json("/health")
+            break
+        except Exception:
+            time.sleep(0.1)
+    return proc, url
+
+
+def one(model: Path, store: str, a: argparse.Namespace, work: Path) -> dict[str, Any]:
+    env = {"KVENGINE_CACHE_DIR": str(work / "cache")}
+    kv = "none" if store == "none" else f"embedded:{tempfile.mkdtemp(dir=work)}"
+    proc, url = spawn(["--model", str(model), "--kv-store", kv, "--block-tokens", str(a.k),
+                       "--pool-tokens", str(a.pool_tokens), "--no-cache-generated",
+                       "--dram", a.dram, "--ssd-capacity", a.ssd,
+                       "--max-batched-tokens", str(a.max_batched_tokens)], env)
+    try:
+        target = Target(url, None)
+        info = target.get_json("/v1/models")["data"][0]
+        meta = info["kvengine"]
+        sessions = load_sessions(a.paths, a.k, meta["vocab_size"], 16, None,
+                                 a.requests_per_session)
+        block_bytes = meta["block_bytes"]
+        from kvstore.units import parse_size
+
+        dram = 0 if store == "none" else parse_size(a.dram) // block_bytes
+        ssd = 0 if store == "none" else parse_size(a.ssd) // block_bytes
+        pred = predict(sessions, a.k, meta["pool_tokens"], dram, ssd)
+        rep = replay(target, info["id"], sessions, 1, a.concurrency, progress=False)
+        return report(rep, pred)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--traces", default=os.environ.get("KVSTORE_TRACES_DIR",
+                                                      str(REPO.parent / "shared" / "traces")))
+    p.add_argument("--k", type=int, default=2, help="tokens per trace block")
+    p.add_argument("--pool-tokens", type=int, default=8192)
+    p.add_argument("--max-batched-tokens", type=int, default=2048)
+    p.add_argument("--requests-per-session", type=int, default=30)
+    p.add_argument("--concurrency", type=int, default=4)
+    p.add_argument("--dram", default="256MiB")
+    p.add_argument("--ssd", default="1GiB")
+    p.add_argument("--rounds", type=int, default=2)
+    a = p.parse_args()
+    a.paths = [str(Path(a.traces) / "kv-cache-tester" / n) for n in SLICE]
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        model = make_model("qwen3", "tiny", work / "tiny-qwen3").path
+        runs: dict[str, list[dict[str, Any]]] = {"none": [], "embedded": []}
+        for _ in range(a.rounds):
+            for store in ("none", "embedded"):
+                runs[store].append(one(model, store, a, work))
+                r = runs[store][-1]
+                print(f"{store:9s} ttft p50 {r['ttft_s']['p50'] * 1e3:8.1f} ms  p99 "
+                      f"{r['ttft_s']['p99'] * 1e3:8.1f} ms  hit {r['token_hit_rate']:.4f} "
+                      f"(predicted {r['predicted']['token_hit_rate']:.4f})  "
+                      f"{r['requests']} req, {r['errors']} errors, {r['wall_s']:.0f} s",
+                      flush=True)
+
+    def med(store: str, *path: str) -> float:
+        vals = []
+        for r in runs[store]:
+            v: Any = r
+            for key in path:
+                v = v[key]
+            vals.append(float(v))
+        return statistics.median(vals)
+
+    out = {
+        "machine": machine(),
+        "slice": list(SLICE), "k": a.k, "pool_tokens": a.pool_tokens,
+        "requests_per_session": a.requests_per_session, "concurrency": a.concurrency,
+        "rounds": a.rounds,
+        **{store: {"ttft_p50_s": med(store, "ttft_s", "p50"),
+                   "ttft_p90_s": med(store, "ttft_s", "p90"),
+                   "ttft_p99_s": med(store, "ttft_s", "p99"),
+                   "token_hit_rate": med(store, "token_hit_rate"),
+                   "predicted_token_hit_rate": med(store, "predicted", "token_hit_rate"),
+                   "hit_rate_by_tier": runs[store][-1]["hit_rate_by_tier"],
+                   "predicted_by_tier": runs[store][-1]["predicted"]["hit_rate_by_tier"],
+                   "ttft_parts_mean_s": {k: v["mean"] for k, v in
+                                         runs[store][-1]["ttft_parts_s"].items()},
+                   "requests": runs[store][-1]["requests"]}
+           for store in runs},
+    }
+    out["ttft_p50_ratio_none_over_embedded"] = (out["none"]["ttft_p50_s"]
+                                                / out["embedded"]["ttft_p50_s"])
+    out["ttft_p99_ratio_none_over_embedded"] = (out["none"]["ttft_p99_s"]
+                                                / out["embedded"]["ttft_p99_s"])
+    print(json.dumps(out, indent=1))
+
+
+if __name__ == "__main__":
+    main()
