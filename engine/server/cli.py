@@ -120,7 +120,9 @@ def run(args: argparse.Namespace) -> int:
               "anyone who can reach it can use the engine", file=sys.stderr, flush=True)
     engine = LLMEngine(loaded.model, config, link)
     metrics = ServerMetrics(engine)
-    link.observe = metrics.observe_store_call
+    for store_link in (link, engine.sliding_link):
+        if store_link is not None:
+            store_link.observe = metrics.observe_store_call
     loop = EngineLoop(engine, on_finished=lambda h: metrics.observe_finished(h.seq, h.arrival_s)
                       if h.seq is not None else None)
     spec = loaded.spec
