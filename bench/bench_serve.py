@@ -4,8 +4,9 @@ replayed by ``kvengine bench-serve`` through ``kvengine serve --kv-store none`` 
 it can only come from the store). Prints TTFT p50/p99 of each and their ratio, and the
 measured token hit rate against the simulator's prediction for the same tiers.
 
-The model is ``tiny`` (made in a temporary directory): the slice's scaled prompts (k tokens
-a trace block) must fit its 8 K context and the replay must take minutes on 2 cores. Each
+The model is ``small`` (random weights, made in a temporary directory; ``--preset tiny``
+for a quick look): the slice's scaled prompts (k tokens a trace block) stay a few thousand
+tokens so that the replay takes minutes on 2 cores, while a miss still costs real compute. Each
 configuration is started fresh (empty pool and store) per round; rounds interleave the two
 and the figures are medians over rounds. Run alone::
 
@@ -27,10 +28,18 @@ from typing import Any
 
 from bench.harness import machine
 from engine.model.make_model import make_model
-from engine.server.bench_serve import Target, load_sessions, predict, replay, report
+from engine.server.bench_serve import (
+    Target,
+    load_sessions,
+    predict,
+    replay,
+    report,
+    served_order,
+)
 
 REPO = Path(__file__).resolve().parents[1]
-SLICE = ("trace_0001.json", "trace_0013.json", "trace_0048.json", "trace_0059.json")
+# Four sessions whose longest request (1218-1538 blocks) fits a small pool at k tokens a block.
+SLICE = ("trace_0048.json", "trace_0115.json", "trace_0126.json", "trace_0182.json")
 
 
 def spawn(args: list[str], env: dict[str, str]) -> tuple[subprocess.Popen[str], str]:
@@ -73,7 +82,8 @@ def one(model: Path, store: str, a: argparse.Namespace, work: Path) -> dict[str,
         ssd = 0 if store == "none" else parse_size(a.ssd) // block_bytes
         pred = predict(sessions, a.k, meta["pool_tokens"], dram, ssd)
         rep = replay(target, info["id"], sessions, 1, a.concurrency, progress=False)
-        return report(rep, pred)
+        served = predict(sessions, a.k, meta["pool_tokens"], dram, ssd, served_order(rep))
+        return report(rep, pred, served)
     finally:
         proc.terminate()
         proc.wait(timeout=60)
@@ -84,18 +94,22 @@ def main() -> None:
     p.add_argument("--traces", default=os.environ.get("KVSTORE_TRACES_DIR",
                                                       str(REPO.parent / "shared" / "traces")))
     p.add_argument("--k", type=int, default=2, help="tokens per trace block")
-    p.add_argument("--pool-tokens", type=int, default=8192)
+    p.add_argument("--pool-tokens", type=int, default=4096)
     p.add_argument("--max-batched-tokens", type=int, default=2048)
     p.add_argument("--requests-per-session", type=int, default=30)
-    p.add_argument("--concurrency", type=int, default=4)
+    p.add_argument("--concurrency", type=int, default=2)
     p.add_argument("--dram", default="256MiB")
     p.add_argument("--ssd", default="1GiB")
     p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--preset", default="small", choices=("tiny", "small"),
+                   help="the model made for the run (random weights)")
+    p.add_argument("--model", default=None, help="an existing checkpoint instead")
     a = p.parse_args()
     a.paths = [str(Path(a.traces) / "kv-cache-tester" / n) for n in SLICE]
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        model = make_model("qwen3", "tiny", work / "tiny-qwen3").path
+        model = (Path(a.model) if a.model
+                 else make_model("qwen3", a.preset, work / f"{a.preset}-qwen3").path)
         runs: dict[str, list[dict[str, Any]]] = {"none": [], "embedded": []}
         for _ in range(a.rounds):
             for store in ("none", "embedded"):
@@ -118,7 +132,7 @@ def main() -> None:
 
     out = {
         "machine": machine(),
-        "slice": list(SLICE), "k": a.k, "pool_tokens": a.pool_tokens,
+        "slice": list(SLICE), "k": a.k, "model": a.model or a.preset, "pool_tokens": a.pool_tokens,
         "requests_per_session": a.requests_per_session, "concurrency": a.concurrency,
         "rounds": a.rounds,
         **{store: {"ttft_p50_s": med(store, "ttft_s", "p50"),
@@ -126,6 +140,8 @@ def main() -> None:
                    "ttft_p99_s": med(store, "ttft_s", "p99"),
                    "token_hit_rate": med(store, "token_hit_rate"),
                    "predicted_token_hit_rate": med(store, "predicted", "token_hit_rate"),
+                   "predicted_trace_order": med(store, "predicted_trace_order",
+                                                "token_hit_rate"),
                    "hit_rate_by_tier": runs[store][-1]["hit_rate_by_tier"],
                    "predicted_by_tier": runs[store][-1]["predicted"]["hit_rate_by_tier"],
                    "ttft_parts_mean_s": {k: v["mean"] for k, v in
