@@ -101,6 +101,8 @@ def main() -> None:
     p.add_argument("--dram", default="256MiB")
     p.add_argument("--ssd", default="1GiB")
     p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--budget-s", type=float, default=500.0,
+                   help="start no round that would end past this (cpu-exclusive's 10 min)")
     p.add_argument("--preset", default="small", choices=("tiny", "small"),
                    help="the model made for the run (random weights)")
     p.add_argument("--model", default=None, help="an existing checkpoint instead")
@@ -111,7 +113,13 @@ def main() -> None:
         model = (Path(a.model) if a.model
                  else make_model("qwen3", a.preset, work / f"{a.preset}-qwen3").path)
         runs: dict[str, list[dict[str, Any]]] = {"none": [], "embedded": []}
-        for _ in range(a.rounds):
+        started = time.monotonic()
+        for rnd in range(a.rounds):
+            took = time.monotonic() - started
+            if rnd and took / rnd * (rnd + 1) > a.budget_s:
+                print(f"stopping after {rnd} rounds: another would pass --budget-s",
+                      flush=True)
+                break
             for store in ("none", "embedded"):
                 runs[store].append(one(model, store, a, work))
                 r = runs[store][-1]
