@@ -60,6 +60,14 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-cache-generated", action="store_true",
                    help="keep generated tokens' blocks out of the pool index and the store "
                         "(trace replays: the caches hold exactly the trace's blocks)")
+    p.add_argument("--replay-keep", type=int, metavar="N",
+                   help="bounded replay (hybrid models): the store keeps the full-attention "
+                        "layers only and a hit recomputes its last N tokens (default: the "
+                        "largest sliding window + 12); 0 = exact, as --cache-all-layers")
+    p.add_argument("--force", action="store_true",
+                   help="accept a --replay-keep below the safe default (more drift)")
+    p.add_argument("--cache-all-layers", action="store_true",
+                   help="exact mode: the store keeps every layer; a hit recomputes nothing")
     p.add_argument("--attention-backend", choices=("torch", "triton"),
                    help="kernels backend (default: the device's)")
     p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"),
@@ -102,13 +110,17 @@ def run(args: argparse.Namespace) -> int:
                           max_batched_tokens=args.max_batched_tokens,
                           max_num_seqs=args.max_num_seqs,
                           attention_backend=args.attention_backend,
-                          cache_generated_tokens=not args.no_cache_generated)
+                          cache_generated_tokens=not args.no_cache_generated,
+                          replay_keep_tokens=args.replay_keep, replay_force=args.force,
+                          cache_all_layers=args.cache_all_layers)
     store_opts = StoreOptions(dram_bytes=parse_size(args.dram),
                               ssd_capacity_bytes=parse_size(args.ssd_capacity),
                               auth_token_file=args.store_token_file)
     loaded = load_model(args.model, dtype=args.dtype, device=args.device, progress=False)
+    policy = config.replay_policy(loaded.spec.layer_windows)  # refusals before the store opens
     link = open_store_link(
-        args.kv_store, lambda tenant: engine_namespace(loaded.spec, config.block_tokens, tenant),
+        args.kv_store,
+        lambda tenant: engine_namespace(loaded.spec, config.block_tokens, tenant, policy),
         store_opts)
     try:
         tenants = Tenants(args.auth_token_file, link.ns.tenant)

@@ -30,7 +30,7 @@ _STORE_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.
 def cached_tokens(seq: Sequence) -> int:
     """Prompt tokens served from a cache: hits minus the tokens of the hit replayed."""
     s = seq.stats
-    return max(0, sum(s.hit_tokens.values()) - getattr(s, "replayed_tokens", 0))
+    return max(0, sum(s.hit_tokens.values()) - s.replayed_tokens)
 
 
 def ttft_parts(seq: Sequence, arrival_s: float) -> dict[str, float]:

@@ -357,3 +357,28 @@ def test_serve_refuses_bad_input_in_one_line(tiny_dir: Path, env: dict[str, str]
         with pytest.raises(RuntimeError) as e:
             ServeProcess(["--model", str(tiny_dir), *args], env)
         assert message in str(e.value)
+
+
+def test_cached_tokens_leave_out_what_bounded_replay_recomputes(
+        tmp_path_factory: pytest.TempPathFactory, env: dict[str, str]) -> None:
+    """A hybrid model (sliding layers) under bounded replay: the store keeps the full layers
+    only, so a store hit's last ``keep`` tokens are recomputed and not reported as cached."""
+    from engine.model.make_model import make_model
+
+    hybrid = make_model("qwen3", "tiny", tmp_path_factory.mktemp("hy") / "tiny-hybrid",
+                        hybrid=True).path
+    store = tmp_path_factory.mktemp("hy-store")
+    prompt = words(150, seed=13)
+    got = []
+    for _ in range(2):  # the second process starts with an empty pool: its hit is the store's
+        with ServeProcess(["--model", str(hybrid), "--kv-store", f"embedded:{store}",
+                           "--pool-tokens", "4096"], env) as s:
+            r = client(s).completions.create(model="tiny-hybrid", prompt=prompt,
+                                              max_tokens=2, temperature=0)
+            assert r.usage is not None
+            got.append((cached(r.usage), r.usage.prompt_tokens))
+    (first, n), (second, _) = got
+    assert first == 0
+    hit = (n - 1) // 64 * 64  # every full block, short of the last token's
+    keep = 128 + 12  # the tiny hybrid's window + 12: the safe default
+    assert hit > keep and second == hit - keep
