@@ -83,12 +83,18 @@ class TurnResult:
         }
 
 
-def configure(p: argparse.ArgumentParser) -> None:
+def add_model_flags(p: argparse.ArgumentParser) -> None:
+    """``--model`` and ``--kv-store``, as ``kvengine generate`` and ``kvengine serve`` take
+    them."""
     p.add_argument("--model", required=True, metavar="DIR", help="Hugging Face checkpoint dir")
     p.add_argument("--kv-store", default="none", metavar="STORE",
                    help="none (pool prefix caching only), embedded[:DIR] (DRAM + SSD in this "
                         f"process; DIR defaults to {default_store_dir()}) or grpc://HOST:PORT "
                         "(a running `kvstore serve`)")
+
+
+def configure(p: argparse.ArgumentParser) -> None:
+    add_model_flags(p)
     p.add_argument("--auth-token-file", metavar="F",
                    help="grpc: file holding the daemon's bearer token (else $KVSTORE_AUTH_TOKEN)")
     src = p.add_mutually_exclusive_group(required=True)
@@ -109,6 +115,13 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="KV pool (the hbm tier) size in tokens")
     p.add_argument("--max-batched-tokens", type=int, default=_DEFAULTS.max_batched_tokens,
                    metavar="N", help="per-step token budget (prefill chunk size)")
+    add_engine_flags(p)
+    p.add_argument("--json", action="store_true", help="print the result as one JSON object")
+
+
+def add_engine_flags(p: argparse.ArgumentParser) -> None:
+    """The model's device and dtype, the replay policy and the embedded store's sizes: the
+    flags ``kvengine generate`` and ``kvengine serve`` share."""
     p.add_argument("--attention-backend", choices=("torch", "triton"),
                    help="kernels backend (default: the device's)")
     p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"),
@@ -125,7 +138,6 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dram", default="1GiB", metavar="SIZE", help="embedded: DRAM tier size")
     p.add_argument("--ssd-capacity", default="8GiB", metavar="SIZE",
                    help="embedded: SSD tier size")
-    p.add_argument("--json", action="store_true", help="print the result as one JSON object")
 
 
 def sampling_params(args: argparse.Namespace) -> SamplingParams:

@@ -17,8 +17,9 @@ import time
 
 from engine.config import EngineConfig
 from engine.errors import EngineInputError
+from engine.generate import add_engine_flags, add_model_flags
 from engine.kv.namespace import engine_namespace
-from engine.kv.stores import StoreOptions, default_store_dir, open_store_link
+from engine.kv.stores import StoreOptions, open_store_link
 from engine.llm_engine import LLMEngine
 from engine.model.loader import load_model
 from engine.server.engine_loop import EngineLoop
@@ -31,11 +32,7 @@ log = logging.getLogger("engine.server")
 
 
 def configure(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", required=True, metavar="DIR", help="Hugging Face checkpoint dir")
-    p.add_argument("--kv-store", default="none", metavar="STORE",
-                   help="none (pool prefix caching only), embedded[:DIR] (DRAM + SSD in this "
-                        f"process; DIR defaults to {default_store_dir()}) or grpc://HOST:PORT "
-                        "(a running `kvstore serve`)")
+    add_model_flags(p)
     p.add_argument("--listen", default="127.0.0.1:8000", metavar="HOST:PORT",
                    help="address to bind (port 0: any free port)")
     p.add_argument("--auth-token-file", metavar="F",
@@ -60,22 +57,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-cache-generated", action="store_true",
                    help="keep generated tokens' blocks out of the pool index and the store "
                         "(trace replays: the caches hold exactly the trace's blocks)")
-    p.add_argument("--replay-keep", type=int, metavar="N",
-                   help="bounded replay (hybrid models): the store keeps the full-attention "
-                        "layers only and a hit recomputes its last N tokens (default: the "
-                        "largest sliding window + 12); 0 = exact, as --cache-all-layers")
-    p.add_argument("--force", action="store_true",
-                   help="accept a --replay-keep below the safe default (more drift)")
-    p.add_argument("--cache-all-layers", action="store_true",
-                   help="exact mode: the store keeps every layer; a hit recomputes nothing")
-    p.add_argument("--attention-backend", choices=("torch", "triton"),
-                   help="kernels backend (default: the device's)")
-    p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"),
-                   help="weights and KV dtype (default: the checkpoint's)")
-    p.add_argument("--device", default="cpu", help="torch device of the model and the pool")
-    p.add_argument("--dram", default="1GiB", metavar="SIZE", help="embedded: DRAM tier size")
-    p.add_argument("--ssd-capacity", default="8GiB", metavar="SIZE",
-                   help="embedded: SSD tier size")
+    add_engine_flags(p)
     p.add_argument("--log-level", default="warning",
                    choices=("debug", "info", "warning", "error"), help="server log level")
 
