@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import errno
 import struct
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import xxhash
@@ -187,11 +187,15 @@ class BlockIO:
         rows: Sequence[int],
         slots: Sequence[tuple[int, int]],
         checksums: Sequence[int] | None = None,
+        *,
+        while_busy: Callable[[], None] | None = None,
     ) -> None:
         """Encode row ``rows[j]`` of ``data`` for ``keys[j]`` into ``slots[j]``, write them
         and sync the data. ``checksums[j]`` (made at commit) goes into the header as
-        given; ``None``: the checksum of the copy being written. Raises ``SSDIOError``
-        on any failure."""
+        given; ``None``: the checksum of the copy being written. ``while_busy()`` runs
+        once every write and the sync are submitted (before they complete); an exception
+        from it is raised once the device is done. Raises ``SSDIOError`` on any
+        failure."""
         sb = slot_bytes_for(block_bytes)
         bb = block_bytes
         buf = self.staging.acquire(len(keys) * sb)
@@ -218,9 +222,13 @@ class BlockIO:
                 pack(mv, off, MAGIC, FORMAT_VERSION, 0, fingerprint, keys[j], bb, csum, now_us)
 
             crash = self._config.crash_hook
-            res, synced = self._io.write_and_sync(
-                reqs, list(fds), prepare=encode, between=lambda: crash("before_data_sync")
-            )
+
+            def between() -> None:
+                crash("before_data_sync")
+                if while_busy is not None:
+                    while_busy()
+
+            res, synced = self._io.write_and_sync(reqs, list(fds), prepare=encode, between=between)
             bad = [r for r in res if r < 0]
             if bad:
                 raise SSDIOError(f"{len(bad)} of {len(res)} slot writes failed", -bad[0])

@@ -141,13 +141,21 @@ class Index:
     @contextmanager
     def write(self) -> Iterator[Txn]:
         """A write transaction, committed when the block exits (aborted on an exception).
-        Never hold one across device I/O: LMDB has one writer at a time."""
-        txn = self.env.begin(write=True)
+        Held across device I/O only by the group commit's publish (``writer.py``): LMDB
+        has one writer at a time."""
+        txn = self.begin_write()
         try:
             yield txn
         except BaseException:
             txn.abort()
             raise
+        self.commit(txn)
+
+    def begin_write(self) -> Txn:
+        """A write transaction the caller ends with ``commit`` or ``txn.abort()``."""
+        return self.env.begin(write=True)
+
+    def commit(self, txn: Txn) -> None:
         txn.commit()
         if self.strict:
             self._on_sync()
