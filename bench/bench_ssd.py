@@ -231,7 +231,7 @@ def main() -> int:
         "--index-durability", default="fast", choices=("fast", "strict"), help="SSD index mode"
     )
     a = ap.parse_args()
-    sizes = (256 << 10,) if a.quick else SIZES
+    sizes: tuple[int, ...] = (256 << 10,) if a.quick else SIZES
     if a.sizes:
         sizes = tuple(int(x) << 10 for x in a.sizes.split(","))
     qds = tuple(int(x) for x in a.qds.split(",")) if a.qds else QDS

@@ -1,0 +1,89 @@
+"""Where a put's time goes: wall and CPU per call, split by phase (a diagnosis, not a ratio).
+
+A put-only loop of ``qd`` new 256 KiB blocks per call on a full store (every put evicts),
+as in ``bench.bench_ssd``, with wall-clock timers around the phases of the write path:
+``present_set`` (index look-up), ``reserve`` (free slots, evicting), ``write_durable``
+(encode, submit, wait for the writes and the data sync; the publishing transaction is
+filled inside it while the device works), ``groupcommit`` (all of it plus the commit),
+and the io_uring calls (``submit``, ``wait_cqe``: time blocked on the device).
+Run alone: ``/work/bin/cpu-exclusive .venv/bin/python -m bench.profile_ssd_put``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import resource
+import shutil
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from bench.bench_ssd import Ours
+from storage_nodes.ssd import allocator, blockio, lookup, writer
+
+_ACC: dict[str, float] = {}
+
+
+def _timed(fn: Callable[..., Any], label: str) -> Callable[..., Any]:
+    def run(*a: Any, **k: Any) -> Any:
+        t = time.perf_counter()
+        try:
+            return fn(*a, **k)
+        finally:
+            _ACC[label] = _ACC.get(label, 0.0) + time.perf_counter() - t
+
+    return run
+
+
+def _instrument() -> None:
+    import liburing as lu
+
+    for cls, name in (
+        (allocator.SlotAllocator, "reserve"),
+        (blockio.BlockIO, "write_durable"),
+        (lookup.IndexView, "present_set"),
+        (writer.GroupCommit, "write"),
+    ):
+        label = "groupcommit" if name == "write" else name
+        setattr(cls, name, _timed(getattr(cls, name), label))
+    for name in ("io_uring_submit", "io_uring_submit_and_wait", "io_uring_wait_cqe"):
+        setattr(lu, name, _timed(getattr(lu, name), name.removeprefix("io_uring_")))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--dir", type=Path, default=Path("bench/out/profile-put"))
+    ap.add_argument("--ws", type=int, default=512 << 20, help="bytes stored first")
+    ap.add_argument("--qd", type=int, default=32, help="blocks per put")
+    ap.add_argument("--calls", type=int, default=300, help="puts per round")
+    ap.add_argument("--rounds", type=int, default=3)
+    a = ap.parse_args()
+    _instrument()
+    ours = Ours(a.dir, 256 << 10, a.ws, "auto", "fast")
+    src = ours.src[: a.qd * ours.bb]
+    try:
+        for r in range(a.rounds):
+            _ACC.clear()
+            t0 = time.perf_counter()
+            r0 = resource.getrusage(resource.RUSAGE_SELF)
+            for _ in range(a.calls):
+                ours.tier.put(ours.ns, [ours.rng.randbytes(16) for _ in range(a.qd)], src)
+            wall = time.perf_counter() - t0
+            r1 = resource.getrusage(resource.RUSAGE_SELF)
+            n = a.calls
+            print(
+                f"round {r}: {wall / n * 1e3:.2f} ms/call, "
+                f"{n * a.qd * ours.bb / wall / 1e6:.0f} MB/s; CPU user "
+                f"{(r1.ru_utime - r0.ru_utime) / n * 1e3:.2f} sys "
+                f"{(r1.ru_stime - r0.ru_stime) / n * 1e3:.2f} ms/call; "
+                + ", ".join(f"{k} {v / n * 1e3:.2f}" for k, v in sorted(_ACC.items()))
+            )
+    finally:
+        ours.close()
+        shutil.rmtree(a.dir, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
