@@ -456,6 +456,7 @@ class SSDTier(Tier):
         return True
 
     def _release(self) -> None:
+        self._blocks.close()
         self._io.close()
         self._files.close()
         self._index.close()
