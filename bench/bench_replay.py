@@ -66,7 +66,8 @@ class ReadOnlyLink(KVStoreLink):
     """A measured run loads but does not commit: the next case must hit exactly the
     filled prefix, not the blocks an earlier case computed."""
 
-    def commit(self, keys: Any, payloads: Any, timeout_s: float) -> CommitResult:
+    def commit(self, keys: Any, payloads: Any, timeout_s: float,
+               ns: Namespace | None = None) -> CommitResult:
         return CommitResult(dropped=len(payloads))
 
 
