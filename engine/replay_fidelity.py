@@ -5,8 +5,8 @@ twice: cold (every turn prefilled from nothing) and cached (turn 1 hits the prom
 cached prefix, later turns what earlier turns committed: drift compounds). Per turn it
 reports the largest and mean absolute logit difference, the KL divergence of the
 next-token distributions and the greedy agreement over the generated tokens
-(``engine.fidelity``). A table per ``keep`` and turn, or ``--json``: ``{"model", "keeps",
-"summary": [...], "runs": [...]}``.
+(``engine.fidelity``). A table per ``keep`` and turn, or ``--json``: ``{"model", "dtype",
+"keeps", "safe_keep_tokens", "summary": [...], "runs": [...]}``.
 
 Keeps below the model's safe default are measured too (the replay is forced): the report
 exists to show that drift.
@@ -74,6 +74,9 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--new-tokens", type=int, default=16,
                    help="tokens generated greedily per turn (greedy agreement is over them)")
     p.add_argument("--block-tokens", type=int, default=64, help="pool and store block size")
+    p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"),
+                   help="weights and KV dtype (default: the checkpoint's); float32 shows "
+                        "exact mode at float tolerance, without bfloat16's rounding noise")
     p.add_argument("--seed", type=int, default=0, help="seed of the random tokens")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
@@ -107,7 +110,7 @@ def run(args: argparse.Namespace) -> int:
             raise EngineInputError(f"--{name.replace('_', '-')} must be >= 1")
     if args.turn_tokens < 0:
         raise EngineInputError("--turn-tokens must be >= 0")
-    lm = load_model(args.model, progress=not args.json)
+    lm = load_model(args.model, dtype=args.dtype, progress=not args.json)
     safe = default_keep_tokens(lm.spec.layer_windows)
     keeps = _ints(args.keep, "--keep", default=safe)
     settings = FidelitySettings(keeps_tokens=keeps, turns=args.turns,
@@ -119,13 +122,15 @@ def run(args: argparse.Namespace) -> int:
     rows = runner.run(cases, on_case=lambda: bar.update(1))
     bar.close()
     summary = summarize(rows)
+    dtype = str(lm.spec.dtype).removeprefix("torch.")
     if args.json:
-        print(json.dumps({"model": lm.spec.model_id, "keeps": list(keeps),
+        print(json.dumps({"model": lm.spec.model_id, "dtype": dtype,
+                          "keeps": list(keeps),
                           "safe_keep_tokens": safe,
                           "summary": [s.as_json() for s in summary],
                           "runs": [asdict(r) for r in rows]}))
         return 0
-    print(f"model {lm.spec.model_id}: {len(cases)} sessions of {args.turns} turns, "
+    print(f"model {lm.spec.model_id} ({dtype}): {len(cases)} sessions of {args.turns} turns, "
           f"{args.new_tokens} new tokens per turn; safe keep {safe}; against a cold prefill")
     cols = ("keep", "mode", "turn", "runs", "replayed", "max|dlogit|", "mean|dlogit|",
             "KL mean", "KL max", "greedy agree")

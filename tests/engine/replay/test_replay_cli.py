@@ -123,6 +123,7 @@ def test_replay_fidelity_json(tiny_hybrid_dir: Path, capsys: pytest.CaptureFixtu
     assert code == 0, err
     doc = json.loads(out)
     assert doc["keeps"] == [0, 40, SAFE_KEEP] and doc["safe_keep_tokens"] == SAFE_KEEP
+    assert doc["dtype"] == "float32"
     runs = {(r["keep_tokens"], r["turn"]): r for r in doc["runs"]}
     assert len(runs) == 6 and len(doc["summary"]) == 6
     for turn in (1, 2):
