@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -10,6 +11,7 @@ from pathlib import Path
 import pytest
 
 import kernels
+from kernels import backend as kernel_backend
 from kernels.triton_backend.backend import TritonBackend, interpreting
 from tests.kernels.triton.conftest import DEVICE
 
@@ -22,6 +24,29 @@ def test_registry_serves_triton_and_the_default_follows_the_device() -> None:
     assert kernels.default_backend_name("cpu") == "torch"
     if DEVICE != "cpu":
         assert kernels.default_backend_name(DEVICE) == "triton"
+
+
+@pytest.mark.parametrize("device", [
+    "cuda",
+    pytest.param("npu", marks=pytest.mark.skipif(
+        importlib.util.find_spec("torch_npu") is None,
+        reason="torch knows the npu device only once torch_npu is imported")),
+])
+def test_gpus_and_npus_default_to_triton_while_it_loads(
+    device: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The engine passes ``attention_backend=None`` unless ``--attention-backend`` is given:
+    a GPU or NPU then gets ``triton``, the CPU ``torch``, and a GPU ``torch`` only when
+    Triton cannot load there (asking for ``triton`` by name then fails, never falls back)."""
+    assert kernels.default_backend_name(device) == "triton"
+    assert kernels.resolve_backend(None, "cpu").name == "torch"
+    entry = kernel_backend._REGISTRY["triton"]
+    monkeypatch.setitem(kernel_backend._REGISTRY, "triton", kernels.BackendEntry(
+        "kernels.no_such_module", entry.cls, entry.device_types))
+    monkeypatch.delitem(kernel_backend._INSTANCES, "triton", raising=False)
+    assert kernels.default_backend_name(device) == "torch"
+    with pytest.raises(kernels.BackendUnavailable, match="cannot load"):
+        kernels.resolve_backend("triton", device)
 
 
 @pytest.mark.skipif(DEVICE != "cpu", reason="the interpreter is how the CPU runs Triton")
