@@ -83,10 +83,22 @@ class TurnResult:
         }
 
 
+_EPILOG = """\
+Each turn prints one row: prompt tokens, the tokens that hit in the pool (hbm), in the
+store's DRAM and SSD tiers, the tokens computed (of which replayed: recomputed past a
+bounded-replay hit), the time to the first token and the decode rate. A store that is
+unreachable or dies mid-run costs misses, not errors: one warning, and the failed calls are
+counted at the end. Bad input (flags, files, checkpoint) is one line on stderr and exit
+status 2.
+"""
+
+
 def add_model_flags(p: argparse.ArgumentParser) -> None:
     """``--model`` and ``--kv-store``, as ``kvengine generate`` and ``kvengine serve`` take
     them."""
-    p.add_argument("--model", required=True, metavar="DIR", help="Hugging Face checkpoint dir")
+    p.add_argument("--model", required=True, metavar="DIR",
+                   help="Hugging Face checkpoint directory: config.json, model.safetensors (or "
+                        "its sharded index), tokenizer.json, tokenizer_config.json")
     p.add_argument("--kv-store", default="none", metavar="STORE",
                    help="none (pool prefix caching only), embedded[:DIR] (DRAM + SSD in this "
                         f"process; DIR defaults to {default_store_dir()}) or grpc://HOST:PORT "
@@ -94,6 +106,7 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
 
 
 def configure(p: argparse.ArgumentParser) -> None:
+    p.epilog = _EPILOG
     add_model_flags(p)
     p.add_argument("--auth-token-file", metavar="F",
                    help="grpc: file holding the daemon's bearer token (else $KVSTORE_AUTH_TOKEN)")
@@ -104,29 +117,37 @@ def configure(p: argparse.ArgumentParser) -> None:
                           "conversations); each turn extends the previous prompt and answer")
     p.add_argument("--max-new-tokens", type=int, default=64, metavar="N",
                    help="tokens to generate per turn (fewer on an end-of-turn token)")
-    p.add_argument("--greedy", action="store_true", help="argmax decoding (the default)")
+    p.add_argument("--greedy", action="store_true",
+                   help="argmax decoding (the default; excludes --temperature)")
     p.add_argument("--temperature", type=float, metavar="T",
                    help="sample at this temperature instead of greedy")
     p.add_argument("--top-p", type=float, default=1.0, metavar="P",
                    help="nucleus sampling mass (with --temperature)")
     p.add_argument("--seed", type=int, default=0, metavar="S",
-                   help="sampling seed (turn i of a session uses S + i)")
+                   help="sampling seed with --temperature (turn i of a session uses S + i)")
     p.add_argument("--pool-tokens", type=int, default=_DEFAULTS.pool_tokens, metavar="N",
-                   help="KV pool (the hbm tier) size in tokens")
+                   help="KV pool (the hbm tier) size in tokens, rounded down to whole "
+                        "64-token blocks; it must hold one turn's prompt and answer")
     p.add_argument("--max-batched-tokens", type=int, default=_DEFAULTS.max_batched_tokens,
                    metavar="N", help="per-step token budget (prefill chunk size)")
     add_engine_flags(p)
-    p.add_argument("--json", action="store_true", help="print the result as one JSON object")
+    p.add_argument("--json", action="store_true",
+                   help='print one JSON object instead of the table: {"namespace": HEX, '
+                        '"turns": [{"prompt_tokens", "hit_tokens": {"hbm", "dram", "ssd"}, '
+                        '"computed_tokens", "replayed_tokens", "stored_bytes_per_token", '
+                        '"ttft_s", "decode_tokens_per_s", "token_ids", "text"}]}')
 
 
 def add_engine_flags(p: argparse.ArgumentParser) -> None:
     """The model's device and dtype, the replay policy and the embedded store's sizes: the
     flags ``kvengine generate`` and ``kvengine serve`` share."""
     p.add_argument("--attention-backend", choices=("torch", "triton"),
-                   help="kernels backend (default: the device's)")
+                   help="attention and KV-copy kernels (default: the device's: torch on "
+                        "CPU)")
     p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"),
                    help="weights and KV dtype (default: the checkpoint's)")
-    p.add_argument("--device", default="cpu", help="torch device of the model and the pool")
+    p.add_argument("--device", default="cpu",
+                   help="torch device of the model and the pool (cpu, cuda, cuda:1)")
     p.add_argument("--replay-keep", type=int, metavar="N",
                    help="bounded replay (hybrid models): the store keeps the full-attention "
                         "layers only and a hit recomputes its last N tokens (default: the "
@@ -135,9 +156,10 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
                    help="accept a --replay-keep below the safe default (more drift)")
     p.add_argument("--cache-all-layers", action="store_true",
                    help="exact mode: the store keeps every layer; a hit recomputes nothing")
-    p.add_argument("--dram", default="1GiB", metavar="SIZE", help="embedded: DRAM tier size")
+    p.add_argument("--dram", default="1GiB", metavar="SIZE",
+                   help="embedded: DRAM tier size (like 512MiB or 2GiB)")
     p.add_argument("--ssd-capacity", default="8GiB", metavar="SIZE",
-                   help="embedded: SSD tier size")
+                   help="embedded: SSD tier capacity in DIR (like 8GiB)")
 
 
 def sampling_params(args: argparse.Namespace) -> SamplingParams:
@@ -181,8 +203,9 @@ def run(args: argparse.Namespace) -> int:
         stored_per_token = engine.stored_bytes_per_token
     failed = store_counters.get("store_errors_total", 0)
     if failed:
-        print(f"kvengine: kv store {link.name}: {failed} calls failed; their blocks were served "
-              f"as misses", file=sys.stderr)
+        calls = "call" if failed == 1 else "calls"
+        print(f"kvengine: kv store {link.name}: {failed} {calls} failed; their blocks were "
+              f"served as misses", file=sys.stderr)
     if args.json:
         json.dump({"namespace": link.ns.fingerprint.hex(),
                    "turns": [r.to_json() for r in results]}, sys.stdout)

@@ -2,9 +2,11 @@
 
 ``StoreLink`` wraps one ``KVStore`` (DESIGN §5) for one namespace. A store that is
 unreachable, dies mid-run or returns a corrupt block costs misses: the call returns "nothing
-found" (or "nothing stored"), the failure is counted, and the first one of each kind is
-logged as a warning. ``NullStoreLink`` is the ``--kv-store none`` null object: it finds
-nothing and stores nothing, without ever being asked. Methods are called from the loader's
+found" (or "nothing stored") and the failure is counted. One warning says the store is down
+(the first failed call) and one says it returned a corrupt block: a store that keeps failing
+for the rest of a run is still one line, and the count goes in the output.
+``NullStoreLink`` is the ``--kv-store none`` null object: it finds nothing and stores
+nothing, without ever being asked. Methods are called from the loader's
 and the committer's threads; the counters are guarded.
 
 A call may name another namespace than the link's own (``ns=``): a server's requests carry
@@ -126,9 +128,11 @@ class KVStoreLink(StoreLink):
         *,
         timeout_s: float = 5.0,
         close_store: bool = True,
+        failed_call: tuple[str, Exception] | None = None,
     ) -> None:
         """``close_store=False``: the caller shares ``store`` between engines and closes it
-        itself."""
+        itself. ``failed_call``: a call made for this link before it existed (the tenant
+        question) that failed: counted, and the warning names its error."""
         self.store = store
         self._close_store = close_store
         self._timeout_s = timeout_s
@@ -136,9 +140,11 @@ class KVStoreLink(StoreLink):
         self.name = name
         self._lock = threading.Lock()
         self._counters: Counter[str] = Counter()
-        self._warned: set[str] = set()
+        self._warned: set[str] = set()  # "down", "corrupt": the warnings already given
         self._registered: set[Namespace] = set()
         self._closed = False
+        if failed_call is not None:
+            self.note_failure(*failed_call)
         self._register(ns, timeout_s)
 
     @property
@@ -153,23 +159,33 @@ class KVStoreLink(StoreLink):
         try:
             self.store.register(ns, timeout_s=timeout_s)
         except KVStoreError as e:
-            self._failed("register", e)
+            self.note_failure("register", e)
             return False
         with self._lock:
             self._registered.add(ns)
         return True
 
-    def _failed(self, call: str, err: Exception) -> None:
-        kind = type(err).__name__
+    def note_failure(self, call: str, err: Exception) -> None:
+        """Count a failed store call and warn if it is the first of its kind."""
+        corrupt = isinstance(err, BlockError)
+        kind = "corrupt" if corrupt else "down"
         with self._lock:
             self._counters["store_errors_total"] += 1
             self._counters[f"store_errors_{call}"] += 1
+            if corrupt:
+                self._counters["corrupt_blocks_total"] += 1
             first = kind not in self._warned
             self._warned.add(kind)
-        if first:
+        if not first:
+            return
+        detail = " ".join(f"{type(err).__name__}: {err}".split())
+        if corrupt:
+            log.warning("kv store %s returned a corrupt block (%s); it counts as a miss",
+                        self.name, detail)
+        else:
             what = "unreachable" if isinstance(err, StoreUnavailable) else "failing"
-            log.warning("kv store %s is %s (%s: %s); its blocks count as misses from now on "
-                        "while it fails", self.name, what, kind, err)
+            log.warning("kv store %s is %s (%s); its blocks count as misses while it fails",
+                        self.name, what, detail)
 
     def _guarded(self, call: str, fn: Callable[[], T], miss: T, timeout_s: float,
                  ns: Namespace | None = None) -> T:
@@ -178,13 +194,8 @@ class KVStoreLink(StoreLink):
         start = time.perf_counter()
         try:
             return fn()
-        except BlockError as e:  # a corrupt block: a miss, like any other lost block
-            with self._lock:
-                self._counters["corrupt_blocks_total"] += 1
-            self._failed(call, e)
-            return miss
-        except KVStoreError as e:
-            self._failed(call, e)
+        except KVStoreError as e:  # a corrupt block is a miss, like any other lost block
+            self.note_failure(call, e)
             return miss
         finally:
             self.observe(call, time.perf_counter() - start)
@@ -255,4 +266,4 @@ class KVStoreLink(StoreLink):
         try:
             self.store.close()
         except KVStoreError as e:
-            self._failed("close", e)
+            self.note_failure("close", e)

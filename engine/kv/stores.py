@@ -13,7 +13,6 @@ token maps to.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,8 +22,6 @@ from engine.kv.store_link import KVStoreLink, NullStoreLink, StoreLink
 from kvstore.errors import KVStoreError, StoreUnavailable
 from kvstore.keys import Namespace
 from kvstore.tier import KVStore
-
-log = logging.getLogger("engine.store")
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,15 +71,11 @@ _OPENERS: dict[str, tuple[str, Callable[[str, StoreOptions], KVStore]]] = {
 
 def store_tenant(store: KVStore, timeout_s: float = 5.0) -> str:
     """The tenant the store's credentials map to ("" for an embedded store or a daemon
-    without auth), from the daemon (``GrpcStore.tenant``) when the store can ask it. A store
-    that cannot answer now is one whose blocks will be misses anyway."""
+    without auth), from the daemon (``GrpcStore.tenant``) when the store can ask it. Raises
+    ``StoreUnavailable`` when it cannot answer now."""
     if not callable(getattr(type(store), "tenant", None)):
         return ""
-    try:
-        return str(store.tenant(timeout_s=timeout_s))  # type: ignore[attr-defined]
-    except StoreUnavailable as e:
-        log.warning("kv store cannot say which tenant its token maps to (%s); using none", e)
-        return ""
+    return str(store.tenant(timeout_s=timeout_s))  # type: ignore[attr-defined]
 
 
 def open_store_link(
@@ -104,9 +97,16 @@ def open_store_link(
         store = open_(url, opts)
     except KVStoreError as e:  # a locked SSD directory, a bad URL, an unreadable token
         raise EngineInputError(f"--kv-store {url}: {e}") from None
+    # A store that cannot say its tenant now is one whose blocks are misses anyway: the
+    # link counts that as its first failed call (one warning for the whole outage).
+    failed: tuple[str, Exception] | None = None
     try:
-        ns = make_ns(store_tenant(store, opts.call_timeout_s))
+        try:
+            tenant = store_tenant(store, opts.call_timeout_s)
+        except StoreUnavailable as e:
+            tenant, failed = "", ("tenant", e)
+        ns = make_ns(tenant)
     except BaseException:
         store.close()
         raise
-    return KVStoreLink(store, ns, name, timeout_s=opts.call_timeout_s)
+    return KVStoreLink(store, ns, name, timeout_s=opts.call_timeout_s, failed_call=failed)

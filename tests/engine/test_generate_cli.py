@@ -3,7 +3,9 @@ an embedded store, and bad input as one line with exit status 2."""
 
 from __future__ import annotations
 
+import argparse
 import json
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -11,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from engine import cli
+from kvstore.daemon.process import DaemonProcess
 from tests.engine.sessions import agent_session, write_session_file
 
 TURN_KEYS = {"prompt_tokens", "hit_tokens", "computed_tokens", "replayed_tokens",
@@ -145,3 +148,74 @@ def test_bad_session_files_name_the_line(
     path.write_text(content)
     code, _, err = generate(capsys, "--model", str(tiny_dir), "--session-file", str(path))
     assert code == 2 and message in err
+
+
+def _cli(*args: str) -> list[str]:
+    return [sys.executable, "-m", "engine.cli", "generate", *args]
+
+
+def _store_lines(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if "kv store" in line]
+
+
+def test_an_unreachable_store_is_one_warning_and_a_count(tiny_dir: Path, tmp_path: Path) -> None:
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    prompt = tmp_path / "p.txt"
+    prompt.write_text("agent tool block chain " * 40)
+    proc = subprocess.run(_cli("--model", str(tiny_dir), "--prompt-file", str(prompt),
+                               "--kv-store", f"grpc://127.0.0.1:{port}", "--max-new-tokens",
+                               "3", "--json"), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    (turn,) = json.loads(proc.stdout)["turns"]
+    assert turn["computed_tokens"] == turn["prompt_tokens"] and len(turn["token_ids"]) == 3
+    warning, count = _store_lines(proc.stderr)
+    assert warning.startswith("kvengine: warning: kv store grpc is unreachable")
+    assert count.startswith("kvengine: kv store grpc: ") and "failed" in count
+
+
+def test_a_store_killed_mid_run_is_warned_once_and_counted(
+    tiny_dir: Path, session_file: Path
+) -> None:
+    """``kill -9`` of the ``kvstore serve`` process after the first turn's row: the run
+    goes on from the pool alone, says so once, and counts the failed calls."""
+    with DaemonProcess(["--dram", "64MiB"]) as daemon:
+        proc = subprocess.Popen(_cli("--model", str(tiny_dir), "--session-file",
+                                     str(session_file), "--kv-store", daemon.url,
+                                     "--max-new-tokens", "5"),
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            assert proc.stdout is not None
+            head = [proc.stdout.readline(), proc.stdout.readline()]  # header, turn 1
+            daemon.kill()
+            out, err = proc.communicate(timeout=300)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    assert proc.returncode == 0, err
+    rows = [line.split() for line in (head + out.splitlines())[1:5]]
+    assert [r[0] for r in rows] == ["1", "2", "3", "4"]
+    assert all(r[4] == r[5] == "0" for r in rows[1:])  # no dram/ssd hits once it is dead
+    assert int(rows[1][3]) > 0  # the pool still serves the shared header
+    warning, count = _store_lines(err)
+    assert warning.startswith("kvengine: warning: kv store grpc is unreachable")
+    failed = int(count.split(": ")[2].split()[0])
+    assert count.endswith("failed; their blocks were served as misses") and failed >= 1
+
+
+def test_help_explains_every_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["generate", "--help"])
+    assert exit_.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())
+    parser = cli.build_parser("generate")
+    (sub,) = (a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    flags = [a for a in sub.choices["generate"]._actions if a.option_strings]
+    assert len(flags) >= 18
+    for action in flags:
+        assert action.help and len(action.help) >= 15, action.option_strings
+        assert action.option_strings[-1] in text
+    for word in ("none", "embedded", "grpc://", "session", "hit", "exit status 2"):
+        assert word in text
