@@ -7,6 +7,8 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import torch
+
 from engine.config import EngineConfig
 from engine.kv.namespace import engine_namespace
 from engine.kv.store_link import KVStoreLink, NullStoreLink, StoreLink
@@ -48,14 +50,15 @@ def fake_engine(
     return LLMEngine(model, config, link)
 
 
-def dram_store() -> KVStore:
-    return open_embedded(dram_bytes=4 << 20)
+def dram_store(dram_bytes: int = 4 << 20) -> KVStore:
+    return open_embedded(dram_bytes=dram_bytes)
 
 
 class WrappedStore(DelegatingStore):
     """A real store with hooks: ``short_get`` makes ``get_into`` copy at most that many
-    blocks; ``get_delay_s`` stalls it; ``commit_gate`` holds commits until set; ``dead``
-    makes every call raise ``StoreUnavailable``. ``close`` leaves the inner store open."""
+    blocks (the rows it leaves hold NaN, so admitting one shows in the outputs);
+    ``get_delay_s`` stalls it; ``commit_gate`` holds commits until set; ``dead`` makes
+    every call raise ``StoreUnavailable``. ``close`` leaves the inner store open."""
 
     def __init__(self, inner: KVStore) -> None:
         super().__init__(inner)
@@ -92,8 +95,14 @@ class WrappedStore(DelegatingStore):
         self._alive()
         if self.get_delay_s:
             time.sleep(self.get_delay_s)
-        got = super().get_into(ns, keys, dst, timeout_s=timeout_s, checksums=checksums)
-        return got if self.short_get is None else min(got, self.short_get)
+        if self.short_get is None:
+            return super().get_into(ns, keys, dst, timeout_s=timeout_s, checksums=checksums)
+        assert isinstance(dst, torch.Tensor) and dst.is_floating_point()  # engine rows
+        n = min(self.short_get, len(keys))
+        got = super().get_into(ns, keys[:n], dst[:n], timeout_s=timeout_s,
+                               checksums=checksums) if n else 0
+        dst[got : len(keys)] = float("nan")  # rows not copied: admitting one shows
+        return got
 
     def commit(
         self,
