@@ -1,5 +1,6 @@
 """A checkpoint the engine cannot serve is one line naming the tensor, field or file: a
-typed ``CheckpointError`` from ``load_model``, exit status 2 from the CLI."""
+typed ``CheckpointError`` from ``load_model``, exit status 2 from the CLI (``model-info``
+and ``generate``)."""
 
 from __future__ import annotations
 
@@ -118,9 +119,15 @@ def test_bad_checkpoint_is_one_line_naming_what(good: Path, tmp_path: Path, what
     with pytest.raises(error) as info:
         load_model(bad)
     assert named in str(info.value) and "\n" not in str(info.value)
-    assert cli.main(["model-info", "--model", str(bad)]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert err[-1].startswith("kvengine model-info: error: ") and named in err[-1]
+    prompt = tmp_path / "prompt.txt"
+    prompt.write_text("hello")
+    for argv in (["model-info", "--model", str(bad)],
+                 ["generate", "--model", str(bad), "--prompt-file", str(prompt), "--json"]):
+        assert cli.main(argv) == 2
+        out, err = capsys.readouterr()
+        (line,) = err.strip().splitlines()  # one line, no traceback, no progress bar
+        assert line.startswith(f"kvengine {argv[0]}: error: ") and named in line
+        assert out == ""
 
 
 def test_good_checkpoint_loads(good: Path) -> None:
