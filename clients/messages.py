@@ -56,7 +56,6 @@ def commit_open(
     keys: Sequence[Key],
     indices: Sequence[int],
     durability: str,
-    staging: pb.StagingRef | None = None,
 ) -> pb.CommitRequest:
     return pb.CommitRequest(
         open=pb.CommitOpen(
@@ -64,7 +63,6 @@ def commit_open(
             keys=keys,
             indices=indices,
             durability=codec.durability_to_proto(durability),
-            staging=staging,
         )
     )
 

@@ -53,10 +53,6 @@ class DramPool:
         self.free_chunks: list[int] = list(range(self.n_chunks - 1, -1, -1))
         self.classes: dict[int, SizeClass] = {}
 
-    def prefault(self) -> None:
-        """Touch every page now so the first requests do not pay for page faults."""
-        self._np[::4096] = 0
-
     def size_class(self, block_bytes: int) -> SizeClass:
         sc = self.classes.get(block_bytes)
         if sc is None:

@@ -168,11 +168,6 @@ class KVStoreServicer(ControlRpcs, pb_grpc.KVStoreServicer):
                 ns = self._ns(tenant, req.ns)
                 keys = self._keys(req.keys)
                 nbytes = self._rows_bytes(ns, len(keys))
-                if req.HasField("staging"):
-                    rows = self._staged_rows(tenant, req.staging, nbytes)
-                    hit, sums = self._get(ns, keys, rows, "shm", ctx)
-                    yield pb.GetResponse(done=pb.GetDone(hit_blocks=hit, checksums=sums))
-                    return
                 with self.budget.hold(nbytes), row_buffer(nbytes) as buf:
                     hit, sums = self._get(ns, keys, buf, "grpc", ctx)
                     yield from self._send_blocks(ns, keys, buf, hit, sums, ctx)
@@ -237,13 +232,6 @@ class KVStoreServicer(ControlRpcs, pb_grpc.KVStoreServicer):
         bb = ns.block_bytes
         nbytes = self._rows_bytes(ns, len(indices))
         slots = {idx: j for j, idx in enumerate(indices)}
-        if op.HasField("staging"):
-            msg = next(it, None)
-            if msg is None or msg.WhichOneof("part") != "staged" or next(it, None) is not None:
-                raise InvalidArgument("a staged Commit carries exactly one StagedHeaders message")
-            return self._commit_staged(
-                tenant, op.staging, msg.staged.headers, ns, keys, indices, durability, ctx
-            )
         with self.budget.hold(nbytes), row_buffer(nbytes) as rows:
             asm = codec.BlockAssembler(ns, keys, rows, slots)
             truncated = False

@@ -111,11 +111,11 @@ def test_staging_segments_belong_to_their_tenant(auth_daemon: tuple[str, dict[st
             pb.RegisterNamespaceRequest(ns=_spec(NS_B)), metadata=md_b, timeout=5
         )
         keys = make_chain(NS_B, 1, seed=2)
-        req = pb.GetRequest(
+        req = pb.GetStagedRequest(
             ns=_spec(NS_B), keys=keys, staging=pb.StagingRef(staging_id=seg.staging_id, offset=0)
         )
         with pytest.raises(grpc.RpcError) as e:
-            list(stub.Get(req, metadata=md_b, timeout=5))
+            stub.GetStaged(req, metadata=md_b, timeout=5)
         assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         with pytest.raises(grpc.RpcError):
             stub.CloseStaging(

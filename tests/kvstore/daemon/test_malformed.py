@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kvstore.block import HEADER_BYTES, make_header
+from kvstore.block import make_header
 from kvstore.daemon.process import DaemonProcess
 from kvstore.wire import codec
 from kvstore.wire.proto import kvstore_pb2 as pb
@@ -110,10 +110,6 @@ def malformed_commits(keys: list[bytes]) -> dict[str, list[pb.CommitRequest]]:
             good0,
         ],
         "unknown durability": [open_msg(keys, [0], durability=7), good0],
-        "staging without a segment": [
-            open_msg(keys, [0], staging=pb.StagingRef(staging_id=999)),
-            pb.CommitRequest(staged=pb.StagedHeaders(headers=[enc1[:HEADER_BYTES]])),
-        ],
     }
 
 
@@ -151,11 +147,9 @@ def test_malformed_reads_are_refused(stub: pb_grpc.KVStoreStub) -> None:
             list(stub.Get(pb.GetRequest(ns=req.ns, keys=req.keys), timeout=10))
         assert e.value.code() in REFUSED
     with pytest.raises(grpc.RpcError) as e:
-        list(
-            stub.Get(
-                pb.GetRequest(ns=SPEC, keys=keys, staging=pb.StagingRef(staging_id=12345)),
-                timeout=10,
-            )
+        stub.GetStaged(
+            pb.GetStagedRequest(ns=SPEC, keys=keys, staging=pb.StagingRef(staging_id=12345)),
+            timeout=10,
         )
     assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
 
