@@ -78,23 +78,8 @@ MAY_IMPORT: Mapping[str, frozenset[str]] = {
     "testing": PRODUCT | {"testing"},
 }
 
-# (importer, imported) pairs that break the layer rules today.
-ALLOWED_LAYER_VIOLATIONS: frozenset[tuple[str, str]] = frozenset(
-    {
-        # The node server runs on the daemon's private server plumbing (limits, TLS, auth,
-        # metrics) instead of one shared server runner in the core.
-        ("storage_nodes.node.auth", "kvstore.daemon.auth"),
-        ("storage_nodes.node.config", "kvstore.daemon.config"),
-        ("storage_nodes.node.config", "kvstore.daemon.startup"),
-        ("storage_nodes.node.server", "kvstore.daemon.startup"),
-        ("storage_nodes.node.server", "kvstore.daemon.metrics"),
-        ("storage_nodes.node.server", "kvstore.daemon.runner"),
-        ("storage_nodes.node.servicer", "kvstore.daemon.auth"),
-        ("storage_nodes.node.servicer", "kvstore.daemon.config"),
-        ("storage_nodes.node.servicer", "kvstore.daemon.metrics"),
-        ("storage_nodes.node.servicer", "kvstore.daemon.rpc_plumbing"),
-    }
-)
+# (importer, imported) pairs that break the layer rules today: none.
+ALLOWED_LAYER_VIOLATIONS: frozenset[tuple[str, str]] = frozenset()
 
 # Import cycles (the modules of each strongly connected component) that exist today: none.
 ALLOWED_CYCLES: frozenset[frozenset[str]] = frozenset()

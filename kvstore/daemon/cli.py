@@ -13,8 +13,8 @@ import json
 from typing import Any
 
 from kvstore.daemon.config import ClusterLink, DaemonConfig, ServerLimits
-from kvstore.daemon.startup import check_memory
 from kvstore.errors import InvalidArgument
+from kvstore.rpcserver.startup import check_memory
 from kvstore.units import parse_duration, parse_size
 
 

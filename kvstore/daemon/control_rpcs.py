@@ -15,12 +15,12 @@ from typing import Any
 
 import grpc
 
-from kvstore.daemon.auth import DELEGATION_SUFFIX, Caller
 from kvstore.daemon.catalog import MemoryCatalog
-from kvstore.daemon.rpc_plumbing import RpcPlumbing
 from kvstore.daemon.staging import DATA_OFFSET, StagingArea
 from kvstore.daemon.tenants import TenantLedger, held_blocks, tenant_stats
 from kvstore.errors import InvalidArgument
+from kvstore.rpcserver.auth import DELEGATION_SUFFIX, Caller
+from kvstore.rpcserver.plumbing import RpcPlumbing
 from kvstore.tier import KVStore
 from kvstore.wire.errors import NotAdmin
 from kvstore.wire.proto import kvstore_pb2 as pb

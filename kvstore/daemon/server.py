@@ -13,16 +13,16 @@ import threading
 from grpc_health.v1 import health_pb2
 
 from kvstore.daemon.access_log import make_access_log
-from kvstore.daemon.auth import Authenticator, OpenAuth, load_token_file
 from kvstore.daemon.catalog import open_catalog
 from kvstore.daemon.config import DaemonConfig
-from kvstore.daemon.metrics import DaemonMetrics
-from kvstore.daemon.runner import Bound, grpc_server, run_until_signalled
 from kvstore.daemon.servicer import KVStoreServicer
 from kvstore.daemon.staging import StagingArea, StagingConfig
-from kvstore.daemon.startup import bind, probe_listen, serve_metrics, server_credentials
 from kvstore.daemon.store_factory import open_store
 from kvstore.errors import InvalidArgument
+from kvstore.rpcserver.auth import Authenticator, OpenAuth, load_token_file
+from kvstore.rpcserver.metrics import DaemonMetrics
+from kvstore.rpcserver.runner import Bound, grpc_server, run_until_signalled
+from kvstore.rpcserver.startup import bind, probe_listen, serve_metrics, server_credentials
 from kvstore.tier import KVStore
 from kvstore.wire.proto import kvstore_pb2_grpc as pb_grpc
 

@@ -27,17 +27,17 @@ import grpc
 
 from kvstore.block import now_us
 from kvstore.daemon.access_log import AccessLog, LookupRecord
-from kvstore.daemon.auth import Authenticator
 from kvstore.daemon.budget import ByteBudget, row_buffer
 from kvstore.daemon.catalog import MemoryCatalog
-from kvstore.daemon.config import ServerLimits
 from kvstore.daemon.control_rpcs import ControlRpcs
-from kvstore.daemon.metrics import DaemonMetrics
 from kvstore.daemon.staging import StagingArea
 from kvstore.daemon.tenants import TenantLedger
 from kvstore.daemon.watchdog import IdleWatchdog
 from kvstore.errors import BlockError, InvalidArgument
 from kvstore.keys import Key, Namespace
+from kvstore.rpcserver.auth import Authenticator
+from kvstore.rpcserver.limits import ServerLimits
+from kvstore.rpcserver.metrics import DaemonMetrics
 from kvstore.tier import KVStore
 from kvstore.wire import codec
 from kvstore.wire.codec import MAX_PROMPT_TOKENS

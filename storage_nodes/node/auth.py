@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from kvstore.daemon.auth import Authenticator, OpenAuth, TokenAuth, load_token_file
+from kvstore.rpcserver.auth import Authenticator, OpenAuth, TokenAuth, load_token_file
 
 ANY_TENANT = "*"
 

@@ -6,9 +6,9 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kvstore.daemon.config import ServerLimits
-from kvstore.daemon.startup import check_capacity, check_directory, check_hostport
 from kvstore.errors import InvalidArgument
+from kvstore.rpcserver.limits import ServerLimits
+from kvstore.rpcserver.startup import check_capacity, check_directory, check_hostport
 from storage_nodes.ssd import SSDConfig
 
 

@@ -13,10 +13,10 @@ import threading
 
 from grpc_health.v1 import health_pb2
 
-from kvstore.daemon.metrics import DaemonMetrics
-from kvstore.daemon.runner import Bound, grpc_server, run_until_signalled
-from kvstore.daemon.startup import bind, probe_listen, serve_metrics, server_credentials
 from kvstore.errors import InvalidArgument
+from kvstore.rpcserver.metrics import DaemonMetrics
+from kvstore.rpcserver.runner import Bound, grpc_server, run_until_signalled
+from kvstore.rpcserver.startup import bind, probe_listen, serve_metrics, server_credentials
 from kvstore.tier import StoreStats, Tier
 from kvstore.wire.proto import kvstore_pb2_grpc as pb_grpc
 from storage_nodes.node.auth import make_node_auth

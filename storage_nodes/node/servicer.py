@@ -16,12 +16,12 @@ from typing import Any
 
 import grpc
 
-from kvstore.daemon.auth import Authenticator
-from kvstore.daemon.config import ServerLimits
-from kvstore.daemon.metrics import DaemonMetrics
-from kvstore.daemon.rpc_plumbing import RpcPlumbing
 from kvstore.errors import BlockError, InvalidArgument
 from kvstore.keys import Key, Namespace
+from kvstore.rpcserver.auth import Authenticator
+from kvstore.rpcserver.limits import ServerLimits
+from kvstore.rpcserver.metrics import DaemonMetrics
+from kvstore.rpcserver.plumbing import RpcPlumbing
 from kvstore.tier import Tier
 from kvstore.wire import codec
 from kvstore.wire.proto import kvstore_pb2 as pb

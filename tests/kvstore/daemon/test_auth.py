@@ -10,8 +10,8 @@ import pytest
 from clients.config import ClientConfig
 from clients.errors import AccessDenied, AuthenticationFailed
 from clients.sync_client import GrpcStore
-from kvstore.daemon.auth import AuthError, OpenAuth, load_token_file
 from kvstore.errors import InvalidArgument
+from kvstore.rpcserver.auth import AuthError, OpenAuth, load_token_file
 from kvstore.wire.proto import kvstore_pb2 as pb
 from kvstore.wire.proto import kvstore_pb2_grpc as pb_grpc
 from tests.conftest import small_ns

@@ -10,7 +10,7 @@ import pytest
 from clients.config import ClientConfig
 from clients.errors import NotAdmin
 from clients.sync_client import GrpcStore
-from kvstore.daemon.auth import load_token_file
+from kvstore.rpcserver.auth import load_token_file
 from tests.conftest import small_ns
 from tests.kvstore.daemon.conftest import SpawnDaemon, make_chain, payloads, write_tokens
 

@@ -13,9 +13,9 @@ import grpc
 import pytest
 
 from kvstore.block import payload_checksum
-from kvstore.daemon.auth import OpenAuth
-from kvstore.daemon.metrics import DaemonMetrics
 from kvstore.keys import Key, Namespace
+from kvstore.rpcserver.auth import OpenAuth
+from kvstore.rpcserver.metrics import DaemonMetrics
 from kvstore.wire.proto import kvstore_pb2_grpc as pb_grpc
 from storage_nodes.node.servicer import StorageNodeServicer
 from storage_nodes.ssd import SSDConfig, SSDTier

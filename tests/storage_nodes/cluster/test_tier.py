@@ -11,8 +11,8 @@ from pathlib import Path
 import grpc
 import pytest
 
-from kvstore.daemon.auth import OpenAuth
-from kvstore.daemon.metrics import DaemonMetrics
+from kvstore.rpcserver.auth import OpenAuth
+from kvstore.rpcserver.metrics import DaemonMetrics
 from kvstore.wire.proto import kvstore_pb2 as pb
 from kvstore.wire.proto import kvstore_pb2_grpc as pb_grpc
 from storage_nodes.cluster import ClusterTier

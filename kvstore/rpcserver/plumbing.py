@@ -8,8 +8,8 @@ from typing import TypeVar
 
 import grpc
 
-from kvstore.daemon.auth import Authenticator, AuthError, Caller
-from kvstore.daemon.metrics import DaemonMetrics
+from kvstore.rpcserver.auth import Authenticator, AuthError, Caller
+from kvstore.rpcserver.metrics import DaemonMetrics
 from kvstore.wire.status import status_for
 
 log = logging.getLogger(__name__)
