@@ -12,7 +12,7 @@ import threading
 
 from grpc_health.v1 import health_pb2
 
-from kvstore.daemon.access_log import make_access_log
+from kvstore.accesslog.writer import make_access_log
 from kvstore.daemon.catalog import open_catalog
 from kvstore.daemon.config import DaemonConfig
 from kvstore.daemon.servicer import KVStoreServicer

@@ -25,8 +25,8 @@ from typing import Any
 
 import grpc
 
+from kvstore.accesslog.writer import AccessLog, LookupRecord
 from kvstore.block import now_us
-from kvstore.daemon.access_log import AccessLog, LookupRecord
 from kvstore.daemon.budget import ByteBudget, row_buffer
 from kvstore.daemon.catalog import MemoryCatalog
 from kvstore.daemon.control_rpcs import ControlRpcs

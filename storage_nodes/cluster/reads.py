@@ -35,22 +35,22 @@ class ChainRead:
         n = len(keys)
         self.keys = keys
         self.cands = cands
-        self.ci = [0] * n  # index into cands[i] of the candidate asked next / holding it
+        self.replica = [0] * n  # index into cands[i] of the replica asked next / holding it
         self.present = [False] * n
         self.missed: list[list[int]] = [[] for _ in range(n)]  # nodes that answered "absent"
         self.pos = 0
 
     def holder(self, i: int) -> int:
-        return self.cands[i][self.ci[i]]
+        return self.cands[i][self.replica[i]]
 
     def resolve(self, fanout: Fanout, probe: Probe) -> int:
         n = len(self.keys)
-        while self.pos < n and self.ci[self.pos] < len(self.cands[self.pos]):
+        while self.pos < n and self.replica[self.pos] < len(self.cands[self.pos]):
             groups: dict[int, list[int]] = {}
             for i in range(self.pos, n):
                 if self.present[i]:
                     continue
-                if self.ci[i] >= len(self.cands[i]):
+                if self.replica[i] >= len(self.cands[i]):
                     break  # no replica left for i: the prefix cannot pass it
                 groups.setdefault(self.holder(i), []).append(i)
             calls = {
@@ -60,14 +60,14 @@ class ChainRead:
                 idx = groups[node]
                 if isinstance(res, NodeUnavailable):
                     for i in idx:
-                        self.ci[i] += 1
+                        self.replica[i] += 1
                     continue
                 for i in idx[:res]:
                     self.present[i] = True
                 if res < len(idx):
                     i = idx[res]
                     self.missed[i].append(node)
-                    self.ci[i] += 1
+                    self.replica[i] += 1
             while self.pos < n and self.present[self.pos]:
                 self.pos += 1
         return self.pos

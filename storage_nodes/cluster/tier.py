@@ -218,7 +218,7 @@ class ClusterTier(Tier):
         fell = 0
         for i in range(h):
             holder = read.holder(i)
-            fell += read.ci[i] > 0
+            fell += read.replica[i] > 0
             for node in read.cands[i]:
                 if node != holder and node not in read.missed[i]:
                     touch.setdefault(node, []).append(keys[i])

@@ -13,7 +13,11 @@ from storage_nodes.ssd.recency import Recency
 _DELETE_BATCH = 10_000
 
 
-class IndexView:
+class LiveIndex:
+    """The index as the tier's calls use it: reads see only live blocks (expired ones are
+    misses before the sweeper removes them); removals quarantine one block or delete a
+    namespace."""
+
     def __init__(self, config: SSDConfig, index: Index, recency: Recency) -> None:
         self._config = config
         self._index = index

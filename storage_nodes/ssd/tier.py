@@ -34,7 +34,7 @@ from storage_nodes.ssd.health import Health
 from storage_nodes.ssd.index import CORRUPT
 from storage_nodes.ssd.io_backend import IOBackend
 from storage_nodes.ssd.lock import DirLock
-from storage_nodes.ssd.lookup import IndexView
+from storage_nodes.ssd.lookup import LiveIndex
 from storage_nodes.ssd.opening import IndexLifecycle
 from storage_nodes.ssd.rebuild import RebuildReport
 from storage_nodes.ssd.recency import Recency
@@ -90,7 +90,7 @@ class SSDTier(Tier):
             with self._index.begin() as txn:
                 first_seq = self._index.seq_high_water(txn) + 1
             self._recency = Recency(config, first_seq)
-            self._view = IndexView(config, self._index, self._recency)
+            self._view = LiveIndex(config, self._index, self._recency)
             self._alloc = SlotAllocator(
                 config, self._index, self._files, self._recency, self._add, self._life.table
             )

@@ -17,7 +17,7 @@ from storage_nodes.ssd.allocator import Slot, SlotAllocator
 from storage_nodes.ssd.blockio import BlockIO
 from storage_nodes.ssd.config import SSDConfig
 from storage_nodes.ssd.index import Index, Location, Txn
-from storage_nodes.ssd.lookup import IndexView
+from storage_nodes.ssd.lookup import LiveIndex
 from storage_nodes.ssd.recency import Recency, Stamp
 
 
@@ -26,7 +26,7 @@ class GroupCommit:
         self,
         config: SSDConfig,
         index: Index,
-        view: IndexView,
+        view: LiveIndex,
         recency: Recency,
         alloc: SlotAllocator,
         blocks: BlockIO,

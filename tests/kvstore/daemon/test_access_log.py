@@ -13,7 +13,7 @@ import pytest
 from clients.config import ClientConfig
 from clients.sync_client import GrpcStore
 from kvstore.accesslog.schema import ACCESS_LOG_SCHEMA
-from kvstore.daemon.access_log import (
+from kvstore.accesslog.writer import (
     AccessLogConfig,
     LookupRecord,
     NullAccessLog,

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from kvstore.accesslog import writer as access_log  # a broken import must fail the run, not skip it
 from kvstore.cli import main
-from kvstore.daemon import access_log  # a broken import must fail the run, not skip it
 from kvstore.keys import Namespace, chain_keys
 
 
