@@ -32,8 +32,8 @@ import xxhash
 from bench.harness import machine
 from kvstore.keys import Namespace, chain_keys
 from storage_nodes.cluster.config import ClusterConfig
-from storage_nodes.cluster.local import LocalCluster
 from storage_nodes.cluster.tier import ClusterTier
+from storage_nodes.testing.local_cluster import LocalCluster
 
 BLOCK_BYTES = 256 << 10
 BATCH_BLOCKS = 16

@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from kvstore.daemon.process import DaemonProcess
+from kvstore.testing.daemon_process import DaemonProcess
 
 REPO = Path(__file__).resolve().parent.parent
 WORKER = REPO / "bench" / "daemon_bench_worker.py"

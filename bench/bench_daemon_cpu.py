@@ -25,8 +25,8 @@ import numpy as np
 
 from clients.config import ClientConfig
 from clients.sync_client import GrpcStore
-from kvstore.daemon.process import DaemonProcess
 from kvstore.keys import Namespace
+from kvstore.testing.daemon_process import DaemonProcess
 
 TICK_S = 1 / os.sysconf("SC_CLK_TCK")
 

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.harness import machine
-from kvstore.daemon.process import DaemonProcess
+from kvstore.testing.daemon_process import DaemonProcess
 
 REPO = Path(__file__).resolve().parents[1]
 GAP_LIMIT_POINTS = 1.0

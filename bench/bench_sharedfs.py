@@ -224,7 +224,7 @@ def cross_host(c: DFSCluster, a: argparse.Namespace) -> dict:
 
 def node_cluster(a: argparse.Namespace) -> dict:
     """The same get/put pattern through 3 ``kvstore node`` processes, R = 2."""
-    from storage_nodes.cluster.local import LocalCluster
+    from storage_nodes.testing.local_cluster import LocalCluster
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-sharedfs-nodes-"))
     cap = a.ws * 9 // 8 * 2 // 3 + (64 << 20)

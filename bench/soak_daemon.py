@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from kvstore.daemon.process import DaemonProcess
+from kvstore.testing.daemon_process import DaemonProcess
 from kvstore.units import parse_duration, parse_size
 
 BLOCK_TOKENS = 64

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import importlib.util
 import sys
 import tomllib
 from collections.abc import Sequence
@@ -22,7 +21,7 @@ from kvstore.errors import KVStoreError
 COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("kvstore.demo", "multi-turn agent conversation through an embedded store"),
     "serve": ("kvstore.daemon.cli", "run the cache daemon (gRPC)"),
-    "node": ("storage_nodes.node_cli", "run a storage node daemon (gRPC)"),
+    "node": ("storage_nodes.node.cli", "run a storage node daemon (gRPC)"),
     "stats": ("clients.stats_cli", "print a running daemon's statistics"),
     "hitrate": ("kvstore.hitrate.cli", "replay traffic logs through simulated tiers"),
     "loadgen": ("kvstore.loadgen.cli", "replay a trace against a running daemon"),
@@ -47,18 +46,6 @@ class _HelpFormatter(argparse.HelpFormatter):
 
 class UsageError(Exception):
     """Bad command-line input: printed as one line, exit status 2."""
-
-
-def _available() -> dict[str, tuple[str, str]]:
-    out = {}
-    for name, (mod, help_) in COMMANDS.items():
-        try:
-            found = importlib.util.find_spec(mod) is not None
-        except ModuleNotFoundError:  # parent package not built yet
-            found = False
-        if found:
-            out[name] = (mod, help_)
-    return out
 
 
 def load_config(path: str) -> dict[str, Any]:
@@ -121,7 +108,7 @@ def build_parser(
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     subparsers: dict[str, argparse.ArgumentParser] = {}
-    for name, (mod, help_) in _available().items():
+    for name, (mod, help_) in COMMANDS.items():
         p = sub.add_parser(name, help=help_, description=help_, formatter_class=_HelpFormatter)
         p.add_argument("--json", action="store_true", help="machine-readable output")
         p.add_argument("--config", metavar="FILE.toml", help="read flag defaults from a TOML file")

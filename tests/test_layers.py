@@ -53,13 +53,8 @@ LAYER_OF: Mapping[str, str] = {
     "kvstore.loadgen": "app",
     "clients.stats_cli": "app",
     "storage_nodes.node.cli": "app",
-    "storage_nodes.node_cli": "app",
     "engine.cli": "app",
     "engine.server": "app",
-    # test scaffolding still inside the product tree (issue 15 item 3 moves it out)
-    "kvstore.daemon.process": "testing",
-    "storage_nodes.node.process": "testing",
-    "storage_nodes.cluster.local": "testing",
 }
 PRODUCT = frozenset(
     {"kernels", "core", "clients", "storage", "factory", "replay", "engine", "daemon", "app"}

@@ -11,8 +11,8 @@ from clients.async_client import AsyncGrpcStore
 from clients.breaker import BreakerConfig
 from clients.config import ClientConfig
 from clients.errors import CircuitOpen
-from kvstore.daemon.process import DaemonProcess
 from kvstore.errors import BufferSizeError, StoreUnavailable, UnknownNamespace
+from kvstore.testing.daemon_process import DaemonProcess
 from tests.conftest import small_ns
 from tests.kvstore.daemon.conftest import make_chain, payloads
 

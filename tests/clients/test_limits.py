@@ -14,9 +14,9 @@ from clients.breaker import BreakerConfig, CircuitBreaker
 from clients.config import ClientConfig
 from clients.errors import Overloaded
 from clients.sync_client import GrpcStore
-from kvstore.daemon.process import DaemonProcess
 from kvstore.errors import InvalidArgument
 from kvstore.keys import KEY_BYTES
+from kvstore.testing.daemon_process import DaemonProcess
 from kvstore.wire import codec
 from kvstore.wire.proto import kvstore_pb2 as pb
 from tests.conftest import small_ns

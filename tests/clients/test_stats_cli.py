@@ -6,7 +6,7 @@ import json
 import subprocess
 import sys
 
-from kvstore.daemon.process import REPO, DaemonProcess
+from kvstore.testing.daemon_process import REPO, DaemonProcess
 
 
 def stats(*args: str) -> subprocess.CompletedProcess[str]:

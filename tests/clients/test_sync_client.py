@@ -14,8 +14,8 @@ from clients.config import ClientConfig, config_from_url, parse_store_url
 from clients.errors import CircuitOpen
 from clients.messages import GetReader
 from clients.sync_client import GrpcStore
-from kvstore.daemon.process import DaemonProcess
 from kvstore.errors import BufferSizeError, InvalidArgument, StoreUnavailable, UnknownNamespace
+from kvstore.testing.daemon_process import DaemonProcess
 from kvstore.wire import codec
 from kvstore.wire.proto import kvstore_pb2 as pb
 from tests.conftest import small_ns

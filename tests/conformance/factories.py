@@ -69,7 +69,7 @@ def _daemon_store(client: str, shm: str) -> StoreFactory:
         from clients.async_client import BlockingAdapter
         from clients.config import ClientConfig
         from clients.sync_client import GrpcStore
-        from kvstore.daemon.process import DaemonProcess
+        from kvstore.testing.daemon_process import DaemonProcess
 
         daemon = DaemonProcess(["--dram", str(capacity_bytes)])
         config = ClientConfig(target=daemon.target, shm=shm)
@@ -136,7 +136,7 @@ STORE_TIERS["manager-dram+ssd"] = ("dram", "ssd")
 # size class, so nodes shared between tests would not start from the capacity a test
 # expects.
 def _cluster_tier(tmp: Path, capacity_bytes: int) -> tuple[Tier, Callable[[], None]]:
-    from storage_nodes.cluster.local import LocalCluster
+    from storage_nodes.testing.local_cluster import LocalCluster
 
     cluster = LocalCluster(tmp / "cluster", 3, capacity_bytes, ("--slab", str(capacity_bytes // 8)))
     tier = cluster.tier(replicas=2, write_quorum=2)

@@ -15,9 +15,9 @@ from engine.kv.store_link import KVStoreLink, StoreLink
 from engine.kv.stores import StoreOptions, open_store_link
 from engine.model.loader import LoadedModel
 from engine.session import Conversation
-from kvstore.daemon.process import DaemonProcess
 from kvstore.embedded import open_embedded
 from kvstore.keys import chain_keys
+from kvstore.testing.daemon_process import DaemonProcess
 from tests.engine.engine_harness import WrappedStore
 from tests.engine.sessions import (
     Recorded,

@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kvstore.daemon.process import DaemonProcess
 from kvstore.keys import Key, Namespace, chain_keys
+from kvstore.testing.daemon_process import DaemonProcess
 from tests.conftest import payload_for
 
 SpawnDaemon = Callable[..., DaemonProcess]

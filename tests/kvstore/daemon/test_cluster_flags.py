@@ -14,8 +14,8 @@ import pytest
 
 from clients.config import ClientConfig
 from clients.sync_client import GrpcStore
-from kvstore.daemon.process import REPO, DaemonProcess
-from storage_nodes.cluster.local import LocalCluster
+from kvstore.testing.daemon_process import REPO, DaemonProcess
+from storage_nodes.testing.local_cluster import LocalCluster
 from tests.conftest import self_signed_cert, small_ns
 from tests.kvstore.daemon.conftest import make_chain, payloads
 

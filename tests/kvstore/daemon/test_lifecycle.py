@@ -14,8 +14,8 @@ import pytest
 
 from clients.config import ClientConfig
 from clients.sync_client import GrpcStore
-from kvstore.daemon.process import REPO, DaemonProcess
 from kvstore.errors import StoreUnavailable
+from kvstore.testing.daemon_process import REPO, DaemonProcess
 from tests.conftest import self_signed_cert, small_ns
 from tests.kvstore.daemon.conftest import SpawnDaemon, make_chain, payloads
 

@@ -14,7 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from kvstore.block import make_header
-from kvstore.daemon.process import DaemonProcess
+from kvstore.testing.daemon_process import DaemonProcess
 from kvstore.wire import codec
 from kvstore.wire.proto import kvstore_pb2 as pb
 from kvstore.wire.proto import kvstore_pb2_grpc as pb_grpc

@@ -13,7 +13,7 @@ import signal
 import subprocess
 import time
 
-from kvstore.daemon.process import DaemonProcess
+from kvstore.testing.daemon_process import DaemonProcess
 
 SYS_TGKILL = 234  # x86-64
 

@@ -7,9 +7,9 @@ import threading
 import time
 from pathlib import Path
 
-from kvstore.daemon.process import DaemonProcess
 from kvstore.loadgen.load import LoadConfig, LoadRun
 from kvstore.loadgen.session import StoreSession
+from kvstore.testing.daemon_process import DaemonProcess
 from tests.kvstore.loadgen.synthetic import conversation_trace
 
 

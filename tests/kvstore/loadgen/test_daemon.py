@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from kvstore.cli import main
-from kvstore.daemon.process import DaemonProcess
+from kvstore.testing.daemon_process import DaemonProcess
 from tests.conftest import traces_dir
 
 HITRATE_KEYS = (

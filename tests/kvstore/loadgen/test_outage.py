@@ -11,9 +11,9 @@ import pytest
 
 from clients.config import config_from_url
 from clients.sync_client import GrpcStore
-from kvstore.daemon.process import DaemonProcess
 from kvstore.loadgen.load import LoadConfig, LoadRun
 from kvstore.loadgen.session import StoreSession
+from kvstore.testing.daemon_process import DaemonProcess
 from tests.kvstore.daemon.conftest import write_tokens
 from tests.kvstore.loadgen.test_daemon import assert_equals_prediction, daemons, loadgen
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 from clients.config import ClientConfig
 from clients.sync_client import GrpcStore
-from kvstore.daemon.process import DaemonProcess
-from storage_nodes.cluster.local import LocalCluster
+from kvstore.testing.daemon_process import DaemonProcess
+from storage_nodes.testing.local_cluster import LocalCluster
 from tests.conftest import payload_for, small_ns
 from tests.storage_nodes.cluster.conftest import make_chain, read_back
 

@@ -22,8 +22,8 @@ import pytest
 from kvstore.keys import Key
 from storage_nodes.cluster import ClusterTier
 from storage_nodes.cluster.config import ClusterConfig
-from storage_nodes.cluster.local import LocalCluster
 from storage_nodes.cluster.node_client import NodeClient
+from storage_nodes.testing.local_cluster import LocalCluster
 from tests.conftest import small_ns
 from tests.storage_nodes.cluster.conftest import make_chain, read_back, rows
 

@@ -12,7 +12,7 @@ import pytest
 from kvstore.errors import StoreUnavailable
 from storage_nodes.cluster.config import ClusterConfig
 from storage_nodes.cluster.node_client import NodeClient
-from storage_nodes.node.process import REPO, NodeProcess
+from storage_nodes.testing.node_process import REPO, NodeProcess
 from tests.conftest import payload_for, self_signed_cert, small_ns
 from tests.storage_nodes.node.conftest import blocks, make_chain
 

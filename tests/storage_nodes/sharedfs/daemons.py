@@ -11,7 +11,7 @@ from pathlib import Path
 
 from clients.config import ClientConfig
 from clients.sync_client import GrpcStore
-from kvstore.daemon.process import DaemonProcess
+from kvstore.testing.daemon_process import DaemonProcess
 from tests.storage_nodes.sharedfs.conftest import NS
 
 

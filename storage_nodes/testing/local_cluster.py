@@ -10,7 +10,7 @@ from typing import Any
 
 from storage_nodes.cluster.config import ClusterConfig
 from storage_nodes.cluster.tier import ClusterTier
-from storage_nodes.node.process import NodeProcess
+from storage_nodes.testing.node_process import NodeProcess
 
 
 class LocalCluster:

@@ -1,5 +1,0 @@
-"""Entry point of ``kvstore node`` (registered in ``kvstore.cli.COMMANDS``)."""
-
-from storage_nodes.node.cli import configure, run
-
-__all__ = ["configure", "run"]
