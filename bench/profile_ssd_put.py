@@ -42,7 +42,7 @@ def _instrument() -> None:
     for cls, name in (
         (allocator.SlotAllocator, "reserve"),
         (blockio.BlockIO, "write_durable"),
-        (lookup.IndexView, "present_set"),
+        (lookup.LiveIndex, "present_set"),
         (writer.GroupCommit, "write"),
     ):
         label = "groupcommit" if name == "write" else name

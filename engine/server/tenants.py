@@ -21,8 +21,8 @@ from __future__ import annotations
 from engine.errors import EngineInputError
 from engine.kv.request_scope import RequestScope
 from engine.server.errors import unauthorized
-from kvstore.daemon.auth import AuthError, TokenAuth, load_token_file
 from kvstore.errors import InvalidArgument
+from kvstore.rpcserver.auth import AuthError, TokenAuth, load_token_file
 
 DELEGATION_SUFFIX = "/*"
 

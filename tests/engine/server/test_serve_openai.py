@@ -15,7 +15,7 @@ import openai
 import pytest
 
 from engine.model.tokenizer import Tokenizer
-from kvstore.daemon.process import DaemonProcess
+from kvstore.testing.daemon_process import DaemonProcess
 from tests.engine.server.serve_process import ServeProcess
 
 MODEL = "tiny-qwen3"

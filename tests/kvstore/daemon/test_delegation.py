@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from clients.errors import AccessDenied
-from kvstore.daemon.auth import owns
+from kvstore.rpcserver.auth import owns
 from tests.conftest import small_ns
 from tests.kvstore.daemon.conftest import SpawnDaemon, make_chain, payloads, write_tokens
 from tests.kvstore.daemon.test_auth import client

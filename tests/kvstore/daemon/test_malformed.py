@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kvstore.block import make_header
+from kvstore.block import HEADER_BYTES, make_header
 from kvstore.testing.daemon_process import DaemonProcess
 from kvstore.wire import codec
 from kvstore.wire.proto import kvstore_pb2 as pb
