@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from engine import cli
-from kvstore.daemon.process import DaemonProcess
+from kvstore.testing.daemon_process import DaemonProcess
 from tests.engine.sessions import agent_session, write_session_file
 
 TURN_KEYS = {"prompt_tokens", "hit_tokens", "computed_tokens", "replayed_tokens",
