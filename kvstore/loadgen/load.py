@@ -171,7 +171,11 @@ class LoadRun:
                 "block_bytes": namespaces[0].block_bytes,
                 "blocks_read": tally.blocks_read,
                 "blocks_written": tally.blocks_written,
+                # Acknowledgements count a block once per commit that carried it; two
+                # sessions sharing a prefix may both commit it, so the audit (which reads
+                # each block once) is compared with the distinct count.
                 "durable_acked_blocks": tally.durable_acked_blocks,
+                "durable_distinct_blocks": len(self.ledger),
                 "store_reopens": self.session.reopens,
             },
             "store_counters": dict(stats.counters),
