@@ -18,13 +18,13 @@ import math
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any
 
 from kvstore.buffers import rows_view
-from kvstore.errors import IntegrityError, InvalidArgument, StoreUnavailable, UnknownNamespace
+from kvstore.call_gate import CallGate
+from kvstore.errors import IntegrityError, InvalidArgument, UnknownNamespace
 from kvstore.keys import KEY_BYTES, Key, Namespace
 from kvstore.tier import PutResult, Tier, TierStats
 from storage_nodes.cluster.config import ClusterConfig
@@ -73,9 +73,7 @@ class ClusterTier(Tier):
         self._namespaces: dict[bytes, Namespace] = {}
         self._counts: Counter[str] = Counter({k: 0 for k in _COUNTERS})
         self._counts_lock = threading.Lock()
-        self._gate = threading.Condition()
-        self._inflight = 0
-        self._closed = False
+        self._gate = CallGate("cluster tier is closed")
         # Deletes a node missed (it was down): replayed before it is re-admitted, so a
         # node that comes back never serves a namespace deleted meanwhile.
         self._pending_deletes: list[dict[bytes, Namespace]] = [{} for _ in self._nodes]
@@ -84,20 +82,6 @@ class ClusterTier(Tier):
         self._prober = Prober(self.health, self._probe, config.probe_interval_s)
 
     # -- plumbing ---------------------------------------------------------------------
-    @contextmanager
-    def _op(self) -> Iterator[None]:
-        with self._gate:
-            if self._closed:
-                raise StoreUnavailable("cluster tier is closed")
-            self._inflight += 1
-        try:
-            yield
-        finally:
-            with self._gate:
-                self._inflight -= 1
-                if not self._inflight:
-                    self._gate.notify_all()
-
     def _add(self, **counts: int) -> None:
         with self._counts_lock:
             self._counts.update(counts)
@@ -158,7 +142,7 @@ class ClusterTier(Tier):
 
     # -- Tier API ---------------------------------------------------------------------
     def register(self, ns: Namespace) -> None:
-        with self._op():
+        with self._gate.call():
             # A node registers a namespace on first use; an empty Contains is that use,
             # so its size class shows in stats now and a namespace no node can hold is
             # refused here (misuse). A node down now registers it on first use later.
@@ -173,7 +157,7 @@ class ClusterTier(Tier):
             self._namespaces[ns.fingerprint] = ns
 
     def contains(self, ns: Namespace, keys: Sequence[Key]) -> int:
-        with self._op():
+        with self._gate.call():
             self._block_bytes(ns)
             keys = self._check_keys(keys)
             healthy = self.health.snapshot()
@@ -188,7 +172,7 @@ class ClusterTier(Tier):
         *,
         checksums: list[int] | None = None,
     ) -> int:
-        with self._op():
+        with self._gate.call():
             bb = self._block_bytes(ns)
             out = rows_view(dst, len(keys), bb, writable=True)
             keys = self._check_keys(keys)
@@ -255,7 +239,7 @@ class ClusterTier(Tier):
         present_ok: bool = True,
         checksums: Sequence[int] | None = None,
     ) -> PutResult:
-        with self._op():
+        with self._gate.call():
             bb = self._block_bytes(ns)
             data = rows_view(src, len(keys), bb)
             keys = self._check_keys(keys)
@@ -308,7 +292,7 @@ class ClusterTier(Tier):
             return res
 
     def touch(self, ns: Namespace, keys: Sequence[Key]) -> None:
-        with self._op():
+        with self._gate.call():
             self._block_bytes(ns)
             keys = self._check_keys(keys)
             healthy = self.health.snapshot()
@@ -320,7 +304,7 @@ class ClusterTier(Tier):
                 self._touches.add(node, ns, nkeys)
 
     def delete_namespace(self, ns: Namespace) -> int:
-        with self._op():
+        with self._gate.call():
             self._block_bytes(ns)
             healthy = self.health.snapshot()
             calls: dict[int, Callable[[], int]] = {
@@ -356,7 +340,7 @@ class ClusterTier(Tier):
         return True
 
     def stats(self) -> TierStats:
-        with self._op():
+        with self._gate.call():
             return self._aggregate_stats()
 
     def _node_stats(self) -> dict[int, TierStats | NodeUnavailable]:
@@ -379,7 +363,7 @@ class ClusterTier(Tier):
         )
 
     def check_integrity(self) -> None:
-        with self._op():
+        with self._gate.call():
             self.placement.check_integrity()
             self.health.check_integrity()
             self._touches.check_integrity()
@@ -403,12 +387,8 @@ class ClusterTier(Tier):
                         )
 
     def close(self) -> None:
-        with self._gate:
-            if self._closed:
-                return
-            self._closed = True
-            while self._inflight:
-                self._gate.wait()
+        if not self._gate.shut():
+            return
         self._prober.stop()
         self._touches.close()
         self._fanout.close()

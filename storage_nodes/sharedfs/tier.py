@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
 from kvstore.buffers import rows_view
-from kvstore.errors import IntegrityError, InvalidArgument, StoreUnavailable, UnknownNamespace
+from kvstore.call_gate import CallGate
+from kvstore.errors import IntegrityError, InvalidArgument, UnknownNamespace
 from kvstore.keys import KEY_BYTES, Key, Namespace
 from kvstore.tier import PutResult, Tier, TierStats
 from storage_nodes.sharedfs import manifest as mf
@@ -51,9 +51,7 @@ class SharedFSTier(Tier):
         now = config.clock()
         self._presence = Presence(layout, config.daemon_id, config.heartbeat_s,
                                   config.clock_skew_s, now)
-        self._closed = False
-        self._inflight = 0
-        self._gate = threading.Condition()
+        self._gate = CallGate(f"shared-fs tier {config.root} is closed")
         self._poll_lock = threading.Lock()
         self._maint: Maintenance | None = None
         try:
@@ -113,20 +111,6 @@ class SharedFSTier(Tier):
         return jobs
 
     # -- plumbing ---------------------------------------------------------------------
-    @contextmanager
-    def _op(self) -> Iterator[None]:
-        with self._gate:
-            if self._closed:
-                raise StoreUnavailable(f"shared-fs tier {self.config.root} is closed")
-            self._inflight += 1
-        try:
-            yield
-        finally:
-            with self._gate:
-                self._inflight -= 1
-                if not self._inflight:
-                    self._gate.notify_all()
-
     def _state(self, ns: Namespace) -> NsState:
         st = self._ctx.spaces.get(ns.fingerprint)
         if st is None or st.ns != ns:
@@ -145,7 +129,7 @@ class SharedFSTier(Tier):
 
     # -- Tier API ---------------------------------------------------------------------
     def register(self, ns: Namespace) -> None:
-        with self._op():
+        with self._gate.call():
             ctx = self._ctx
             if slot_bytes_for(ns.block_bytes) > self.config.segment_bytes - DATA_OFFSET:
                 raise SharedFSConfigError(
@@ -161,7 +145,7 @@ class SharedFSTier(Tier):
             self._poll_one(st, rescan=True)  # what peers already hold is a hit at once
 
     def contains(self, ns: Namespace, keys: Sequence[Key]) -> int:
-        with self._op():
+        with self._gate.call():
             st = self._state(ns)
             ks = self._keys(keys)
             with self._ctx.lock:
@@ -169,7 +153,7 @@ class SharedFSTier(Tier):
 
     def get_into(self, ns: Namespace, keys: Sequence[Key], dst: Any, *,
                  checksums: list[int] | None = None) -> int:
-        with self._op():
+        with self._gate.call():
             st = self._state(ns)
             out = rows_view(dst, len(keys), ns.block_bytes, writable=True)
             return ops.get(self._ctx, st, self._keys(keys), out, checksums)
@@ -183,7 +167,7 @@ class SharedFSTier(Tier):
         present_ok: bool = True,
         checksums: Sequence[int] | None = None,
     ) -> PutResult:
-        with self._op():
+        with self._gate.call():
             st = self._state(ns)
             data = rows_view(src, len(keys), ns.block_bytes)
             ks = self._keys(keys)
@@ -194,17 +178,17 @@ class SharedFSTier(Tier):
             return ops.put(self._ctx, st, ks, data, present_ok, checksums)
 
     def touch(self, ns: Namespace, keys: Sequence[Key]) -> None:
-        with self._op():
+        with self._gate.call():
             ops.note_touch(self._ctx, self._state(ns), self._keys(keys))
 
     def delete_namespace(self, ns: Namespace) -> int:
-        with self._op():
+        with self._gate.call():
             return ops.delete_namespace(self._ctx, self._state(ns))
 
     # -- maintenance (the background thread calls these; tests call them directly) ----
     def poll(self, *, rescan: bool = True) -> None:
         """Read what peers appended (and, with ``rescan``, find new peers/generations)."""
-        with self._op():
+        with self._gate.call():
             for st in list(self._ctx.spaces.values()):
                 self._poll_one(st, rescan=rescan)
 
@@ -221,18 +205,18 @@ class SharedFSTier(Tier):
 
     def flush_touches(self) -> None:
         """Publish pending access times now (normally every ``touch_flush_s``)."""
-        with self._op():
+        with self._gate.call():
             for st in list(self._ctx.spaces.values()):
                 flush_touches(self._ctx, st)
 
     def sweep(self) -> int:
         """Drop own blocks idle longer than the retention; returns how many went."""
-        with self._op():
+        with self._gate.call():
             return sum(ops.sweep(self._ctx, st) for st in list(self._ctx.spaces.values()))
 
     def compact(self) -> None:
         """Roll manifests grown past 4 × their snapshot; delete retired generations."""
-        with self._op():
+        with self._gate.call():
             for st in list(self._ctx.spaces.values()):
                 if st.log.needs_compaction(self.config.compact_min_bytes):
                     with st.publish:
@@ -241,7 +225,7 @@ class SharedFSTier(Tier):
 
     def collect(self) -> list[Collected]:
         """Collect daemons gone longer than ``dead_after_s`` (under a fencing lease)."""
-        with self._op():
+        with self._gate.call():
             c = self.config
             out = []
             for d in dead_daemons(self._ctx.layout, c.daemon_id, c.clock(), c.dead_after_s):
@@ -257,17 +241,17 @@ class SharedFSTier(Tier):
 
     def iter_keys(self, ns: Namespace) -> list[Key]:
         """This daemon's own keys of ``ns`` (for checks and tooling)."""
-        with self._op(), self._ctx.lock:
+        with self._gate.call(), self._ctx.lock:
             return list(self._state(ns).own.lru)
 
     # -- stats, checks, lifecycle -----------------------------------------------------
     def stats(self) -> TierStats:
-        with self._op():
+        with self._gate.call():
             registered = {st.block_bytes for st in self._ctx.spaces.values() if st.ns}
             return build_stats(self._ctx, registered, "ok")
 
     def check_integrity(self) -> None:
-        with self._op(), self._ctx.lock:
+        with self._gate.call(), self._ctx.lock:
             ctx = self._ctx
             for st in ctx.spaces.values():
                 st.catalog.check()
@@ -301,12 +285,8 @@ class SharedFSTier(Tier):
             self._release()
 
     def _shut(self) -> bool:
-        with self._gate:
-            if self._closed:
-                return False
-            self._closed = True
-            while self._inflight:
-                self._gate.wait()
+        if not self._gate.shut():
+            return False
         if self._maint is not None:
             self._maint.stop()
         return True

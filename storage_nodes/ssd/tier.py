@@ -15,13 +15,14 @@ import math
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager, suppress
+from collections.abc import Mapping, Sequence
+from contextlib import suppress
 from typing import Any
 
 import lmdb
 
 from kvstore.buffers import rows_view
+from kvstore.call_gate import CallGate
 from kvstore.errors import InvalidArgument, StoreUnavailable, UnknownNamespace
 from kvstore.keys import KEY_BYTES, Key, Namespace
 from kvstore.tier import PutResult, Tier, TierStats
@@ -73,9 +74,7 @@ class SSDTier(Tier):
         self._counts_lock = threading.Lock()
         self._namespaces: dict[bytes, Namespace] = {}
         self._health = Health(str(config.dir), config.io_error_limit, config.probe_interval_s)
-        self._closed = False
-        self._inflight = 0
-        self._gate = threading.Condition()
+        self._gate = CallGate(f"SSD tier {config.dir} is closed")
         self._maint: Maintenance | None = None
         self._life = IndexLifecycle(config)
         opened: list[Any] = []
@@ -126,21 +125,6 @@ class SSDTier(Tier):
     def _mode(self) -> str:
         return self._health.mode
 
-    @contextmanager
-    def _op(self) -> Iterator[None]:
-        """Admit a call unless closed; ``close`` waits for admitted calls to finish."""
-        with self._gate:
-            if self._closed:
-                raise StoreUnavailable(f"SSD tier {self.config.dir} is closed")
-            self._inflight += 1
-        try:
-            yield
-        finally:
-            with self._gate:
-                self._inflight -= 1
-                if not self._inflight:
-                    self._gate.notify_all()
-
     def _add(self, counts: Mapping[str, int]) -> None:
         with self._counts_lock:
             c = self._counts
@@ -176,7 +160,7 @@ class SSDTier(Tier):
 
     # -- Tier API ---------------------------------------------------------------------
     def register(self, ns: Namespace) -> None:
-        with self._op():
+        with self._gate.call():
             if slot_bytes_for(ns.block_bytes) > self.config.slab_bytes:
                 raise SSDConfigError(
                     f"blocks of {ns.block_bytes} bytes do not fit a "
@@ -185,7 +169,7 @@ class SSDTier(Tier):
             self._namespaces[ns.fingerprint] = ns
 
     def contains(self, ns: Namespace, keys: Sequence[Key]) -> int:
-        with self._op():
+        with self._gate.call():
             self._class_of(ns)
             fkeys = self._fkeys(ns, keys)
             if self._mode == "off":
@@ -204,7 +188,7 @@ class SSDTier(Tier):
         *,
         checksums: list[int] | None = None,
     ) -> int:
-        with self._op():
+        with self._gate.call():
             bb = self._class_of(ns)
             out = rows_view(dst, len(keys), bb, writable=True)
             fkeys = self._fkeys(ns, keys)
@@ -258,7 +242,7 @@ class SSDTier(Tier):
         present_ok: bool = True,
         checksums: Sequence[int] | None = None,
     ) -> PutResult:
-        with self._op():
+        with self._gate.call():
             bb = self._class_of(ns)
             data = rows_view(src, len(keys), bb)
             fkeys = self._fkeys(ns, keys)
@@ -304,7 +288,7 @@ class SSDTier(Tier):
             return PutResult(inserted=inserted, present=len(old) + raced, dropped=dropped)
 
     def touch(self, ns: Namespace, keys: Sequence[Key]) -> None:
-        with self._op():
+        with self._gate.call():
             self._class_of(ns)
             fkeys = self._fkeys(ns, keys)
             if self._mode == "off" or not fkeys:
@@ -330,7 +314,7 @@ class SSDTier(Tier):
     def delete_namespace(self, ns: Namespace) -> int:
         """Drop every block of ``ns``. A durable tombstone is written first, so a rebuild
         of the index from the slot headers (after a power cut) cannot bring them back."""
-        with self._op():
+        with self._gate.call():
             self._class_of(ns)
             if not self._life.dirty:
                 return 0
@@ -349,7 +333,7 @@ class SSDTier(Tier):
 
     def iter_keys(self, ns: Namespace) -> list[Key]:
         """Every key of ``ns`` the index holds, expired or not (for checks and tooling)."""
-        with self._op():
+        with self._gate.call():
             return self._view.keys_of(ns.fingerprint)
 
     # -- maintenance ------------------------------------------------------------------
@@ -357,7 +341,7 @@ class SSDTier(Tier):
         """A degraded tier checks whether the directory works again (a synced write, an
         index write, a read of every slab) and returns to ``ok`` if so; returns the mode.
         Runs on its own every ``probe_interval_s`` while degraded."""
-        with self._op():
+        with self._gate.call():
             if self._health.try_recover(self._probe_checks):
                 self._inc("recoveries")
             return self._health.mode
@@ -379,7 +363,7 @@ class SSDTier(Tier):
 
     def flush_touches(self) -> None:
         """Write pending recency updates now (normally batched, DESIGN §6)."""
-        with self._op():
+        with self._gate.call():
             if self._mode != "ok":
                 return
             try:
@@ -390,7 +374,7 @@ class SSDTier(Tier):
 
     def sweep(self) -> int:
         """Remove blocks idle longer than retention; returns how many went."""
-        with self._op():
+        with self._gate.call():
             if self._mode != "ok":
                 return 0
             try:
@@ -402,7 +386,7 @@ class SSDTier(Tier):
             return n
 
     def stats(self) -> TierStats:
-        with self._op():
+        with self._gate.call():
             with self._counts_lock:
                 counters = dict(self._counts)
             registered = [ns.block_bytes for ns in self._namespaces.values()]
@@ -417,7 +401,7 @@ class SSDTier(Tier):
             )
 
     def check_integrity(self) -> None:
-        with self._op():
+        with self._gate.call():
             if self._life.dirty:
                 with self._index.write() as txn:
                     self._recency.flush_into(self._index, txn)
@@ -445,12 +429,8 @@ class SSDTier(Tier):
             self._release()
 
     def _shut(self) -> bool:
-        with self._gate:
-            if self._closed:
-                return False
-            self._closed = True
-            while self._inflight:
-                self._gate.wait()
+        if not self._gate.shut():
+            return False
         if self._maint is not None:
             self._maint.stop()
         return True

@@ -1,0 +1,53 @@
+"""Admission of calls into a closable component, and a close that waits for them.
+
+Every store component whose ``close`` releases what calls in flight still use (slab files,
+an LMDB environment, node channels) needs the same small protocol: a call is admitted only
+while the component is open, and ``close`` first stops admitting, then waits until every
+admitted call has left. One implementation, so the tiers cannot drift apart on it.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from kvstore.errors import StoreUnavailable
+
+
+class CallGate:
+    """Counts calls in flight; once shut, admits none.
+
+    Contract: ``call()`` raises ``StoreUnavailable(closed_message)`` after ``shut()``
+    began; ``shut()`` returns ``True`` exactly once (to the caller that closed the gate),
+    after every admitted call has finished, and ``False`` to every later caller at once.
+    """
+
+    def __init__(self, closed_message: str) -> None:
+        self._closed_message = closed_message
+        self._cond = threading.Condition()
+        self._inflight = 0
+        self._closed = False
+
+    @contextmanager
+    def call(self) -> Iterator[None]:
+        with self._cond:
+            if self._closed:
+                raise StoreUnavailable(self._closed_message)
+            self._inflight += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._inflight -= 1
+                if not self._inflight:
+                    self._cond.notify_all()
+
+    def shut(self) -> bool:
+        with self._cond:
+            if self._closed:
+                return False
+            self._closed = True
+            while self._inflight:
+                self._cond.wait()
+        return True
