@@ -217,3 +217,16 @@ def chain_keys(ns: Namespace, tokens: Any, *, secret: bytes | None = None) -> li
 def chain_root(ns: Namespace, *, secret: bytes | None = None) -> bytes:
     """``r = H(fingerprint)``: never stored, exposed for cross-language golden tests."""
     return _hasher(ns, secret)(ns.fingerprint)
+
+
+def check_keys(keys: Sequence[Any]) -> list[Key]:
+    """``keys`` as a list of ``bytes``, each ``KEY_BYTES`` long (``bytes``, ``bytearray`` or
+    ``memoryview`` accepted); anything else raises ``InvalidArgument``. The one key check of
+    every tier and server: a misuse is refused before anything is stored."""
+    out: list[Key] = []
+    for k in keys:
+        if not isinstance(k, bytes | bytearray | memoryview) or len(k) != KEY_BYTES:
+            got = f"{len(k)} bytes" if isinstance(k, bytes | bytearray | memoryview) else type(k)
+            raise InvalidArgument(f"keys must be {KEY_BYTES}-byte strings, got {got}")
+        out.append(bytes(k))
+    return out

@@ -12,9 +12,10 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from kvstore import keys as keys_mod
 from kvstore.block import HEADER_BYTES, decode_header, make_header, payload_checksum
 from kvstore.errors import BlockError, InvalidArgument
-from kvstore.keys import KEY_BYTES, Key, Namespace
+from kvstore.keys import Key, Namespace
 from kvstore.wire.proto import kvstore_pb2 as pb
 
 CHUNK_BYTES = 1 << 20
@@ -77,11 +78,7 @@ def ns_from_proto(spec: pb.NamespaceSpec) -> Namespace:
 def check_keys(keys: Sequence[bytes], limit: int = MAX_KEYS_PER_REQUEST) -> list[Key]:
     if len(keys) > limit:
         raise InvalidArgument(f"{len(keys)} keys exceed the limit of {limit} per request")
-    out = [bytes(k) for k in keys]
-    for k in out:
-        if len(k) != KEY_BYTES:
-            raise InvalidArgument(f"keys must be {KEY_BYTES} bytes, got {len(k)}")
-    return out
+    return keys_mod.check_keys(keys)
 
 
 def durability_to_proto(d: str) -> Any:
@@ -105,18 +102,34 @@ def iter_chunks(
     payload: memoryview,
     checksum: int | None = None,
 ) -> Iterator[pb.BlockChunk]:
-    """One encoded block as chunks of at most ``CHUNK_BYTES`` (header in the first).
+    """One block as chunks of at most ``CHUNK_BYTES`` (header in the first).
 
     A server sends ``checksum`` = the one stored with the block (DESIGN §4), never one
     computed from its memory now: bytes damaged in that memory must fail at the receiver.
     ``None`` (a client sending what it computes at commit) computes it here."""
     header = make_header(fingerprint, key, payload, checksum=checksum).pack()
-    total = HEADER_BYTES + len(payload)
-    first = min(total, CHUNK_BYTES) - HEADER_BYTES
+    return _chunked(block_index, header, payload)
+
+
+def encoded_chunks(block_index: int, block: bytes) -> Iterator[pb.BlockChunk]:
+    """An already encoded block (header + payload, ``kvstore.block.encode_block``) as
+    chunks of at most ``CHUNK_BYTES``."""
+    if len(block) <= CHUNK_BYTES:  # one chunk: sent as it is, no copy
+        return iter([pb.BlockChunk(block_index=block_index, offset=0, data=block, last=True)])
+    mv = memoryview(block)
+    return _chunked(block_index, mv[:HEADER_BYTES], mv[HEADER_BYTES:])
+
+
+def _chunked(
+    block_index: int, header: bytes | memoryview, payload: memoryview
+) -> Iterator[pb.BlockChunk]:
+    """The one chunker: the header and the start of the payload in the first chunk, then the
+    payload in order; ``last`` marks the block's final chunk."""
+    first = min(HEADER_BYTES + len(payload), CHUNK_BYTES) - HEADER_BYTES
     yield pb.BlockChunk(
         block_index=block_index,
         offset=0,
-        data=header + bytes(payload[:first]),
+        data=bytes(header) + bytes(payload[:first]),
         last=first == len(payload),
     )
     pos = first

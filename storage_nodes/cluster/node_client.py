@@ -22,7 +22,6 @@ from kvstore.keys import Key, Namespace
 from kvstore.tier import TierStats
 from kvstore.wire import codec
 from kvstore.wire.channel import bearer_metadata, open_channel
-from kvstore.wire.codec import CHUNK_BYTES
 from kvstore.wire.proto import kvstore_pb2 as pb
 from kvstore.wire.proto import kvstore_pb2_grpc as pb_grpc
 from kvstore.wire.stats import tier_stats_from_proto
@@ -93,11 +92,7 @@ class NodeClient:
                 open=pb.NodePutOpen(ns=codec.ns_to_proto(ns), keys=list(keys), present_ok=True)
             )
             for i, block in enumerate(blocks):
-                mv = memoryview(block)
-                for off in range(0, len(mv), CHUNK_BYTES):
-                    end = min(len(mv), off + CHUNK_BYTES)
-                    data = block if end - off == len(mv) else bytes(mv[off:end])
-                    chunk = pb.BlockChunk(block_index=i, offset=off, data=data, last=end == len(mv))
+                for chunk in codec.encoded_chunks(i, block):
                     yield pb.NodePutRequest(chunk=chunk)
 
         try:

@@ -25,7 +25,7 @@ from typing import Any
 from kvstore.buffers import rows_view
 from kvstore.call_gate import CallGate
 from kvstore.errors import IntegrityError, InvalidArgument, UnknownNamespace
-from kvstore.keys import KEY_BYTES, Key, Namespace
+from kvstore.keys import Key, Namespace, check_keys
 from kvstore.tier import PutResult, Tier, TierStats
 from storage_nodes.cluster.config import ClusterConfig
 from storage_nodes.cluster.errors import NodeUnavailable
@@ -95,11 +95,7 @@ class ClusterTier(Tier):
 
     @staticmethod
     def _check_keys(keys: Sequence[Key]) -> list[Key]:
-        out = [bytes(k) if isinstance(k, (bytes, bytearray, memoryview)) else k for k in keys]
-        for k in out:
-            if not isinstance(k, bytes) or len(k) != KEY_BYTES:
-                raise InvalidArgument(f"keys must be {KEY_BYTES}-byte strings")
-        return out
+        return check_keys(keys)
 
     def _candidates(
         self, key: Key, healthy: tuple[bool, ...], limit: int | None = None

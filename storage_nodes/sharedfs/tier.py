@@ -20,7 +20,7 @@ from typing import Any
 from kvstore.buffers import rows_view
 from kvstore.call_gate import CallGate
 from kvstore.errors import IntegrityError, InvalidArgument, UnknownNamespace
-from kvstore.keys import KEY_BYTES, Key, Namespace
+from kvstore.keys import Key, Namespace, check_keys
 from kvstore.tier import PutResult, Tier, TierStats
 from storage_nodes.sharedfs import manifest as mf
 from storage_nodes.sharedfs import ops
@@ -120,12 +120,7 @@ class SharedFSTier(Tier):
 
     @staticmethod
     def _keys(keys: Sequence[Key]) -> list[bytes]:
-        out = []
-        for k in keys:
-            if not isinstance(k, bytes | bytearray) or len(k) != KEY_BYTES:
-                raise InvalidArgument(f"keys must be {KEY_BYTES}-byte strings")
-            out.append(bytes(k))
-        return out
+        return check_keys(keys)
 
     # -- Tier API ---------------------------------------------------------------------
     def register(self, ns: Namespace) -> None:

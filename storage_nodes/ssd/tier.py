@@ -24,7 +24,7 @@ import lmdb
 from kvstore.buffers import rows_view
 from kvstore.call_gate import CallGate
 from kvstore.errors import InvalidArgument, StoreUnavailable, UnknownNamespace
-from kvstore.keys import KEY_BYTES, Key, Namespace
+from kvstore.keys import Key, Namespace, check_keys
 from kvstore.tier import PutResult, Tier, TierStats
 from storage_nodes.ssd.allocator import SlotAllocator
 from storage_nodes.ssd.backends import make_backend
@@ -151,12 +151,7 @@ class SSDTier(Tier):
     @staticmethod
     def _fkeys(ns: Namespace, keys: Sequence[Key]) -> list[bytes]:
         fp = ns.fingerprint
-        out = []
-        for k in keys:
-            if not isinstance(k, (bytes, bytearray)) or len(k) != KEY_BYTES:
-                raise InvalidArgument(f"keys must be {KEY_BYTES}-byte strings")
-            out.append(fp + bytes(k))
-        return out
+        return [fp + k for k in check_keys(keys)]
 
     # -- Tier API ---------------------------------------------------------------------
     def register(self, ns: Namespace) -> None:

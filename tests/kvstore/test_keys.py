@@ -223,3 +223,22 @@ def test_block_bytes_follow_the_payload_shape() -> None:
     assert NS2.block_bytes == 3 * 32 * 576
     assert Namespace.from_dict(NS2.to_dict()) == NS2
     assert Namespace(**(NS1.to_dict() | {"cached_layers": list(range(32))})) == NS1
+
+
+@given(st.lists(st.one_of(st.binary(min_size=0, max_size=20), st.integers(), st.text(max_size=16))))
+def test_check_keys_takes_exactly_16_byte_strings(items: list[object]) -> None:
+    from kvstore.keys import KEY_BYTES, check_keys
+
+    good = all(isinstance(k, bytes) and len(k) == KEY_BYTES for k in items)
+    if good:
+        assert check_keys(items) == items
+    else:
+        with pytest.raises(InvalidArgument):
+            check_keys(items)
+
+
+def test_check_keys_accepts_bytes_like_keys_as_bytes() -> None:
+    from kvstore.keys import check_keys
+
+    out = check_keys([bytearray(16), memoryview(b"m" * 16)])
+    assert out == [bytes(16), b"m" * 16] and all(type(k) is bytes for k in out)

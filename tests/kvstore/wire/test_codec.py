@@ -98,3 +98,20 @@ def test_fingerprint_mismatch_and_bad_keys() -> None:
         codec.check_keys([b"\0" * 15])
     with pytest.raises(InvalidArgument):
         codec.durability_to_proto("tape")
+
+
+@given(payload_bytes=st.sampled_from([1, 4096, codec.CHUNK_BYTES - HEADER_BYTES,
+                                      codec.CHUNK_BYTES - HEADER_BYTES + 1, 3 * codec.CHUNK_BYTES]))
+def test_an_encoded_block_is_cut_like_header_and_payload(payload_bytes: int) -> None:
+    """The node client sends blocks it encoded once; the daemon and nodes cut header and
+    payload: one chunker, so both streams carry the same chunks."""
+    payload = np.random.default_rng(payload_bytes).integers(0, 256, payload_bytes, np.uint8)
+    fp, key = b"f" * 16, b"k" * 16
+    want = list(codec.iter_chunks(3, fp, key, memoryview(payload.tobytes())))
+    # the same header (its created-at included), encoded once as the node client does
+    block = bytes(want[0].data[:HEADER_BYTES]) + payload.tobytes()
+    got = list(codec.encoded_chunks(3, block))
+    assert [(c.block_index, c.offset, bytes(c.data), c.last) for c in got] == [
+        (c.block_index, c.offset, bytes(c.data), c.last) for c in want
+    ]
+    assert all(len(c.data) <= codec.CHUNK_BYTES for c in got) and got[-1].last
