@@ -141,13 +141,10 @@ class GetReader:
 
     @property
     def hit(self) -> int:
-        n = 0
-        done = set(self._asm.complete)
-        while n in done:
-            n += 1
+        n = self._asm.prefix_blocks
         return n if self._done is None else min(n, self._done)
 
     @property
     def checksums(self) -> list[int]:
         """The stored checksum of each verified block of the prefix, in order."""
-        return [self._asm.checksums[i] for i in range(self.hit)]
+        return self._asm.prefix_checksums(self.hit)

@@ -173,6 +173,21 @@ class BlockAssembler:
     def encoded_bytes(self) -> int:
         return HEADER_BYTES + self._bb
 
+    @property
+    def prefix_blocks(self) -> int:
+        """How many blocks from index 0 on arrived and verified without a gap: the one
+        prefix counter of every reader (a block after a missing or failed one is no hit,
+        whatever arrived)."""
+        n = 0
+        while n in self.checksums:
+            n += 1
+        return n
+
+    def prefix_checksums(self, limit: int | None = None) -> list[int]:
+        """The verified checksums of the prefix's blocks, in order (at most ``limit``)."""
+        n = self.prefix_blocks if limit is None else min(limit, self.prefix_blocks)
+        return [self.checksums[i] for i in range(n)]
+
     def add(self, chunk: pb.BlockChunk) -> bool:
         """Take one chunk; return True when it completed (and verified) a block."""
         idx = chunk.block_index

@@ -122,12 +122,8 @@ class NodeClient:
                     break
         except grpc.RpcError as e:
             raise self._fail(e) from None
-        # Only an unbroken run from the head counts: it is the node's prefix.
-        done = set(asm.complete)
-        n = 0
-        while n in done:
-            n += 1
-        return FetchResult(n, corrupt, tuple(asm.checksums[i] for i in range(n)))
+        sums = asm.prefix_checksums()
+        return FetchResult(len(sums), corrupt, tuple(sums))
 
     def contains(self, ns: Namespace, keys: Sequence[Key]) -> int:
         try:

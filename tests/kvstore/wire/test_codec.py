@@ -115,3 +115,31 @@ def test_an_encoded_block_is_cut_like_header_and_payload(payload_bytes: int) -> 
         (c.block_index, c.offset, bytes(c.data), c.last) for c in want
     ]
     assert all(len(c.data) <= codec.CHUNK_BYTES for c in got) and got[-1].last
+
+
+@given(n=st.integers(1, 6), data=st.data())
+def test_the_prefix_is_the_gapless_verified_run_from_block_zero(
+    n: int, data: st.DataObject
+) -> None:
+    ns = small_ns()
+    keys = chain_keys(ns, list(range(n * ns.block_tokens)))
+    src = (np.arange(n * ns.block_bytes) % 251).astype(np.uint8).tobytes()
+    sent = data.draw(st.lists(st.integers(0, n - 1), unique=True), label="sent")
+    bad = data.draw(st.sampled_from([None, *sent]), label="bad")
+    asm = codec.BlockAssembler(ns, keys, memoryview(bytearray(len(src))), {i: i for i in range(n)})
+    for i in sent:
+        payload = bytearray(src[i * ns.block_bytes : (i + 1) * ns.block_bytes])
+        chunks = list(codec.iter_chunks(i, ns.fingerprint, keys[i], memoryview(payload)))
+        if i == bad:  # damaged after the checksum was taken: fails at the receiver
+            chunks[-1].data = chunks[-1].data[:-1] + bytes([chunks[-1].data[-1] ^ 1])
+        for c in chunks:
+            try:
+                asm.add(c)
+            except BlockError:
+                assert i == bad
+    want = 0
+    while want in sent and want != bad:
+        want += 1
+    assert asm.prefix_blocks == want
+    assert asm.prefix_checksums() == [asm.checksums[i] for i in range(want)]
+    assert asm.prefix_checksums(limit=1) == asm.prefix_checksums()[:1]
