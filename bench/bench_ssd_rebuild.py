@@ -25,6 +25,7 @@ import numpy as np
 from bench.bench_ssd import ns_for
 from bench.harness import machine
 from storage_nodes.ssd import SSDConfig, SSDTier
+from storage_nodes.testing.crash import abandon
 
 SIZES = (16 << 10, 256 << 10, 2 << 20)
 
@@ -52,7 +53,7 @@ def one_size(d: Path, bs: int, gib: int, runs: int) -> dict:
         keys = [rng.bytes(16) for _ in range(min(32, blocks - start))]
         t.put(ns, keys, src[: len(keys) * bs])
     stored = t.stats().counters["blocks"]
-    t.abandon()  # a crash: no clean marker
+    abandon(t)  # a crash: no clean marker
     rebuild, trusted, read = [], [], 0
     for i in range(runs):
         dropped = _drop_caches()
@@ -62,7 +63,7 @@ def one_size(d: Path, bs: int, gib: int, runs: int) -> dict:
         rep = t.rebuild_report
         assert rep is not None and rep.blocks == stored, (rep, stored)
         read = rep.bytes_read
-        t.abandon()  # unclean again, so the next open rebuilds too
+        abandon(t)  # unclean again, so the next open rebuilds too
     t = SSDTier(SSDConfig(boot_id=lambda: "same", **cfg))  # type: ignore[arg-type]
     t.close()
     for _ in range(runs):

@@ -274,8 +274,9 @@ class SharedFSTier(Tier):
                 log.error("shared-fs %s: touches lost at close: %s", self.config.root, e)
         self._release()
 
-    def abandon(self) -> None:
-        """Tests only: stop as a crash would (no flush) and release the daemon id."""
+    def _stop_as_crashed(self) -> None:
+        """Protected test seam, not API (``storage_nodes.testing.crash.abandon``): stop as
+        a crash would (no flush) and release the daemon id."""
         if self._shut():
             self._release()
 

@@ -3,7 +3,6 @@ blocks, 72-hour retention and crash-safe group commit (DESIGN §4–§6)."""
 
 from storage_nodes.ssd.config import CRASH_POINTS, SSDConfig
 from storage_nodes.ssd.errors import (
-    SimulatedCrash,
     SSDConfigError,
     SSDError,
     SSDFormatError,
@@ -21,5 +20,4 @@ __all__ = [
     "SSDIOError",
     "SSDLockedError",
     "SSDTier",
-    "SimulatedCrash",
 ]

@@ -179,7 +179,7 @@ class SlotAllocator:
         if counts["slab_handovers"]:
             self._save_table(self.slab_class)
         self._count(counts)
-        self._config.crash_hook("after_free")
+        self._config.crash_point("after_free")
         return freed > 0
 
     def _hand_over(

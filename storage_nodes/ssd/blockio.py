@@ -228,7 +228,7 @@ class BlockIO:
                 csum = sums[j % chunk] if checksums is None else checksums[j]
                 pack(mv, j * sb, MAGIC, FORMAT_VERSION, 0, fingerprint, keys[j], bb, csum, now_us)
 
-            crash = self._config.crash_hook
+            crash = self._config.crash_point
 
             def between() -> None:
                 crash("before_data_sync")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from storage_nodes.ssd.errors import SSDConfigError
@@ -17,10 +17,10 @@ DEFAULT_SLAB_BYTES = 256 << 20
 
 
 def no_crash(point: str) -> None:
-    """The production crash hook: crash points are no-ops."""
+    """The product's crash hook: crash points are no-ops."""
 
 
-#: The named points where ``SSDConfig.crash_hook`` is called (tests crash there);
+#: The named points where the engine calls ``SSDConfig.crash_point`` (tests crash there);
 #: ``index_synced`` follows every point where the index became durable (a strict
 #: commit, an explicit sync), so a power-cut simulator knows what a cut would keep.
 CRASH_POINTS = (
@@ -49,7 +49,7 @@ class SSDConfig:
     ``"uring"``, ``"pread"``, or a name the test harness registered
     (``storage_nodes.ssd.backends.register_backend``).
     ``clock`` returns seconds since the epoch; retention and block timestamps use it,
-    so tests inject a fake one. ``crash_hook`` is called at each of ``CRASH_POINTS``.
+    so tests inject a fake one.
     ``index_durability``: see ``INDEX_DURABILITY`` (data is synced before every
     acknowledgement in both). ``boot_id`` tells a process crash (same boot: the page
     cache kept every index write) from a power cut; tests inject one to simulate a
@@ -75,10 +75,28 @@ class SSDConfig:
     index_durability: str = "fast"
     clock: Callable[[], float] = field(default=time.time, compare=False)
     boot_id: Callable[[], str] = field(default=read_boot_id, compare=False, repr=False)
-    crash_hook: Callable[[str], None] = field(default=no_crash, compare=False, repr=False)
+    #: Protected test seam, not configuration: called by ``crash_point``; only the test
+    #: harness sets it (``storage_nodes.testing.crash.with_crash_hook``).
+    #: (A factory: a plain function default would be a class attribute, bound as a method.)
+    _crash_hook: Callable[[str], None] = field(
+        init=False, default_factory=lambda: no_crash, compare=False, repr=False
+    )
     #: True when ``slab_bytes`` was left to the default: an existing directory's slab
     #: size then wins over the one the capacity would choose.
     slab_auto: bool = field(init=False, default=False, compare=False, repr=False)
+
+    def crash_point(self, point: str) -> None:
+        """The engine reached ``point`` (one of ``CRASH_POINTS``): a no-op in the product,
+        where a test harness crashes the engine (or records what is durable)."""
+        self._crash_hook(point)
+
+    def with_slab_bytes(self, slab_bytes: int) -> SSDConfig:
+        """This config with another slab size (an existing directory's); the crash seam
+        comes along (``dataclasses.replace`` leaves out fields that ``__init__`` does not
+        take)."""
+        out = replace(self, slab_bytes=slab_bytes)
+        object.__setattr__(out, "_crash_hook", self._crash_hook)
+        return out
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "dir", Path(self.dir))

@@ -33,7 +33,3 @@ class SSDIOError(SSDError):
         super().__init__(message)
         self.errno = errno_
 
-
-class SimulatedCrash(BaseException):
-    """Raised by test crash hooks. A ``BaseException`` so no degraded-mode handler in
-    the engine can swallow it: the crash must unwind the call like a power cut."""

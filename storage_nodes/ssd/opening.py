@@ -9,7 +9,7 @@ from __future__ import annotations
 import errno
 import logging
 import shutil
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from storage_nodes.ssd.blockio import BlockIO
 from storage_nodes.ssd.config import SSDConfig
@@ -69,7 +69,7 @@ class IndexLifecycle:
             shutil.rmtree(path, ignore_errors=True)
             index = self._index(path, slab_bytes, True)
         if index.slab_bytes != config.slab_bytes:
-            config = replace(config, slab_bytes=index.slab_bytes)
+            config = config.with_slab_bytes(index.slab_bytes)
         try:
             files = SlabFiles(config.dir, config.slab_bytes, config.direct_io, config.chunks)
         except BaseException:
@@ -99,7 +99,7 @@ class IndexLifecycle:
             slab_bytes=slab_bytes,
             adopt_stored=adopt,
             strict=self.strict,
-            on_sync=lambda: c.crash_hook("index_synced"),
+            on_sync=lambda: c.crash_point("index_synced"),
         )
 
     def _table_for_rebuild(self, why: str) -> tuple[int, dict[int, int]]:

@@ -417,9 +417,10 @@ class SSDTier(Tier):
         finally:
             self._release()
 
-    def abandon(self) -> None:
-        """Tests only: stop as a crash would — no flush, no commit — and release the
-        directory so the same process can reopen it."""
+    def _stop_as_crashed(self) -> None:
+        """Protected test seam, not API (``storage_nodes.testing.crash.abandon``): stop as
+        a crash would — no flush, no commit — and release the directory so the same process
+        can reopen it."""
         if self._shut():
             self._release()
 

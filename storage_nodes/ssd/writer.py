@@ -79,7 +79,7 @@ class GroupCommit:
                 while_busy=while_busy,
             )
             assert txn is not None  # while_busy ran, or write_durable raised
-            self._config.crash_hook("inside_index_commit")
+            self._config.crash_point("inside_index_commit")
             self._index.commit(txn)
         except BaseException:
             if txn is not None:

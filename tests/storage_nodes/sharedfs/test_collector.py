@@ -7,6 +7,7 @@ from storage_nodes.sharedfs.collector import collect, dead_daemons
 from storage_nodes.sharedfs.errors import LeaseLost
 from storage_nodes.sharedfs.layout import Layout
 from storage_nodes.sharedfs.lease import claim_owner
+from storage_nodes.testing.crash import abandon
 from tests.storage_nodes.sharedfs.conftest import NS, FakeClock, chain, config, read, rows
 
 RETENTION, SKEW = 3600.0, 60.0
@@ -23,7 +24,7 @@ def test_a_gone_daemon_is_collected_once_after_retention_and_skew(daemons, tmp_p
     keys = chain(6)
     a.put(NS, keys, rows(keys))
     b.poll()
-    a.abandon()  # gone without a word
+    abandon(a)  # gone without a word
     mine = {f for f in _files(tmp_path / "root") if "/a/" in f or f.endswith("/a")}
     assert any("seg-" in f for f in mine) and any("manifest-" in f for f in mine)
 
@@ -61,7 +62,7 @@ def test_a_collector_fenced_midway_stops(daemons, tmp_path) -> None:
     for seed in range(3):
         keys = chain(4, seed=10 + seed)
         a.put(NS, keys, rows(keys))
-    a.abandon()
+    abandon(a)
     clock.advance(RETENTION + SKEW + 1)
     layout = Layout(tmp_path / "root")
     steps = []

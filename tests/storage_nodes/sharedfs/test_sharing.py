@@ -4,6 +4,7 @@ MooseFS and GlusterFS): what one commits, the others hit; a reused slot is a mis
 from __future__ import annotations
 
 from storage_nodes.sharedfs import manifest as mf
+from storage_nodes.testing.crash import abandon
 from tests.storage_nodes.sharedfs.conftest import NS, chain, read, rows
 
 
@@ -119,7 +120,7 @@ def test_a_torn_frame_is_not_applied_and_a_restart_moves_past_it(daemons) -> Non
     b.poll()
     assert b.contains(NS, keys) == 4
     assert b.stats().counters["manifest_stuck_reads"] >= 1
-    a.abandon()
+    abandon(a)
     a2 = daemons("a")  # recovery starts a new generation; b follows at its rescan
     more = chain(2, seed=13)
     a2.put(NS, more, rows(more))

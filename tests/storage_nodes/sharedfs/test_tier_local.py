@@ -17,6 +17,7 @@ from storage_nodes.sharedfs.backends import make_backend
 from storage_nodes.sharedfs.errors import BackendUnavailable
 from storage_nodes.sharedfs.layout import segments_in
 from storage_nodes.sharedfs.presence import Presence
+from storage_nodes.testing.crash import abandon
 from tests.conftest import REPO, small_ns
 from tests.storage_nodes.sharedfs.conftest import NS, FakeClock, chain, config, read, rows
 
@@ -66,7 +67,7 @@ def test_orphan_segments_of_a_crash_are_removed(daemons, tmp_path) -> None:
     d = a._ctx.spaces[NS.fingerprint].dir
     orphan = d / f"seg-{(99 << 32) | 1:016x}"
     orphan.write_bytes(b"\0" * 8192)  # created, never published: a crash in between
-    a.abandon()
+    abandon(a)
     a2 = daemons("a")
     assert not orphan.exists()
     assert len(segments_in(d)) == 1 and read(a2, keys) == (4, rows(keys))

@@ -10,6 +10,7 @@ import numpy as np
 
 from kvstore.keys import Key, Namespace, chain_keys
 from storage_nodes.ssd import SSDConfig, SSDTier
+from storage_nodes.testing.crash import with_crash_hook
 
 SLAB = 256 << 10
 
@@ -60,7 +61,9 @@ def make_config(d: Path, **kw: Any) -> SSDConfig:
     kw.setdefault("sweep_interval_s", None)
     kw.setdefault("staging_max_bytes", 8 << 20)
     kw.setdefault("index_map_bytes", 256 << 20)
-    return SSDConfig(dir=d, **kw)
+    hook = kw.pop("crash_hook", None)  # a test seam, not configuration
+    config = SSDConfig(dir=d, **kw)
+    return config if hook is None else with_crash_hook(config, hook)
 
 
 def verify_all(tier: SSDTier, ns: Namespace) -> int:

@@ -24,6 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from storage_nodes.ssd import SSDTier
+from storage_nodes.testing.crash import abandon
 
 PAGE = 4096
 
@@ -42,7 +43,8 @@ class PowerCut:
         return self.dir / "index" / "data.mdb"
 
     def hook(self, point: str) -> None:
-        """Pass as ``SSDConfig.crash_hook``."""
+        """The crash hook: install with ``storage_nodes.testing.crash.with_crash_hook``
+        (``make_config(crash_hook=...)``)."""
         if point == "index_synced":
             self._durable_index = self.data_mdb.read_bytes()
         if self.then is not None:
@@ -61,7 +63,7 @@ class PowerCut:
         """After the cut unwound: stop the tier as a crash would, and leave the index file
         as a disk would after losing its unsynced pages."""
         if self.tier is not None:
-            self.tier.abandon()
+            abandon(self.tier)
             self.tier = None
         now, keep_fraction, seed = self._at_cut
         rng = random.Random(seed)

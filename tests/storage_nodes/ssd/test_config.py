@@ -7,6 +7,7 @@ import pytest
 from kvstore.errors import InvalidArgument
 from storage_nodes.ssd import SSDConfig, SSDConfigError
 from storage_nodes.ssd.config import slot_bytes_for
+from storage_nodes.testing.crash import with_crash_hook
 
 
 @pytest.mark.parametrize(
@@ -68,3 +69,15 @@ def test_directory_keeps_its_slab_size(tmp_path: Path) -> None:
     with pytest.raises(SSDFormatError, match="slab_bytes"):
         SSDTier(SSDConfig(dir=tmp_path, capacity_bytes=1 << 30, slab_bytes=1 << 20))
     SSDTier(SSDConfig(dir=tmp_path, capacity_bytes=1 << 30, sweep_interval_s=None)).close()
+
+
+def test_crash_points_are_a_test_seam_not_configuration(tmp_path: Path) -> None:
+    with pytest.raises(TypeError):
+        SSDConfig(dir=tmp_path, capacity_bytes=1 << 30, crash_hook=print)  # type: ignore[call-arg]
+    reached: list[str] = []
+    c = with_crash_hook(SSDConfig(dir=tmp_path, capacity_bytes=1 << 30), reached.append)
+    SSDConfig(dir=tmp_path, capacity_bytes=1 << 30).crash_point("after_free")  # a no-op
+    # An existing directory's slab size replaces the config; the hook must come along.
+    adopted = c.with_slab_bytes(8 << 20)
+    adopted.crash_point("after_free")
+    assert (adopted.slab_bytes, reached) == (8 << 20, ["after_free"])

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from storage_nodes.ssd import CRASH_POINTS, SimulatedCrash, SSDTier
+from storage_nodes.ssd import CRASH_POINTS, SSDTier
+from storage_nodes.testing.crash import SimulatedCrash, abandon
 from tests.io_backends import backends_here
 from tests.storage_nodes.ssd.helpers import SLAB, chain, make_config, rows, small_ns, verify_all
 
@@ -69,7 +70,7 @@ def test_crash_point_in_process(tmp_path: Path, backend: str, durability: str, p
     hook.armed = True
     with pytest.raises(SimulatedCrash):
         t.put(ns, b, rows(ns, b))
-    t.abandon()
+    abandon(t)
     t2 = _reopen_and_check(d, backend, durability)
     assert t2.contains(ns, b) == 0 or point == "index_synced"  # published just before
     # eviction made room (and committed) before the crash; nothing else of a is lost
@@ -128,7 +129,7 @@ def test_crash_point_process_exit(tmp_path: Path, durability: str, point: str) -
 def test_pid_in_lock_is_rewritten_after_crash(tmp_path: Path) -> None:
     d = tmp_path / "ssd"
     t = SSDTier(make_config(d))
-    t.abandon()
+    abandon(t)
     t = SSDTier(make_config(d))
     assert (d / "LOCK").read_text().strip() == str(os.getpid())
     t.close()

@@ -19,7 +19,8 @@ from pathlib import Path
 import lmdb
 import pytest
 
-from storage_nodes.ssd import CRASH_POINTS, SimulatedCrash, SSDTier
+from storage_nodes.ssd import CRASH_POINTS, SSDTier
+from storage_nodes.testing.crash import SimulatedCrash, abandon
 from tests.storage_nodes.ssd.helpers import (
     SLAB,
     FakeClock,
@@ -127,7 +128,7 @@ def test_crashsim_really_drops_unsynced_writes(tmp_path: Path) -> None:
     with pytest.raises(SimulatedCrash):
         t.put(ns, k, rows(ns, k))
     assert t.io_backend.dropped_writes == 4  # type: ignore[attr-defined]
-    t.abandon()
+    abandon(t)
     raw = b"".join(p.read_bytes() for p in sorted((d / "slabs").glob("slab-*")))
     assert rows(ns, k)[: ns.block_bytes] not in raw
 

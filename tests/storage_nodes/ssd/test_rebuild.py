@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from storage_nodes.ssd import SSDTier
+from storage_nodes.testing.crash import abandon
 from tests.storage_nodes.ssd.helpers import (
     SLAB,
     FakeClock,
@@ -37,10 +38,10 @@ def test_when_the_index_is_rebuilt(tmp_path: Path) -> None:
     t.close()
     t = _open(d, "2")  # clean close: trusted, even after a reboot
     assert t.rebuild_report is None and verify_all(t, ns) == 20
-    t.abandon()
+    abandon(t)
     t = _open(d, "2")  # process crash, same boot: trusted
     assert t.rebuild_report is None and verify_all(t, ns) == 20
-    t.abandon()
+    abandon(t)
     t = _open(d, "3")  # unclean, another boot: rebuilt
     r = t.rebuild_report
     assert r is not None and r.blocks == 20 and r.slabs == 1
@@ -55,11 +56,11 @@ def test_strict_mode_never_rebuilds_after_a_reboot(tmp_path: Path) -> None:
     t = _open(d, "1", index_durability="strict")
     k = chain(ns, 5)
     t.put(ns, k, rows(ns, k))
-    t.abandon()
+    abandon(t)
     t = _open(d, "2", index_durability="strict")
     assert t.rebuild_report is None and verify_all(t, ns) == 5
     assert t.stats().info["index_durability"] == "strict"
-    t.abandon()
+    abandon(t)
     t = _open(d, "3")  # the last writer was strict: its synced index is trusted
     assert t.rebuild_report is None
     t.close()
@@ -97,7 +98,7 @@ def test_deleted_namespace_stays_deleted(tmp_path: Path) -> None:
     clock.advance(5)
     again = chain(ns, 3, salt=3)  # written after the delete: must come back
     t.put(ns, again, rows(ns, again))
-    t.abandon()
+    abandon(t)
     t = _open(d, "2", clock=clock)
     t.register(other)
     assert t.rebuild_report is not None
@@ -116,7 +117,7 @@ def test_expired_blocks_are_left_out(tmp_path: Path) -> None:
     clock.advance(3000)
     new = chain(ns, 4, salt=2)
     t.put(ns, new, rows(ns, new))
-    t.abandon()
+    abandon(t)
     clock.advance(1000)  # old is 4000 s old: idle past retention
     t = _open(d, "2", clock=clock, retention_s=3600.0)
     assert set(t.iter_keys(ns)) == set(new)
@@ -133,7 +134,7 @@ def test_newest_copy_of_a_key_wins(tmp_path: Path) -> None:
     t.put(ns, k, rows(ns, k))
     clock.advance(200)  # expired: the next put writes new copies into other slots
     assert t.put(ns, k, rows(ns, k)).inserted == 4
-    t.abandon()
+    abandon(t)
     newest: dict[bytes, tuple[int, int]] = {}  # key -> (created, slot), over both copies
     copies = 0
     raw = (d / "slabs" / "slab-00000").read_bytes()
@@ -170,7 +171,7 @@ def test_handed_over_slab_is_read_at_its_new_class(tmp_path: Path) -> None:
     kb = chain(big, 3)
     assert t.put(big, kb, rows(big, kb)).inserted == 3
     assert t.stats().counters["slab_handovers"] == 1
-    t.abandon()
+    abandon(t)
     t = _open(d, "2", capacity_bytes=2 * SLAB)
     t.register(big)
     assert t.rebuild_report is not None
@@ -189,7 +190,7 @@ def test_rebuild_without_a_slab_table_is_refused(tmp_path: Path) -> None:
     t = _open(d, "1")
     k = chain(ns, 3)
     t.put(ns, k, rows(ns, k))
-    t.abandon()
+    abandon(t)
     (d / "slabs" / "TABLE").unlink()
     with pytest.raises(SSDFormatError, match="no slab table"):
         _open(d, "2")
