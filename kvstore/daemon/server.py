@@ -15,12 +15,12 @@ from grpc_health.v1 import health_pb2
 from kvstore.accesslog.writer import make_access_log
 from kvstore.daemon.catalog import open_catalog
 from kvstore.daemon.config import DaemonConfig
+from kvstore.daemon.metrics import DaemonMetrics
 from kvstore.daemon.servicer import KVStoreServicer
 from kvstore.daemon.staging import StagingArea, StagingConfig
 from kvstore.daemon.store_factory import open_store
 from kvstore.errors import InvalidArgument
 from kvstore.rpcserver.auth import Authenticator, OpenAuth, load_token_file
-from kvstore.rpcserver.metrics import DaemonMetrics
 from kvstore.rpcserver.runner import Bound, grpc_server, run_until_signalled
 from kvstore.rpcserver.startup import bind, probe_listen, serve_metrics, server_credentials
 from kvstore.tier import KVStore

@@ -30,6 +30,7 @@ from kvstore.block import now_us
 from kvstore.daemon.budget import ByteBudget, row_buffer
 from kvstore.daemon.catalog import MemoryCatalog
 from kvstore.daemon.control_rpcs import ControlRpcs
+from kvstore.daemon.metrics import DaemonMetrics
 from kvstore.daemon.staging import StagingArea
 from kvstore.daemon.tenants import TenantLedger
 from kvstore.daemon.watchdog import IdleWatchdog
@@ -37,7 +38,6 @@ from kvstore.errors import BlockError, InvalidArgument
 from kvstore.keys import Key, Namespace
 from kvstore.rpcserver.auth import Authenticator
 from kvstore.rpcserver.limits import ServerLimits
-from kvstore.rpcserver.metrics import DaemonMetrics
 from kvstore.tier import KVStore
 from kvstore.wire import codec
 from kvstore.wire.codec import MAX_PROMPT_TOKENS
@@ -48,6 +48,8 @@ log = logging.getLogger(__name__)
 
 
 class KVStoreServicer(ControlRpcs, pb_grpc.KVStoreServicer):
+    metrics: DaemonMetrics  # the server runner's, plus the daemon's lookup counters
+
     def __init__(
         self,
         store: KVStore,

@@ -1,7 +1,8 @@
-"""Prometheus metrics of the daemon (``--metrics-listen``).
+"""Prometheus metrics of a server, the daemon's or a node's (``--metrics-listen``).
 
-Two sources: counters the RPC layer keeps itself (lookups, hits per tier and size
-class, bytes in and out per path, RPC latency), and, at scrape time, the store's own
+Two sources: counters the RPC layer keeps itself (bytes in and out per path, rejected
+blocks, RPC errors and latency; the daemon adds its lookup and hit counters,
+``kvstore.daemon.metrics``), and, at scrape time, the store's own
 ``stats()`` (per-tier capacity, usage per size class, and every tier/store counter:
 evictions, back-pressure waits, drops, retention violations, corrupt blocks…), so the
 two can never disagree about what the store did.
@@ -124,28 +125,13 @@ class StoreCollector(Collector):
         )
 
 
-class DaemonMetrics:
-    """The RPC-side counters; one registry per daemon so tests can run several."""
+class RpcMetrics:
+    """The RPC-side counters every server keeps; one registry per server so tests can run
+    several in one process."""
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
-        self.lookups = Counter("kvstore_lookups", "Lookup RPCs", ["block_bytes"], registry=r)
-        self.lookup_blocks = Counter(
-            "kvstore_lookup_blocks", "blocks asked for by Lookup", ["block_bytes"], registry=r
-        )
-        self.hit_blocks = Counter(
-            "kvstore_hit_blocks",
-            "Lookup hit blocks by fastest tier",
-            ["tier", "block_bytes"],
-            registry=r,
-        )
-        self.hit_tokens = Counter(
-            "kvstore_hit_tokens",
-            "Lookup hit tokens by fastest tier",
-            ["tier", "block_bytes"],
-            registry=r,
-        )
         self.bytes_in = Counter(
             "kvstore_bytes_in", "payload bytes committed", ["path", "block_bytes"], registry=r
         )
@@ -168,19 +154,6 @@ class DaemonMetrics:
 
     def attach_store(self, stats: Callable[[], StoreStats]) -> None:
         self.registry.register(StoreCollector(stats))
-
-    def record_lookup(
-        self, block_bytes: int, block_tokens: int, asked: int, tiers: tuple[str, ...]
-    ) -> None:
-        bb = str(block_bytes)
-        self.lookups.labels(bb).inc()
-        self.lookup_blocks.labels(bb).inc(asked)
-        per_tier: dict[str, int] = {}
-        for t in tiers:
-            per_tier[t] = per_tier.get(t, 0) + 1
-        for t, n in per_tier.items():
-            self.hit_blocks.labels(t, bb).inc(n)
-            self.hit_tokens.labels(t, bb).inc(n * block_tokens)
 
     @contextmanager
     def timed(self, method: str) -> Iterator[None]:

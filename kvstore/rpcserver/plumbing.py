@@ -9,7 +9,7 @@ from typing import TypeVar
 import grpc
 
 from kvstore.rpcserver.auth import Authenticator, AuthError, Caller
-from kvstore.rpcserver.metrics import DaemonMetrics
+from kvstore.rpcserver.metrics import RpcMetrics
 from kvstore.wire.status import status_for
 
 log = logging.getLogger(__name__)
@@ -25,7 +25,7 @@ class RpcPlumbing:
     """
 
     auth: Authenticator
-    metrics: DaemonMetrics
+    metrics: RpcMetrics
 
     def _tenant(self, ctx: grpc.ServicerContext, method: str) -> str | None:
         return self._caller(ctx, method).tenant

@@ -14,7 +14,7 @@ import threading
 from grpc_health.v1 import health_pb2
 
 from kvstore.errors import InvalidArgument
-from kvstore.rpcserver.metrics import DaemonMetrics
+from kvstore.rpcserver.metrics import RpcMetrics
 from kvstore.rpcserver.runner import Bound, grpc_server, run_until_signalled
 from kvstore.rpcserver.startup import bind, probe_listen, serve_metrics, server_credentials
 from kvstore.tier import StoreStats, Tier
@@ -42,7 +42,7 @@ class NodeServer:
 
             tier = SSDTier(config.ssd_config())
         self.tier = tier
-        self.metrics = DaemonMetrics()
+        self.metrics = RpcMetrics()
         self.metrics.attach_store(lambda: StoreStats(tiers=(self.tier.stats(),)))
         self.servicer = StorageNodeServicer(tier, self.auth, self.metrics, config.limits)
         pb_grpc.add_StorageNodeServicer_to_server(self.servicer, self.server)

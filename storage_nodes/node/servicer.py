@@ -20,7 +20,7 @@ from kvstore.errors import BlockError, InvalidArgument
 from kvstore.keys import Key, Namespace
 from kvstore.rpcserver.auth import Authenticator
 from kvstore.rpcserver.limits import ServerLimits
-from kvstore.rpcserver.metrics import DaemonMetrics
+from kvstore.rpcserver.metrics import RpcMetrics
 from kvstore.rpcserver.plumbing import RpcPlumbing
 from kvstore.tier import Tier
 from kvstore.wire import codec
@@ -38,7 +38,7 @@ class StorageNodeServicer(RpcPlumbing, pb_grpc.StorageNodeServicer):
         self,
         tier: Tier,
         auth: Authenticator,
-        metrics: DaemonMetrics,
+        metrics: RpcMetrics,
         limits: ServerLimits | None = None,
     ) -> None:
         self.tier = tier

@@ -15,7 +15,7 @@ import pytest
 from kvstore.block import payload_checksum
 from kvstore.keys import Key, Namespace
 from kvstore.rpcserver.auth import OpenAuth
-from kvstore.rpcserver.metrics import DaemonMetrics
+from kvstore.rpcserver.metrics import RpcMetrics
 from kvstore.wire.proto import kvstore_pb2_grpc as pb_grpc
 from storage_nodes.node.servicer import StorageNodeServicer
 from storage_nodes.ssd import SSDConfig, SSDTier
@@ -57,7 +57,7 @@ def bad_memory_node(tmp_path: Path) -> Iterator[str]:
     )
     server = grpc.server(ThreadPoolExecutor(4))
     pb_grpc.add_StorageNodeServicer_to_server(
-        StorageNodeServicer(tier, OpenAuth(), DaemonMetrics()), server
+        StorageNodeServicer(tier, OpenAuth(), RpcMetrics()), server
     )
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()

@@ -12,7 +12,7 @@ import grpc
 import pytest
 
 from kvstore.rpcserver.auth import OpenAuth
-from kvstore.rpcserver.metrics import DaemonMetrics
+from kvstore.rpcserver.metrics import RpcMetrics
 from kvstore.wire.proto import kvstore_pb2 as pb
 from kvstore.wire.proto import kvstore_pb2_grpc as pb_grpc
 from storage_nodes.cluster import ClusterTier
@@ -145,7 +145,7 @@ def liar(tmp_path: Path) -> Iterator[str]:
     tier = SSDTier(SSDConfig(dir=tmp_path / "liar", capacity_bytes=4 << 20, slab_bytes=512 << 10))
     server = grpc.server(ThreadPoolExecutor(4))
     pb_grpc.add_StorageNodeServicer_to_server(
-        LyingServicer(tier, OpenAuth(), DaemonMetrics()), server
+        LyingServicer(tier, OpenAuth(), RpcMetrics()), server
     )
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
