@@ -19,8 +19,12 @@ heartbeat and lease tokens).
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
 import re
+import secrets
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import quote, unquote
@@ -61,6 +65,35 @@ def parse_segment_name(name: str) -> int | None:
     return int(m.group(1), 16) if m else None
 
 
+_MKDIR_TRIES = 8
+
+
+def make_shared_dir(path: Path, mode: int = 0o777) -> bool:
+    """mkdir -p for a directory other hosts may be creating at the same moment; True
+    if this call created ``path`` itself.
+
+    GlusterFS answers EIO, for a moment, to a client that looks up or creates a name
+    another client is creating (its replicas are still agreeing on the new directory),
+    so an EIO is retried after a short back-off.
+    """
+    for attempt in range(_MKDIR_TRIES):
+        try:
+            if path.is_dir():
+                return False
+            if not path.parent.is_dir():
+                make_shared_dir(path.parent)
+            path.mkdir(mode=mode)
+            return True
+        except FileExistsError:
+            if attempt == _MKDIR_TRIES - 1:
+                raise
+        except OSError as e:
+            if e.errno != errno.EIO or attempt == _MKDIR_TRIES - 1:
+                raise
+            time.sleep(0.02 * 2**attempt)
+    raise AssertionError("unreachable")
+
+
 class Layout:
     def __init__(self, root: Path) -> None:
         self.root = Path(root)
@@ -71,27 +104,40 @@ class Layout:
     def ensure(self) -> None:
         """Create the top directories and the FORMAT marker; refuse a foreign root."""
         try:
-            self.root.mkdir(parents=True, exist_ok=True)
+            make_shared_dir(self.root)
+            self._publish_format(self.root / "FORMAT")
+            for d in (self.daemons, self.leases, self.tenants):
+                make_shared_dir(d)
         except OSError as e:
-            raise SharedFSConfigError(f"cannot create shared-fs root {self.root}: {e}") from None
-        marker = self.root / "FORMAT"
-        try:
-            fd = os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        except FileExistsError:
-            text = marker.read_text(errors="replace")
-            if text != FORMAT_TEXT:
-                raise SharedFSConfigError(
-                    f"{self.root} holds another format ({text.strip()!r}); "
-                    f"expected {FORMAT_TEXT.strip()!r}"
-                ) from None
-        else:
+            raise SharedFSConfigError(f"cannot set up shared-fs root {self.root}: {e}") from None
+
+    def _publish_format(self, marker: Path) -> None:
+        # Daemons on other hosts may start at the same moment and read the marker while it
+        # is being created, so it must never be visible half-written: write it whole under
+        # a private name, then link() it into place, which publishes it only if absent (an
+        # O_EXCL create followed by a write let a peer read it empty and refuse the root).
+        if not marker.exists():
+            tmp = marker.with_name(f"FORMAT.{os.getpid()}-{secrets.token_hex(8)}.tmp")
             try:
-                os.write(fd, FORMAT_TEXT.encode())
-                os.fsync(fd)
+                with open(tmp, "x") as f:
+                    f.write(FORMAT_TEXT)
+                    f.flush()
+                    os.fsync(f.fileno())
+                with contextlib.suppress(FileExistsError):  # a peer published it first
+                    os.link(tmp, marker)
+            except OSError as e:
+                raise SharedFSConfigError(f"cannot write {marker}: {e}") from None
             finally:
-                os.close(fd)
-        for d in (self.daemons, self.leases, self.tenants):
-            d.mkdir(exist_ok=True)
+                tmp.unlink(missing_ok=True)
+        try:
+            text = marker.read_text(errors="replace")
+        except OSError as e:
+            raise SharedFSConfigError(f"cannot read {marker}: {e}") from None
+        if text != FORMAT_TEXT:
+            raise SharedFSConfigError(
+                f"{self.root} holds another format ({text.strip()!r}); "
+                f"expected {FORMAT_TEXT.strip()!r}"
+            )
 
     # -- per daemon -------------------------------------------------------------------
     def daemon_dir(self, daemon: str) -> Path:
@@ -115,14 +161,11 @@ class Layout:
 
     def ensure_owner_dir(self, tenant: str, fingerprint: bytes, daemon: str, mode: int) -> Path:
         tdir = self.tenant_dir(tenant)
-        if not tdir.exists():
-            try:
-                tdir.mkdir(mode=mode)
-                os.chmod(tdir, mode)  # mkdir's mode is filtered by the umask
-            except FileExistsError:
-                pass
+        if not tdir.exists() and make_shared_dir(tdir, mode):
+            os.chmod(tdir, mode)  # mkdir's mode is filtered by the umask
+        make_shared_dir(self.namespace_dir(tenant, fingerprint))
         d = self.owner_dir(tenant, fingerprint, daemon)
-        d.mkdir(parents=True, exist_ok=True)
+        d.mkdir(exist_ok=True)
         return d
 
     def owner_dirs_of(self, daemon: str) -> Iterator[tuple[str, bytes, Path]]:
