@@ -19,6 +19,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import os
+import random
 import shutil
 import signal
 import socket
@@ -152,6 +153,9 @@ def start(profile: str, base: Path, mounts: int = 3) -> DFSCluster:
         env["PORTS"] = " ".join(map(str, free_ports(6)))
     else:
         env["BRICK_PORT"] = str(free_ports(1)[0])
+        # glusterd's port is fixed, so each cluster gets its own loopback address: test
+        # runs side by side on one machine would otherwise share (and break) one glusterd.
+        env["GLUSTER_HOST"] = f"127.{random.randrange(1, 255)}.{random.randrange(256)}.2"
     cluster = DFSCluster(profile, base, tuple(base / f"mnt{i}" for i in range(1, mounts + 1)))
     try:
         proc = subprocess.run(["bash", str(HERE / f"{profile}.sh"), "up"], env=env,

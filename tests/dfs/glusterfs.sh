@@ -9,9 +9,9 @@
 # working directory, run directory, socket and logs live under BASE; glusterd and the
 # bricks listen on 127.0.0.2 only (the CLI refuses "localhost"/"127.0.0.1" as a brick
 # host, any other loopback address passes and counts as local). glusterd keeps its
-# standard port 24007 on 127.0.0.2 (bricks fetch their volfile there and take no other
-# port), so one such cluster runs per machine at a time; bricks take free ports from
-# BRICK_PORT on.
+# standard port 24007 (bricks fetch their volfile there and take no other port), so two
+# clusters at once need two addresses: GLUSTER_HOST (default 127.0.0.2) picks this one's;
+# bricks take free ports from BRICK_PORT on.
 set -euo pipefail
 BASE=${BASE:?set BASE to a scratch directory}
 cmd=${1:?usage: glusterfs.sh up|down}
@@ -20,7 +20,7 @@ on_error() {
   tail -n 3 "$BASE"/log/*.log 2>/dev/null >&2 || true
 }
 trap 'on_error $LINENO' ERR
-HOST=127.0.0.2
+HOST=${GLUSTER_HOST:-127.0.0.2}
 VOL=kv
 
 cli() { gluster --mode=script --glusterd-sock="$BASE/glusterd.sock" "$@"; }
