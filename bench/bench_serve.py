@@ -5,12 +5,15 @@ it can only come from the store). Prints TTFT p50/p99 of each and their ratio, a
 measured token hit rate against the simulator's prediction for the same tiers.
 
 The model is ``small`` (random weights, made in a temporary directory; ``--preset tiny``
-for a quick look): the slice's scaled prompts (k tokens a trace block) stay a few thousand
-tokens so that the replay takes minutes on 2 cores, while a miss still costs real compute. Each
-configuration is started fresh (empty pool and store) per round; rounds interleave the two
-and the figures are medians over rounds. Run alone::
+for a quick look). The slice: the first 8 requests of 8 sessions, 64 requests, at k = 4
+tokens a trace block, so prompts are 1.4-7 K tokens (a miss costs seconds of prefill, far
+above the per-request cost of the server) and its distinct blocks are ~25 K tokens; the
+pool is 8 K tokens (a third of that, one long prompt and a short one), with all 8 sessions
+in flight, so a session's blocks are gone from the pool by its next turn. Each
+configuration is started fresh (empty pool and store) per round; rounds interleave the
+two and the figures are medians over rounds. Run alone::
 
-    /work/bin/cpu-exclusive .venv/bin/python -m bench.bench_serve --rounds 2
+    /work/bin/cpu-exclusive .venv/bin/python -m bench.bench_serve
 """
 
 from __future__ import annotations
@@ -38,8 +41,10 @@ from engine.server.bench_serve import (
 )
 
 REPO = Path(__file__).resolve().parents[1]
-# Four sessions whose longest request (1218-1538 blocks) fits a small pool at k tokens a block.
-SLICE = ("trace_0048.json", "trace_0115.json", "trace_0126.json", "trace_0182.json")
+# Sessions whose first turns do not start with a re-written context (a second turn mostly
+# new): their later turns add a median of ~15 blocks, as agent sessions do.
+SLICE = ("trace_0001.json", "trace_0013.json", "trace_0081.json", "trace_0115.json",
+         "trace_0126.json", "trace_0137.json", "trace_0171.json", "trace_0193.json")
 
 
 def spawn(args: list[str], env: dict[str, str]) -> tuple[subprocess.Popen[str], str]:
@@ -83,7 +88,12 @@ def one(model: Path, store: str, a: argparse.Namespace, work: Path) -> dict[str,
         pred = predict(sessions, a.k, meta["pool_tokens"], dram, ssd)
         rep = replay(target, info["id"], sessions, 1, a.concurrency, progress=False)
         served = predict(sessions, a.k, meta["pool_tokens"], dram, ssd, served_order(rep))
-        return report(rep, pred, served)
+        out = report(rep, pred, served)
+        out["outcomes"] = [{"session": o.session, "index": o.index,
+                            "prompt_tokens": o.prompt_tokens, "cached_tokens": o.cached_tokens,
+                            "hit_tokens": o.hit_tokens, "ttft_s": o.ttft_s, "parts": o.parts}
+                           for o in sorted(rep.outcomes, key=lambda o: o.sent_s)]
+        return out
     finally:
         proc.terminate()
         proc.wait(timeout=60)
@@ -93,26 +103,33 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--traces", default=os.environ.get("KVSTORE_TRACES_DIR",
                                                       str(REPO.parent / "shared" / "traces")))
-    p.add_argument("--k", type=int, default=2, help="tokens per trace block")
-    p.add_argument("--pool-tokens", type=int, default=4096)
+    p.add_argument("--slice", default=",".join(SLICE),
+                   help="kv-cache-tester session files (comma-separated names)")
+    p.add_argument("--k", type=int, default=4, help="tokens per trace block")
+    p.add_argument("--pool-tokens", type=int, default=8192)
     p.add_argument("--max-batched-tokens", type=int, default=2048)
-    p.add_argument("--requests-per-session", type=int, default=30)
-    p.add_argument("--concurrency", type=int, default=2)
-    p.add_argument("--dram", default="256MiB")
+    p.add_argument("--requests-per-session", type=int, default=8)
+    p.add_argument("--concurrency", type=int, default=8, help="sessions in flight")
+    p.add_argument("--dram", default="512MiB")
     p.add_argument("--ssd", default="1GiB")
-    p.add_argument("--rounds", type=int, default=2)
-    p.add_argument("--budget-s", type=float, default=500.0,
-                   help="start no round that would end past this (cpu-exclusive's 10 min)")
+    p.add_argument("--stores", default="none,embedded",
+                   help="configurations to run, comma-separated (none, embedded)")
+    p.add_argument("--rounds", type=int, default=1)
+    p.add_argument("--budget-s", type=float, default=280.0,
+                   help="start no round that would end past this (keep a bench under 5 min)")
     p.add_argument("--preset", default="small", choices=("tiny", "small"),
                    help="the model made for the run (random weights)")
     p.add_argument("--model", default=None, help="an existing checkpoint instead")
+    p.add_argument("--dump", default=None, metavar="FILE",
+                   help="write each request's outcome (last round) to FILE as JSON")
     a = p.parse_args()
-    a.paths = [str(Path(a.traces) / "kv-cache-tester" / n) for n in SLICE]
+    a.paths = [str(Path(a.traces) / "kv-cache-tester" / n) for n in a.slice.split(",")]
+    stores = a.stores.split(",")
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         model = (Path(a.model) if a.model
                  else make_model("qwen3", a.preset, work / f"{a.preset}-qwen3").path)
-        runs: dict[str, list[dict[str, Any]]] = {"none": [], "embedded": []}
+        runs: dict[str, list[dict[str, Any]]] = {store: [] for store in stores}
         started = time.monotonic()
         for rnd in range(a.rounds):
             took = time.monotonic() - started
@@ -120,7 +137,7 @@ def main() -> None:
                 print(f"stopping after {rnd} rounds: another would pass --budget-s",
                       flush=True)
                 break
-            for store in ("none", "embedded"):
+            for store in stores:
                 runs[store].append(one(model, store, a, work))
                 r = runs[store][-1]
                 print(f"{store:9s} ttft p50 {r['ttft_s']['p50'] * 1e3:8.1f} ms  p99 "
@@ -140,7 +157,8 @@ def main() -> None:
 
     out = {
         "machine": machine(),
-        "slice": list(SLICE), "k": a.k, "model": a.model or a.preset, "pool_tokens": a.pool_tokens,
+        "slice": a.slice.split(","), "k": a.k, "model": a.model or a.preset,
+        "pool_tokens": a.pool_tokens,
         "requests_per_session": a.requests_per_session, "concurrency": a.concurrency,
         "rounds": a.rounds,
         **{store: {"ttft_p50_s": med(store, "ttft_s", "p50"),
@@ -157,11 +175,13 @@ def main() -> None:
                    "requests": runs[store][-1]["requests"]}
            for store in runs},
     }
-    out["ttft_p50_ratio_none_over_embedded"] = (out["none"]["ttft_p50_s"]
-                                                / out["embedded"]["ttft_p50_s"])
-    out["ttft_p99_ratio_none_over_embedded"] = (out["none"]["ttft_p99_s"]
-                                                / out["embedded"]["ttft_p99_s"])
+    if "none" in runs and "embedded" in runs:
+        for q in ("p50", "p90", "p99"):
+            out[f"ttft_{q}_ratio_none_over_embedded"] = (out["none"][f"ttft_{q}_s"]
+                                                         / out["embedded"][f"ttft_{q}_s"])
     print(json.dumps(out, indent=1))
+    if a.dump:
+        Path(a.dump).write_text(json.dumps({s: r[-1]["outcomes"] for s, r in runs.items()}))
 
 
 if __name__ == "__main__":

@@ -1,28 +1,33 @@
-"""``kvengine bench-serve``: replay kv-cache-tester agent sessions through a running
-``kvengine serve``, scaled and structure-preserving, and compare its hit rate with the
-simulator's (``kvstore hitrate``) on the same requests.
+"""``kvengine bench-serve``: replay agent traces (kv-cache-tester sessions or Mooncake
+JSONL) through a running ``kvengine serve``, scaled and structure-preserving, and compare its
+hit rate with the simulator's (``kvstore hitrate``) on the same requests.
 
 Real agent prompts are far beyond a CPU (median 115 K tokens), so each trace block becomes
 ``k`` tokens (``--tokens-per-trace-block``; start the server with ``--block-tokens k``):
-equal trace hash ids (within a session, as the trace scopes them) give equal token ids, and
-every request also gets a short unique tail (the trace's partial last block, scaled, at least
-one token), so its full blocks can all hit. Prompts go as token-id lists to
-``/v1/completions`` with ``max_tokens`` small, streamed, with ``include_usage``; start the
-server with ``--no-cache-generated`` so the caches hold what the simulator models.
+equal trace hash ids (kv-cache-tester's within a session, as the trace scopes them;
+Mooncake's across the trace) give equal token ids, and every request also gets a short
+unique tail (the trace's partial last block, scaled, at least one token), so its full
+blocks can all hit. Prompts go as token-id lists to ``/v1/completions`` with ``max_tokens``
+small, streamed, with ``include_usage``; start the server with ``--no-cache-generated`` so
+the caches hold what the simulator models.
 
 Arrivals are closed-loop per session: a session's next request is sent when its previous
-answer is complete; sessions run concurrently (``--concurrency``). Client TTFT is the time
-to the first streamed chunk; the server's own split of it (queue, store lookup, store load,
-compute) and the hit tokens per tier come back in each request's last chunk (the
-``kvengine`` extension field). The prediction replays the same scaled requests, in trace
-time order, through the simulator with the server's pool as ``hbm`` and its DRAM and SSD
-(``--dram``/``--ssd``, as given to the server) at the server's block size.
+answer is complete; sessions run concurrently (``--concurrency``). Mooncake has no sessions:
+each request is a session of one, so ``--concurrency`` requests are in flight in trace
+order. Client TTFT is the time to the first streamed chunk; the server's own split of it
+(queue, store lookup, store load, compute) and the hit tokens per tier come back in each
+request's last chunk (the ``kvengine`` extension field). The prediction replays the same
+scaled requests through the simulator with the server's pool as ``hbm`` and its DRAM and
+SSD (``--dram``/``--ssd``, as given to the server) at the server's block size, in the order
+the server was sent them (the closed loop reorders sessions against trace time) and in
+trace time order.
 """
 
 from __future__ import annotations
 
 import argparse
 import http.client
+import itertools
 import json
 import math
 import sys
@@ -31,7 +36,6 @@ import time
 import urllib.parse
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -39,13 +43,15 @@ from tqdm import tqdm
 
 from engine.errors import EngineInputError
 from kvstore.hitrate.config import ABSENT, SimConfig
-from kvstore.hitrate.readers.kvcache_tester import KvCacheTesterReader
+from kvstore.hitrate.errors import HitrateError
+from kvstore.hitrate.readers.detect import open_inputs
 from kvstore.hitrate.request import Request
 from kvstore.hitrate.simulator import Simulator
 from kvstore.units import Capacity, parse_size
 
 TIERS = ("hbm", "dram", "ssd")
 PARTS = ("queue_s", "store_lookup_s", "store_load_s", "compute_s")
+MOONCAKE_CONCURRENCY = 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,71 +86,114 @@ class Replay:
 
 def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("traces", nargs="+", metavar="TRACE",
-                   help="kv-cache-tester session files (one JSON document per session)")
+                   help="kv-cache-tester session files (one JSON document per session) or "
+                        "Mooncake JSONL traces (hash_ids); files, directories or globs")
+    p.add_argument("--format", default="auto", choices=("auto", "kv-cache-tester", "mooncake"),
+                   help="trace format (default: told from the first file)")
     p.add_argument("--target", default="http://127.0.0.1:8000", metavar="URL",
-                   help="the kvengine serve to replay through")
+                   help="the kvengine serve to replay through (default: %(default)s)")
     p.add_argument("--tokens-per-trace-block", type=int, required=True, metavar="K",
-                   help="tokens per trace block; the server must run with --block-tokens K")
+                   help="tokens per trace block (64 tokens in kv-cache-tester, 512 in "
+                        "Mooncake); the server must run with --block-tokens K")
     p.add_argument("--sessions", type=int, default=None, metavar="N",
-                   help="replay the first N sessions (file order)")
+                   help="replay the first N sessions (kv-cache-tester: files in name order; "
+                        "Mooncake: each request is a session of one, so the first N requests)")
     p.add_argument("--requests-per-session", type=int, default=None, metavar="M",
                    help="replay each session's first M requests (time order)")
     p.add_argument("--concurrency", type=int, default=None, metavar="C",
-                   help="sessions in flight at once (default: all)")
+                   help="sessions in flight at once (default: every kv-cache-tester session; "
+                        f"{MOONCAKE_CONCURRENCY} Mooncake requests)")
     p.add_argument("--max-tokens", type=int, default=1, metavar="N",
-                   help="tokens generated per request")
+                   help="tokens generated per request (default: %(default)s)")
     p.add_argument("--model", default=None, help="model name (default: the server's)")
     p.add_argument("--api-key", default=None, help="bearer token, if the server wants one")
     p.add_argument("--vocab-low", type=int, default=16, metavar="ID",
                    help="lowest token id used (keeps clear of special tokens)")
     p.add_argument("--dram", default="0", metavar="SIZE",
-                   help="prediction: the server's DRAM tier (0: none, as --kv-store none)")
+                   help="prediction: the server's DRAM tier, as given to it with --dram "
+                        "(0: none, as --kv-store none)")
     p.add_argument("--ssd", default="0", metavar="SIZE",
-                   help="prediction: the server's SSD tier (0: none)")
-    p.add_argument("--json", action="store_true", help="print the report as one JSON object")
+                   help="prediction: the server's SSD tier, as its --ssd-capacity (0: none)")
+    p.add_argument("--json", action="store_true",
+                   help="print the report as one JSON object (no progress bar): requests, "
+                        "errors, wall_s, requests_per_s, prompt_tokens_per_s, ttft_s and "
+                        "ttft_parts_s (p50/p90/p99/mean, seconds), prompt/cached/hit tokens, "
+                        "token_hit_rate and hit_rate_by_tier as the server counted them, "
+                        "predicted (the simulator, in the order served) and "
+                        "predicted_trace_order")
 
 
 # -- the requests -----------------------------------------------------------------------
 
 def load_sessions(paths: list[str], k: int, vocab: int, low: int, n_sessions: int | None,
-                  per_session: int | None) -> list[list[ScaledRequest]]:
-    files = sorted(paths)[:n_sessions] if n_sessions else sorted(paths)
-    reader = KvCacheTesterReader(files)
+                  per_session: int | None, fmt: str = "auto") -> list[list[ScaledRequest]]:
+    """The scaled requests, grouped into sessions. kv-cache-tester: a file is a session
+    (files in name order; the first ``n_sessions``, each's first ``per_session`` requests).
+    Mooncake has no sessions: each request is a session of one, in trace time order (the
+    first ``n_sessions`` requests), so the closed loop keeps ``--concurrency`` requests in
+    flight in trace order."""
+    if vocab - low < 2:
+        raise EngineInputError(f"--vocab-low {low} leaves no token ids below {vocab}")
+    try:
+        reader = open_inputs(paths, fmt=fmt)
+    except HitrateError as e:
+        raise EngineInputError(str(e)) from None
+    if reader.format not in ("kv-cache-tester", "mooncake"):
+        raise EngineInputError(f"{reader.format} traces carry no prompts' blocks to replay: "
+                               "give kv-cache-tester or Mooncake traces")
     unique = iter(range(1 << 62))
     sessions: list[list[ScaledRequest]] = []
-    span = vocab - low
-    if span < 2:
-        raise EngineInputError(f"--vocab-low {low} leaves no token ids below {vocab}")
-    for s, path in enumerate(files):
-        out: list[ScaledRequest] = []
-        for req in reader.file_requests(s, path):
-            if per_session is not None and len(out) >= per_session:
-                break
-            keys = [int(x) for x in req.keys]  # type: ignore[call-overload]  # ints here
-            b = req.block_tokens
-            tail = max(1, math.ceil((req.input_tokens - len(keys) * b) * k / b))
-            ids: list[int] = []
-            for key in keys:
-                ids.extend(block_tokens(key, k, low, span))
-            rng = np.random.default_rng([0xC0FFEE, next(unique)])
-            ids.extend(int(t) for t in rng.integers(low, vocab, tail))
-            out.append(ScaledRequest(s, req.time_s, keys, tail, ids))
-        if out:
-            sessions.append(out)
+    try:
+        if reader.format == "mooncake":
+            for req in itertools.islice(reader.requests(), n_sessions):
+                sessions.append([_scale(req, len(sessions), k, vocab, low, next(unique))])
+        else:
+            for s, path in enumerate(reader.paths[:n_sessions]):
+                reqs = itertools.islice(reader.file_requests(s, path), per_session)
+                out = [_scale(req, len(sessions), k, vocab, low, next(unique)) for req in reqs]
+                if out:
+                    sessions.append(out)
+    except HitrateError as e:
+        raise EngineInputError(str(e)) from None
     if not sessions:
         raise EngineInputError("the traces hold no requests")
     return sessions
 
 
-_BLOCKS: dict[tuple[int, int], list[int]] = {}
+def trace_format(paths: list[str], fmt: str = "auto") -> str:
+    try:
+        return open_inputs(paths, fmt=fmt).format
+    except HitrateError as e:
+        raise EngineInputError(str(e)) from None
+
+
+def _scale(req: Request, session: int, k: int, vocab: int, low: int,
+           unique: int) -> ScaledRequest:
+    """One trace request at ``k`` tokens a trace block: its full blocks' tokens follow from
+    their ids; the rest (a partial last block, scaled, at least one token) is unique to the
+    request, so every full block can hit and the partial one never does (as in the engine,
+    which caches full blocks only)."""
+    b = req.block_tokens
+    full = min(len(req.keys), req.input_tokens // b)
+    keys = [int(x) for x in req.keys[:full]]  # type: ignore[call-overload]  # ints here
+    tail = max(1, math.ceil((req.input_tokens - full * b) * k / b))
+    ids: list[int] = []
+    for key in keys:
+        ids.extend(block_tokens(key, k, low, vocab - low))
+    rng = np.random.default_rng([0xC0FFEE, unique])
+    ids.extend(int(t) for t in rng.integers(low, vocab, tail))
+    return ScaledRequest(session, req.time_s, keys, tail, ids)
+
+
+_BLOCKS: dict[tuple[int, int, int, int], list[int]] = {}
 
 
 def block_tokens(key: int, k: int, low: int, span: int) -> list[int]:
     """The ``k`` token ids of a trace block: a function of its scoped id only."""
-    got = _BLOCKS.get((key, k))
+    got = _BLOCKS.get((key, k, low, span))
     if got is None:
         rng = np.random.default_rng([key & 0xFFFFFFFFFFFF, key >> 48, k])
-        got = _BLOCKS[(key, k)] = [int(t) + low for t in rng.integers(0, span, k)]
+        got = _BLOCKS[(key, k, low, span)] = [int(t) + low for t in rng.integers(0, span, k)]
     return got
 
 
@@ -336,9 +385,10 @@ def run(args: argparse.Namespace) -> int:
     k = args.tokens_per_trace_block
     if k < 1 or args.max_tokens < 1:
         raise EngineInputError("--tokens-per-trace-block and --max-tokens must be >= 1")
-    for p in args.traces:
-        if not Path(p).is_file():
-            raise EngineInputError(f"trace {p}: no such file")
+    for flag, v in (("--sessions", args.sessions),
+                    ("--requests-per-session", args.requests_per_session)):
+        if v is not None and v < 1:
+            raise EngineInputError(f"{flag} must be >= 1")
     target = Target(args.target, args.api_key)
     models = target.get_json("/v1/models")["data"]
     model = args.model or models[0]["id"]
@@ -347,7 +397,7 @@ def run(args: argparse.Namespace) -> int:
         raise EngineInputError(f"the server's blocks hold {info['block_tokens']} tokens; "
                                f"start it with --block-tokens {k}")
     sessions = load_sessions(args.traces, k, info["vocab_size"], args.vocab_low,
-                             args.sessions, args.requests_per_session)
+                             args.sessions, args.requests_per_session, args.format)
     longest = max(len(r.prompt) for s in sessions for r in s)
     if longest + args.max_tokens > info["max_context_tokens"]:
         raise EngineInputError(f"a scaled prompt has {longest} tokens, over the model's "
@@ -357,7 +407,10 @@ def run(args: argparse.Namespace) -> int:
     dram_blocks = parse_size(args.dram) // block_bytes
     ssd_blocks = parse_size(args.ssd) // block_bytes
     prediction = predict(sessions, k, info["pool_tokens"], dram_blocks, ssd_blocks)
-    concurrency = args.concurrency or len(sessions)
+    mooncake = trace_format(args.traces, args.format) == "mooncake"
+    concurrency = args.concurrency or (MOONCAKE_CONCURRENCY if mooncake else len(sessions))
+    if concurrency < 1:
+        raise EngineInputError("--concurrency must be >= 1")
     rep = replay(target, model, sessions, args.max_tokens, concurrency,
                  progress=not args.json)
     served = predict(sessions, k, info["pool_tokens"], dram_blocks, ssd_blocks,

@@ -17,13 +17,16 @@ REPO = Path(__file__).resolve().parents[3]
 
 class ServeProcess:
     def __init__(self, args: list[str], env: dict[str, str] | None = None,
-                 start_timeout_s: float = 120.0) -> None:
-        cmd = [sys.executable, "-m", "engine.cli", "serve", "--listen", "127.0.0.1:0", *args]
+                 start_timeout_s: float = 120.0, listen_host: str = "127.0.0.1") -> None:
+        """``listen_host``: the address to bind (port 0); the tests reach it on loopback."""
+        cmd = [sys.executable, "-m", "engine.cli", "serve", "--listen", f"{listen_host}:0",
+               *args]
         self.stderr_lines: list[str] = []
         self.proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, text=True,
                                      env={**os.environ, **(env or {})})
-        threading.Thread(target=self._drain, daemon=True).start()
+        self._drainer = threading.Thread(target=self._drain, daemon=True)
+        self._drainer.start()
         assert self.proc.stdout is not None
         deadline = time.monotonic() + start_timeout_s
         self.port = 0
@@ -75,6 +78,7 @@ class ServeProcess:
                 self.proc.wait(timeout=10)
         if self.proc.stdout is not None:
             self.proc.stdout.close()
+        self._drainer.join(timeout=10)  # the process is gone: its stderr ends; all of it read
         return self.proc.returncode
 
     def __enter__(self) -> ServeProcess:

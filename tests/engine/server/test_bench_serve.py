@@ -47,6 +47,26 @@ def server(tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator
         yield s
 
 
+def write_mooncake(directory: Path) -> str:
+    """Mooncake-style requests: three conversations of 512-token blocks whose ids chain the
+    prefix (a turn repeats the previous turn's full blocks), each ending in a partial block."""
+    lines, next_id = [], 1000
+    chains: list[list[int]] = [[1, 2, 3], [1, 4], [5]]  # two share block 1 (a system prompt)
+    for turn in range(3):
+        for c, chain in enumerate(chains):
+            full = list(chain)
+            partial = next_id
+            next_id += 1
+            lines.append(json.dumps({"timestamp": 1000 * (3 * turn + c),
+                                     "input_length": len(full) * 512 + 100,
+                                     "output_length": 5, "hash_ids": [*full, partial]}))
+            chain.extend([next_id, next_id + 1])  # the next turn adds two full blocks
+            next_id += 2
+    p = directory / "conversation.jsonl"
+    p.write_text("\n".join(lines) + "\n")
+    return str(p)
+
+
 def bench(server: ServeProcess, paths: list[str], capsys: pytest.CaptureFixture[str],
           *extra: str) -> dict:
     rc = main(["bench-serve", *paths, "--target", server.base_url,
@@ -67,6 +87,45 @@ def test_equal_trace_ids_give_equal_tokens(tmp_path: Path) -> None:
     assert sessions[1][0].prompt[:K] != first.prompt[:K]
     assert block_tokens(7, K, 16, 496) == block_tokens(7, K, 16, 496)
     assert all(16 <= t < 512 for r in sessions[0] for t in r.prompt)
+
+
+def test_mooncake_requests_are_sessions_of_one_and_keep_only_full_blocks(
+        tmp_path: Path) -> None:
+    path = write_mooncake(tmp_path)
+    sessions = load_sessions([path], K, vocab=512, low=16, n_sessions=None, per_session=None)
+    assert [len(s) for s in sessions] == [1] * 9  # trace order, one request each
+    first, shared, later = sessions[0][0], sessions[1][0], sessions[3][0]
+    # Full blocks only (the partial last id is dropped), then ceil(100 * K / 512) = 1 token.
+    assert first.keys == [1, 2, 3] and first.tail_tokens == 1
+    assert len(first.prompt) == 3 * K + 1
+    # Equal ids, equal tokens, across requests: block 1 is shared by two conversations,
+    # and the next turn of conversation 0 starts with its blocks.
+    assert shared.prompt[:K] == first.prompt[:K]
+    assert shared.prompt[K : 2 * K] != first.prompt[K : 2 * K]
+    assert later.prompt[: 3 * K] == first.prompt[: 3 * K]
+    assert later.keys == [1, 2, 3, 1001, 1002]
+    assert len(load_sessions([path], K, 512, 16, n_sessions=4, per_session=None)) == 4
+
+
+def test_replay_of_a_mooncake_trace_hits_what_the_simulator_predicts(
+        server: ServeProcess, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # One in flight: each request sees every earlier one's blocks (in the pool: the fixture's
+    # pool outlasts this trace), as the simulator does.
+    out = bench(server, [write_mooncake(tmp_path)], capsys, "--concurrency", "1")
+    assert out["requests"] == 9 and out["sessions"] == 9
+    predicted = out["predicted"]["token_hit_rate"]
+    assert predicted > 0.3
+    assert abs(out["token_hit_rate"] - predicted) <= 0.01
+
+
+def test_bench_serve_refuses_an_unknown_trace(
+        server: ServeProcess, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "notes.json"
+    bad.write_text('{"hello": 1}')
+    rc = main(["bench-serve", str(bad), "--target", server.base_url,
+               "--tokens-per-trace-block", str(K)])
+    err = capsys.readouterr().err
+    assert rc == 2 and len(err.strip().splitlines()) == 1, err
 
 
 def test_replay_of_a_small_trace_hits_what_the_simulator_predicts(
@@ -106,4 +165,27 @@ def test_replay_of_real_agent_sessions(tiny_dir: Path, tmp_path: Path,
                       env) as server:
         out = bench(server, paths, capsys, "--requests-per-session", "5")
     assert out["requests"] == 10
+    assert abs(out["token_hit_rate"] - out["predicted"]["token_hit_rate"]) <= 0.01
+
+
+@pytest.mark.traces
+def test_replay_of_the_mooncake_sample(tiny_dir: Path, tmp_path: Path,
+                                       capsys: pytest.CaptureFixture[str]) -> None:
+    root = traces_dir()
+    if root is None:
+        pytest.skip("sample traces not found: set KVSTORE_TRACES_DIR or provide ../shared/traces")
+    trace = root / "mooncake" / "conversation_trace.jsonl"
+    if not trace.is_file():
+        pytest.skip(f"{trace} not found: the Mooncake sample trace is absent")
+    # The first 40 requests (block 0 repeats: a shared system prompt), 4 tokens a 512-token
+    # block, one in flight (so each sees every earlier request's blocks, as the simulator
+    # does) and a pool that holds them all.
+    env = {"KVENGINE_CACHE_DIR": str(tmp_path / "cache")}
+    with ServeProcess(["--model", str(tiny_dir), "--kv-store", f"embedded:{tmp_path}",
+                       "--block-tokens", str(K), "--pool-tokens", "8192",
+                       "--no-cache-generated", "--dram", "64MiB", "--ssd-capacity", "256MiB"],
+                      env) as server:
+        out = bench(server, [str(trace)], capsys, "--sessions", "40", "--concurrency", "1")
+    assert out["requests"] == 40
+    assert out["predicted"]["token_hit_rate"] > 0
     assert abs(out["token_hit_rate"] - out["predicted"]["token_hit_rate"]) <= 0.01
