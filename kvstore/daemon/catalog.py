@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 from kvstore.errors import IntegrityError, InvalidArgument
@@ -40,8 +41,11 @@ class MemoryCatalog:
             self._append(f"+ {ns_to_proto(ns).SerializeToString().hex()}")
 
     def of_tenant(self, tenant: str) -> list[Namespace]:
+        return self.of_tenants(lambda t: t == tenant)
+
+    def of_tenants(self, scope: Callable[[str], bool]) -> list[Namespace]:
         with self._lock:
-            return [ns for ns in self._by_fp.values() if ns.tenant == tenant]
+            return [ns for ns in self._by_fp.values() if scope(ns.tenant)]
 
     def forget(self, namespaces: list[Namespace]) -> None:
         with self._lock:

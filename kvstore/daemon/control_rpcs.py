@@ -3,14 +3,17 @@ and the staging segments (DESIGN §7).
 
 A tenant's token sees and waits for its own tenant only: ``Stats`` shows tier
 capacities, what its namespaces hold and its own counters; ``Flush`` waits for its own
-accepted blocks. An admin token (``token tenant admin`` in the token file), or any
+accepted blocks. A delegating token (``P/*``) sees and waits for itself and every
+``P/NAME`` together. An admin token (``token tenant admin`` in the token file), or any
 caller of a daemon without a token file, sees the whole daemon, and an admin may delete
 a whole tenant: every namespace the daemon has known of it, from every tier.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import grpc
@@ -19,7 +22,7 @@ from kvstore.daemon.catalog import MemoryCatalog
 from kvstore.daemon.staging import DATA_OFFSET, StagingArea
 from kvstore.daemon.tenants import TenantLedger, held_blocks, tenant_stats
 from kvstore.errors import InvalidArgument
-from kvstore.rpcserver.auth import DELEGATION_SUFFIX, Caller
+from kvstore.rpcserver.auth import Caller, owns
 from kvstore.rpcserver.plumbing import RpcPlumbing
 from kvstore.tier import KVStore
 from kvstore.wire.errors import NotAdmin
@@ -27,6 +30,16 @@ from kvstore.wire.proto import kvstore_pb2 as pb
 from kvstore.wire.stats import stats_to_proto
 
 log = logging.getLogger(__name__)
+
+
+def _scope(caller: Caller) -> Callable[[str], bool] | None:
+    """The tenants a caller's Stats and Flush cover (``None``: the whole daemon). A
+    delegating token (``P/*``) covers itself and every ``P/NAME`` it may act for."""
+    if caller.sees_everything:
+        return None
+    tenant = caller.tenant
+    assert tenant is not None  # sees_everything otherwise
+    return functools.partial(owns, tenant)
 
 
 class ControlRpcs(RpcPlumbing):
@@ -39,10 +52,7 @@ class ControlRpcs(RpcPlumbing):
 
     def Flush(self, req: pb.FlushRequest, ctx: grpc.ServicerContext) -> Any:
         def run(caller: Caller) -> pb.FlushResponse:
-            # A delegating token's blocks lie under many tenants: it waits for all blocks.
-            delegating = caller.tenant is not None and caller.tenant.endswith(DELEGATION_SUFFIX)
-            scope = None if caller.sees_everything or delegating else caller.tenant
-            self.ledger.flush(scope, self.store, ctx.time_remaining())
+            self.ledger.flush(_scope(caller), self.store, ctx.time_remaining())
             return pb.FlushResponse()
 
         return self._unary_as(ctx, "Flush", run)
@@ -52,9 +62,10 @@ class ControlRpcs(RpcPlumbing):
             whole = self.store.stats(timeout_s=ctx.time_remaining())
             if caller.sees_everything:
                 return stats_to_proto(whole)
-            assert caller.tenant is not None  # sees_everything otherwise
-            held = held_blocks(self.store, self.catalog.of_tenant(caller.tenant))
-            return stats_to_proto(tenant_stats(whole, held, self.ledger.counters(caller.tenant)))
+            scope = _scope(caller)
+            assert scope is not None  # sees_everything otherwise
+            held = held_blocks(self.store, self.catalog.of_tenants(scope))
+            return stats_to_proto(tenant_stats(whole, held, self.ledger.counters_of(scope)))
 
         return self._unary_as(ctx, "Stats", run)
 

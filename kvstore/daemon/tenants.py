@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Protocol, runtime_checkable
 
 from kvstore.errors import IntegrityError
@@ -57,8 +57,17 @@ class TenantLedger:
             c.update(deltas)
 
     def counters(self, tenant: str) -> dict[str, int]:
+        return self.counters_of(lambda t: t == tenant)
+
+    def counters_of(self, scope: Callable[[str], bool]) -> dict[str, int]:
+        """The counters summed over every tenant ``scope`` admits (a delegating token
+        sees all of its sub-tenants together)."""
+        total = Counter({k: 0 for k in COUNTERS})
         with self._lock:
-            return dict(self._counts.get(tenant, Counter({k: 0 for k in COUNTERS})))
+            for tenant, c in self._counts.items():
+                if scope(tenant):
+                    total.update(c)
+        return dict(total)
 
     def note_commit(self, tenant: str, store: KVStore) -> None:
         """Call after a tenant's commit returned: its blocks are queued up to here."""
@@ -67,15 +76,18 @@ class TenantLedger:
             with self._lock:
                 self._marks[tenant] = max(mark, self._marks.get(tenant, 0))
 
-    def flush(self, tenant: str | None, store: KVStore, timeout_s: float | None) -> None:
-        """Wait for ``tenant``'s accepted blocks (``None``: for every block)."""
-        if tenant is None or not isinstance(store, MarkedFlush):
+    def flush(
+        self, scope: Callable[[str], bool] | None, store: KVStore, timeout_s: float | None
+    ) -> None:
+        """Wait for the accepted blocks of every tenant ``scope`` admits (``None``: for
+        every block)."""
+        if scope is None or not isinstance(store, MarkedFlush):
             store.flush(timeout_s=timeout_s)
             return
         with self._lock:
-            mark = self._marks.get(tenant)
-        if mark is not None:
-            store.flush(timeout_s=timeout_s, upto=mark)
+            marks = [m for t, m in self._marks.items() if scope(t)]
+        if marks:
+            store.flush(timeout_s=timeout_s, upto=max(marks))
 
     def forget(self, tenant: str) -> None:
         with self._lock:

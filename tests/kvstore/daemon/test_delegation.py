@@ -60,3 +60,38 @@ def test_daemon_accepts_delegated_namespaces_only(spawn_daemon: SpawnDaemon,
         for outside in ("engine-1", "engine-2/alice", "alice"):
             with pytest.raises(AccessDenied):
                 engine.register(small_ns(tenant=outside))
+
+
+def test_a_delegating_tokens_stats_cover_all_its_sub_tenants_and_no_other(
+    spawn_daemon: SpawnDaemon, tmp_path: Path
+) -> None:
+    tokens = write_tokens(tmp_path / "tokens", ["engine-1/*", "engine-2/*", "engine-1/alice"])
+    d = spawn_daemon("--auth-token-file", str(tmp_path / "tokens"))
+    alice_ns, bob_ns = small_ns(tenant="engine-1/alice"), small_ns(tenant="engine-1/bob")
+    other_ns = small_ns(tenant="engine-2/carol")
+    bb = alice_ns.block_bytes
+    with client(d.target, tokens["engine-1/*"]) as engine, \
+            client(d.target, tokens["engine-2/*"]) as engine2, \
+            client(d.target, tokens["engine-1/alice"]) as alice:
+        for ns, n, seed in ((alice_ns, 2, 1), (bob_ns, 3, 2)):
+            engine.register(ns)
+            keys = make_chain(ns, n, seed=seed)
+            engine.commit(ns, keys, payloads(ns, keys))
+            engine.lookup(ns, keys)
+        engine2.register(other_ns)
+        keys = make_chain(other_ns, 7, seed=3)
+        engine2.commit(other_ns, keys, payloads(other_ns, keys))
+        engine.flush()
+        engine2.flush()
+
+        mine = engine.stats()
+        dram = next(t for t in mine.tiers if t.name == "dram")
+        assert dram.used_bytes == 5 * bb  # alice's 2 and bob's 3, not carol's 7
+        assert mine.counters["commit_blocks_total"] == 5
+        assert mine.counters["lookups_total"] == 2
+        assert mine.counters["lookup_hit_blocks_total"] == 5
+        # A sub-tenant's own token still sees only itself.
+        theirs = alice.stats()
+        assert next(t for t in theirs.tiers if t.name == "dram").used_bytes == 2 * bb
+        assert theirs.counters["commit_blocks_total"] == 2
+        assert engine2.stats().counters["commit_blocks_total"] == 7

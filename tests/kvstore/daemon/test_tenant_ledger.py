@@ -89,19 +89,19 @@ def test_a_tenants_flush_does_not_wait_for_another_tenants_later_blocks(store: A
     ka, kb = make_chain(NS_A, 3, seed=1), make_chain(NS_B, 3, seed=2)
     s.commit(NS_A, ka, payloads(NS_A, ka))
     ledger.note_commit("alice", s)
-    ledger.flush("alice", s, timeout_s=5)
+    ledger.flush("alice".__eq__, s, timeout_s=5)
     assert low.contains(NS_A, ka) == 3  # alice's flush waited for her blocks
     s.commit(NS_B, kb, payloads(NS_B, kb))  # its write-back now hangs at the gate
     ledger.note_commit("bob", s)
-    ledger.flush("alice", s, timeout_s=1)  # and not for bob's, accepted later
+    ledger.flush("alice".__eq__, s, timeout_s=1)  # and not for bob's, accepted later
     with pytest.raises(StoreUnavailable):
-        ledger.flush("bob", s, timeout_s=0.2)
+        ledger.flush("bob".__eq__, s, timeout_s=0.2)
     with pytest.raises(StoreUnavailable):
         ledger.flush(None, s, timeout_s=0.2)  # an admin's flush waits for everything
     low.gate.set()
-    ledger.flush("bob", s, timeout_s=5)
+    ledger.flush("bob".__eq__, s, timeout_s=5)
     assert low.contains(NS_B, kb) == 3
-    ledger.flush("carol", s, timeout_s=0.01)  # nothing accepted: nothing to wait for
+    ledger.flush("carol".__eq__, s, timeout_s=0.01)  # nothing accepted: nothing to wait for
     ledger.check_integrity()
 
 
