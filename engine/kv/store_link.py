@@ -32,6 +32,18 @@ from kvstore.tier import CommitResult, KVStore, LookupResult, StoreStats
 log = logging.getLogger("engine.store")
 T = TypeVar("T")
 
+#: Reported from the start, at 0 until they move: a reader that misspells one fails
+#: instead of reading 0. (``store_errors_<call>`` appear with the first failure of a call.)
+COUNTERS = (
+    "store_errors_total",
+    "corrupt_blocks_total",
+    "loaded_blocks_total",
+    "loaded_bytes_total",
+    "committed_blocks_total",
+    "committed_bytes_total",
+    "commit_dropped_blocks_total",
+)
+
 
 def _ignore_call(call: str, seconds: float) -> None:
     pass
@@ -139,7 +151,7 @@ class KVStoreLink(StoreLink):
         self.ns = ns
         self.name = name
         self._lock = threading.Lock()
-        self._counters: Counter[str] = Counter()
+        self._counters: Counter[str] = Counter(dict.fromkeys(COUNTERS, 0))
         self._warned: set[str] = set()  # "down", "corrupt": the warnings already given
         self._registered: set[Namespace] = set()
         self._closed = False

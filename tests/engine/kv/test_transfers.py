@@ -11,6 +11,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from engine.kv.store_link import COUNTERS
 from engine.sampling_params import SamplingParams
 from engine.sequence import SequenceStatus
 from tests.engine.engine_harness import (
@@ -104,6 +105,16 @@ def test_a_load_past_its_deadline_is_recomputed(store: WrappedStore) -> None:
         second.drain(5)
         second.check_integrity()
         assert all(blk.ref_cnt == 0 for blk in second.blocks.pool.blocks)
+
+
+def test_the_link_reports_every_counter_from_the_start(store: WrappedStore) -> None:
+    with fake_engine(store) as eng:
+        fresh = eng.link.counters()
+        run_checked(eng, [prompt(22)])
+        eng.drain(5)
+        after = eng.link.counters()
+    assert fresh == dict.fromkeys(COUNTERS, 0)  # present before anything moved
+    assert after["store_errors_total"] == 0 and after["committed_blocks_total"] > 0
 
 
 def test_a_dead_store_costs_misses_and_a_revived_one_is_used_again(

@@ -105,4 +105,4 @@ def read_back(tier: ClusterTier, ns: Namespace, keys: list[Key]) -> tuple[int, b
 
 
 def counter(tier: ClusterTier, name: str) -> int:
-    return int(tier.stats().counters.get(name, 0))
+    return int(tier.stats().counters[name])  # a misspelt name fails, it is not a 0
