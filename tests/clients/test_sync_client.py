@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from clients.breaker import BreakerConfig
+from clients.breaker import BreakerConfig, CircuitBreaker
 from clients.config import ClientConfig, config_from_url, parse_store_url
 from clients.errors import CircuitOpen
 from clients.messages import GetReader
@@ -134,28 +134,46 @@ def test_one_client_many_threads(store: GrpcStore) -> None:
     assert not errors, errors[:2]
 
 
+class Clock:
+    """The breaker's clock, moved by the test: the cool-down never ends on its own, so a
+    slow machine cannot turn "open" into "half_open" between two lines."""
+
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
 def test_dead_daemon_trips_the_breaker_and_recovery(spawn_daemon: SpawnDaemon) -> None:
     d = spawn_daemon()
     port = d.port
     cfg = ClientConfig(
         target=d.target,
         default_timeout_s=1,
-        breaker=BreakerConfig(failure_threshold=2, cooldown_s=0.3),
+        breaker=BreakerConfig(failure_threshold=1, cooldown_s=5),
     )
+    clock = Clock()
     with GrpcStore(cfg) as s:
+        s.core.breaker = CircuitBreaker(cfg.breaker, clock)
         s.register(NS)
         d.kill()  # kill -9
-        with pytest.raises(StoreUnavailable):
+        with pytest.raises(StoreUnavailable) as first:
             s.lookup(NS, make_chain(NS, 1, seed=6))
-        assert s.breaker.state in ("open", "half_open")
+        # The call's own failure opened the breaker: it reports that failure, not the breaker.
+        assert not isinstance(first.value, CircuitOpen)
+        assert s.breaker.state == "open" and s.breaker.opened_total == 1
         with pytest.raises(CircuitOpen):
             s.lookup(NS, make_chain(NS, 1, seed=6))
         f = s.prefetch(NS, make_chain(NS, 1, seed=6))
-        with pytest.raises(StoreUnavailable):
+        with pytest.raises(CircuitOpen):
             f.result(timeout=5)
-        # A new daemon on the same port: the same client reconnects once the breaker lets it.
+        # A new daemon on the same port: the same client reconnects once the breaker lets
+        # it, each cool-down letting one trial call through.
         spawn_daemon("--listen", f"127.0.0.1:{port}")
         for _ in range(100):
+            clock.t += cfg.breaker.cooldown_s
+            assert s.breaker.state == "half_open"
             try:
                 s.register(NS, timeout_s=2)
                 break

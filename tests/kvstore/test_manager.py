@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import pytest
 
@@ -82,21 +84,42 @@ def test_a_prefix_larger_than_dram_keeps_its_head_in_dram() -> None:
     m.close()
 
 
+class HeldTier(DramTier):
+    """A lower tier whose puts wait until the test lets them go: the flusher cannot drain
+    while a commit runs, so what the dirty bound grants is decided, not raced."""
+
+    def __init__(self, config: DramConfig) -> None:
+        super().__init__(config)
+        self.go = threading.Event()
+
+    def put(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        assert self.go.wait(timeout=60), "the test never let the write-back go"
+        return super().put(*args, **kwargs)
+
+
 def test_backpressure_then_drops_are_counted_never_silent() -> None:
-    # The lower tier is closed: every write-back fails (counted), and the flusher still
-    # drains, so commits proceed. Then a tiny dirty bound with a zero deadline refuses.
-    m, _, low = make(max_dirty_bytes=2 * BB, commit_wait_s=0.0)
-    low.close()
-    keys = chain(12, seed=5)
-    res = m.commit(NS, keys, pl(keys), timeout_s=0.0)
-    st = m.stats().counters
-    assert res.inserted + res.dropped == 12
-    assert st["dropped_blocks_total"] == res.dropped
-    assert st["backpressure_waits_total"] >= (1 if res.dropped else 0)
+    # Dirty bound 2 blocks, zero deadline, a flusher held on its first batch: the commit
+    # gets the 2 blocks an idle queue grants, waits (counted) for more, gets none (counted
+    # drops). The lower tier is closed, so that batch then fails: the flush says so.
+    top = DramTier(DramConfig(8 * BB, chunk_bytes=BB * 4))
+    low = HeldTier(DramConfig(64 * BB, chunk_bytes=BB * 8, name="ssd"))
+    m = TierManager([top, low], ManagerConfig(max_dirty_bytes=2 * BB, commit_wait_s=0.0))
+    try:
+        m.register(NS)
+        low.close()
+        keys = chain(12, seed=5)
+        res = m.commit(NS, keys, pl(keys), timeout_s=0.0)
+        assert (res.inserted, res.dropped) == (2, 10)  # the chain's head is kept
+        assert top.contains(NS, keys) == 2
+        st = m.stats().counters
+        assert st["dropped_blocks_total"] == 10
+        assert st["backpressure_waits_total"] == 2  # for 12 blocks, then for the last 10
+    finally:
+        low.go.set()
     with pytest.raises(NotDurable) as refused:  # the lower tier took none of them
         m.flush(timeout_s=10)
-    assert refused.value.refused_blocks == res.inserted
-    assert m.stats().counters["writeback_errors_total"] == res.inserted
+    assert refused.value.refused_blocks == 2
+    assert m.stats().counters["writeback_errors_total"] == 2
     m.close()
 
 
@@ -132,18 +155,41 @@ def test_prefetch_promotes_in_the_background() -> None:
     m.close()
 
 
+class TouchLog(DramTier):
+    """A lower tier that tells when the write-back has forwarded a touch of given keys."""
+
+    def __init__(self, config: DramConfig) -> None:
+        super().__init__(config)
+        self._touched: set[bytes] = set()
+        self._cond = threading.Condition()
+
+    def touch(self, ns, keys) -> None:  # type: ignore[no-untyped-def]
+        super().touch(ns, keys)
+        with self._cond:
+            self._touched.update(keys)
+            self._cond.notify_all()
+
+    def wait_touched(self, keys: list[bytes], timeout_s: float) -> bool:
+        with self._cond:
+            return self._cond.wait_for(lambda: self._touched.issuperset(keys), timeout_s)
+
+
 def test_dram_hits_refresh_lower_copies_in_batches() -> None:
-    m, _top, low = make(retention_touch_interval_s=0.05)
+    top = DramTier(DramConfig(8 * BB, chunk_bytes=BB * 4))
+    low = TouchLog(DramConfig(64 * BB, chunk_bytes=BB * 8, name="ssd"))
+    m = TierManager([top, low], ManagerConfig(retention_touch_interval_s=0.05))
+    m.register(NS)
     a, b = chain(4, seed=9), chain(60, seed=10)
     m.commit(NS, a, pl(a), durability="ssd")
     m.commit(NS, b, pl(b), durability="ssd")  # a is now the lower tier's oldest
     m.get_into(NS, a, bytearray(4 * BB))  # a DRAM hit
-    import time
-
-    time.sleep(0.3)  # the flusher forwards the touch within its interval
+    # The flusher forwards the hit on its next round (an event, not a wait that a slow
+    # machine could outlast); committing c before that would evict a below.
+    assert low.wait_touched(a, timeout_s=30)
     c = chain(8, seed=11)
     m.commit(NS, c, pl(c), durability="ssd")
     assert low.contains(NS, a) == 4, "refreshed copy outlives older blocks"
+    assert sum(low.contains(NS, [k]) for k in b) == 60 - 8  # b's older blocks made room
     m.close()
 
 

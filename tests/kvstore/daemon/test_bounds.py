@@ -51,6 +51,29 @@ def held_stream(keys: list[bytes], release: threading.Event) -> Iterator[pb.Comm
     release.wait(60)
 
 
+def budget_full(stub: pb_grpc.KVStoreStub, seed: int) -> bool:
+    """Whether a whole 2-block commit is refused for want of in-flight bytes now (if it
+    is not, it is simply stored)."""
+    keys = make_chain(BIG, 2, seed=seed)
+    data = payloads(BIG, keys)
+
+    def stream() -> Iterator[pb.CommitRequest]:
+        yield pb.CommitRequest(
+            open=pb.CommitOpen(ns=codec.ns_to_proto(BIG), keys=keys, indices=[0, 1])
+        )
+        for i, k in enumerate(keys):
+            for c in codec.iter_chunks(i, BIG.fingerprint, k, memoryview(data[i])):
+                yield pb.CommitRequest(chunk=c)
+
+    try:
+        stub.Commit(stream(), timeout=10)
+        return False
+    except grpc.RpcError as e:
+        if e.code() != grpc.StatusCode.RESOURCE_EXHAUSTED:
+            raise
+        return True
+
+
 def one_round(
     stub: pb_grpc.KVStoreStub, seed: int
 ) -> tuple[list[grpc.StatusCode], list[list[bytes]]]:
@@ -119,11 +142,18 @@ def test_an_overloaded_daemon_is_retried_within_the_deadline(spawn_daemon: Spawn
             held_stream(make_chain(BIG, BLOCKS_PER_STREAM, seed=3), release), timeout=30
         )
         try:
-            time.sleep(0.3)  # the hog holds the whole budget now
+            # Until the daemon refuses a probe, the hog may not hold the budget yet: the
+            # commit below could then pass at once, and the hog be the one refused.
+            stub = pb_grpc.KVStoreStub(ch)
+            deadline = time.monotonic() + 30
+            full = budget_full(stub, seed=5)
+            while not full and time.monotonic() < deadline and not hog.done():
+                full = budget_full(stub, seed=5)
+            assert full, "the budget was never seen full while the hog was open"
             keys = make_chain(BIG, 2, seed=4)
-            t0 = time.monotonic()
+            # Refused while the hog holds the budget, retried until the daemon's idle
+            # deadline cancels the hog: it goes through within its own deadline.
             assert c.commit(BIG, keys, payloads(BIG, keys)).inserted == 2
-            assert time.monotonic() - t0 > 0.3  # it had to wait for the idle deadline
             with pytest.raises(grpc.RpcError) as e:
                 hog.result(timeout=10)
             assert e.value.code() == grpc.StatusCode.CANCELLED

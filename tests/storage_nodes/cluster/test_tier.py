@@ -120,8 +120,13 @@ def test_writes_fall_back_to_fewer_replicas_and_count_it(
     assert tier.contains(NS, keys) == 0
     assert read_back(tier, NS, keys) == (0, True)
     assert tier.put(NS, keys, rows(NS, keys)).dropped == 12
+    # Each node failed a call (or a probe) after it stopped, and one failure ejects: all
+    # three are out, and stats asks no ejected node, so none is "unreachable".
+    assert tier.health.snapshot() == (False, False, False)
     st = tier.stats()
-    assert st.info["healthy_nodes"] == "0" or st.info["unreachable"]
+    assert st.info["healthy_nodes"] == "0"
+    assert st.info["ejected"] == st.info["nodes"]
+    assert st.info["unreachable"] == ""
     tier.touch(NS, keys)
     assert tier.delete_namespace(NS) == 0
 

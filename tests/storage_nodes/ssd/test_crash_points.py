@@ -22,20 +22,37 @@ from tests.io_backends import backends_here
 from tests.storage_nodes.ssd.helpers import SLAB, chain, make_config, rows, small_ns, verify_all
 
 REPO = Path(__file__).resolve().parents[3]
-# A put in the default (fast) mode never syncs the index; in strict mode every commit does.
-CASES = [("fast", p) for p in CRASH_POINTS if p != "index_synced"] + [
-    ("strict", p) for p in CRASH_POINTS
-]
+# (durability, point, nth): crash at the nth time the put reaches the point. A put in the
+# default (fast) mode never syncs the index; in strict mode every commit does, and the put
+# of b commits twice: the eviction that makes room, then its own publish.
+CASES = (
+    [("fast", p, 1) for p in CRASH_POINTS if p != "index_synced"]
+    + [("strict", p, 1) for p in CRASH_POINTS]
+    + [("strict", "index_synced", 2)]
+)
+# The tier holds 128 slots: a takes 120, so the 20 blocks of b need 12 of a evicted first.
+A_BLOCKS, B_BLOCKS, SLOTS = 120, 20, 128
+EVICTED = B_BLOCKS - (SLOTS - A_BLOCKS)
+
+
+def b_kept(point: str, nth: int) -> int:
+    """What survives of b: all of it once its publish was synced, nothing before (every
+    earlier point is before the index commit that names b's blocks)."""
+    return B_BLOCKS if (point, nth) == ("index_synced", 2) else 0
 
 
 class Hook:
-    def __init__(self, point: str) -> None:
+    def __init__(self, point: str, nth: int = 1) -> None:
         self.point = point
+        self.nth = nth
+        self.seen = 0
         self.armed = False
 
     def __call__(self, point: str) -> None:
         if self.armed and point == self.point:
-            raise SimulatedCrash(point)
+            self.seen += 1
+            if self.seen == self.nth:
+                raise SimulatedCrash(point)
 
 
 def _reopen_and_check(d: Path, backend: str, durability: str = "fast") -> SSDTier:
@@ -48,10 +65,12 @@ def _reopen_and_check(d: Path, backend: str, durability: str = "fast") -> SSDTie
     return t
 
 
-@pytest.mark.parametrize(("durability", "point"), CASES)
-def test_crash_point_in_process(tmp_path: Path, backend: str, durability: str, point: str) -> None:
+@pytest.mark.parametrize(("durability", "point", "nth"), CASES)
+def test_crash_point_in_process(
+    tmp_path: Path, backend: str, durability: str, point: str, nth: int
+) -> None:
     ns = small_ns()
-    hook = Hook(point)
+    hook = Hook(point, nth)
     d = tmp_path / "ssd"
     t = SSDTier(
         make_config(
@@ -63,22 +82,22 @@ def test_crash_point_in_process(tmp_path: Path, backend: str, durability: str, p
         )
     )
     t.register(ns)
-    a = chain(ns, 120, salt=1)
+    a = chain(ns, A_BLOCKS, salt=1)
     t.put(ns, a, rows(ns, a))
-    before = t.contains(ns, a)
-    b = chain(ns, 20, salt=2)  # needs eviction, so "after_free" is reached too
+    assert t.contains(ns, a) == A_BLOCKS
+    b = chain(ns, B_BLOCKS, salt=2)  # needs eviction, so "after_free" is reached too
     hook.armed = True
     with pytest.raises(SimulatedCrash):
         t.put(ns, b, rows(ns, b))
     abandon(t)
     t2 = _reopen_and_check(d, backend, durability)
-    assert t2.contains(ns, b) == 0 or point == "index_synced"  # published just before
+    assert t2.contains(ns, b) == b_kept(point, nth)
     # eviction made room (and committed) before the crash; nothing else of a is lost
-    assert before - 20 <= t2.contains(ns, a) < before
+    assert t2.contains(ns, a) == A_BLOCKS - EVICTED
     # the store keeps working: freed slots are reusable, b fits now
     r = t2.put(ns, b, rows(ns, b))
-    assert r.inserted + r.present == 20
-    assert verify_all(t2, ns) == 128
+    assert (r.inserted, r.present) == (B_BLOCKS - b_kept(point, nth), b_kept(point, nth))
+    assert verify_all(t2, ns) == SLOTS
     t2.check_integrity()
     t2.close()
 
@@ -87,11 +106,13 @@ _CHILD = """
 import json, os, sys
 from storage_nodes.ssd import SSDTier
 from tests.storage_nodes.ssd.helpers import SLAB, chain, make_config, rows, small_ns
-d, backend, point, durability = sys.argv[1:5]
-armed = []
+d, backend, point, durability, nth = sys.argv[1:6]
+armed, seen = [], []
 def hook(p):
     if armed and p == point:
-        os._exit(77)
+        seen.append(p)
+        if len(seen) == int(nth):
+            os._exit(77)
 ns = small_ns()
 t = SSDTier(make_config(d, io_backend=backend, capacity_bytes=2 * SLAB, crash_hook=hook,
                         index_durability=durability))
@@ -106,23 +127,23 @@ os._exit(0)
 """
 
 
-@pytest.mark.parametrize(("durability", "point"), CASES)
-def test_crash_point_process_exit(tmp_path: Path, durability: str, point: str) -> None:
+@pytest.mark.parametrize(("durability", "point", "nth"), CASES)
+def test_crash_point_process_exit(tmp_path: Path, durability: str, point: str, nth: int) -> None:
     backend = backends_here()[0]
     d = tmp_path / "ssd"
     p = subprocess.run(
-        [sys.executable, "-c", _CHILD, str(d), backend, point, durability],
+        [sys.executable, "-c", _CHILD, str(d), backend, point, durability, str(nth)],
         cwd=REPO,
         capture_output=True,
         text=True,
         timeout=120,
     )
     assert p.returncode == 77, p.stderr
-    before = json.loads(p.stdout.strip())
+    assert json.loads(p.stdout.strip()) == A_BLOCKS
     ns = small_ns()
     t = _reopen_and_check(d, backend, durability)
-    assert t.contains(ns, chain(ns, 20, salt=2)) == 0 or point == "index_synced"
-    assert before - 20 <= t.contains(ns, chain(ns, 120, salt=1)) < before
+    assert t.contains(ns, chain(ns, B_BLOCKS, salt=2)) == b_kept(point, nth)
+    assert t.contains(ns, chain(ns, A_BLOCKS, salt=1)) == A_BLOCKS - EVICTED
     t.close()
 
 
