@@ -110,10 +110,13 @@ def test_a_row_that_cannot_be_encoded_never_stops_the_writer(tmp_path: Path) -> 
     log = ParquetAccessLog(AccessLogConfig(dir=str(tmp_path), rotate_s=0.3, flush_s=0.05))
     keys = make_chain(NS, 2, seed=5)
     log.record(record(1 << 63, keys))
-    time.sleep(0.3)
-    assert log._thread.is_alive()
+    # Until the writer has dropped that row, a second one could join its batch (and be
+    # dropped with it): wait for the drop, not for a time a loaded machine may outlast.
+    deadline = time.monotonic() + 30
+    while log.rows_dropped == 0 and log._thread.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert log.rows_dropped == 1 and log._thread.is_alive()
     log.record(record(7, keys))
-    time.sleep(0.3)
     log.close()
     rows = [r for f in glob.glob(str(tmp_path / "*.parquet")) for r in pq.read_table(f).to_pylist()]
     assert [r["prompt_tokens"] for r in rows] == [7]
