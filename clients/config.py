@@ -9,7 +9,12 @@ import grpc
 
 from clients.breaker import BreakerConfig
 from kvstore.errors import InvalidArgument
-from kvstore.wire.channel import CHANNEL_OPTIONS, bearer_metadata, channel_credentials
+from kvstore.wire.channel import (
+    CHANNEL_OPTIONS,
+    bearer_metadata,
+    channel_credentials,
+    token_from_file,
+)
 
 TOKEN_ENV = "KVSTORE_AUTH_TOKEN"
 
@@ -64,15 +69,7 @@ def read_token(token_file: str | None) -> str | None:
     """The token from ``token_file`` (first field of its first non-comment line; the
     daemon's ``token tenant`` file format works too) or from ``$KVSTORE_AUTH_TOKEN``."""
     if token_file:
-        try:
-            with open(token_file, encoding="utf-8") as f:
-                for line in f:
-                    line = line.strip()
-                    if line and not line.startswith("#"):
-                        return line.split()[0]
-        except OSError as e:
-            raise InvalidArgument(f"cannot read token file {token_file}: {e.strerror}") from None
-        raise InvalidArgument(f"token file {token_file} holds no token")
+        return token_from_file(token_file, "token file")
     return os.environ.get(TOKEN_ENV) or None
 
 

@@ -6,6 +6,8 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from kvstore.errors import InvalidArgument
+from kvstore.wire.channel import token_from_file
 from storage_nodes.cluster.errors import ClusterConfigError
 
 #: Environment variable holding the token the cluster client presents to nodes.
@@ -101,12 +103,6 @@ def node_token(token_file: str | None) -> str | None:
     if token_file is None:
         return token_from_env()
     try:
-        with open(token_file, encoding="utf-8") as f:
-            lines = [ln.strip() for ln in f]
-    except (OSError, UnicodeDecodeError) as e:
-        why = getattr(e, "strerror", None) or "not UTF-8 text"
-        raise ClusterConfigError(f"--node-token-file {token_file}: cannot read ({why})") from None
-    for line in lines:
-        if line and not line.startswith("#"):
-            return line.split()[0]
-    raise ClusterConfigError(f"--node-token-file {token_file} holds no token")
+        return token_from_file(token_file, "--node-token-file")
+    except InvalidArgument as e:
+        raise ClusterConfigError(str(e)) from None
