@@ -44,6 +44,21 @@ class _HelpFormatter(argparse.HelpFormatter):
         return f"{text} (default: %(default)s)"
 
 
+class CommandParser(argparse.ArgumentParser):
+    """A command's parser that keeps, by destination, the action each of its flags made
+    (what ``add_argument`` returns): a config file's keys are checked against them.
+    Command modules add their flags with ``add_argument`` on the parser itself."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.flags: dict[str, argparse.Action] = {}  # before: __init__ adds --help
+        super().__init__(*args, **kwargs)
+
+    def add_argument(self, *args: Any, **kwargs: Any) -> argparse.Action:
+        action = super().add_argument(*args, **kwargs)
+        self.flags[action.dest] = action
+        return action
+
+
 class UsageError(Exception):
     """Bad command-line input: printed as one line, exit status 2."""
 
@@ -60,11 +75,11 @@ def load_config(path: str) -> dict[str, Any]:
     return {k.replace("-", "_"): v for k, v in data.items()}
 
 
-def config_defaults(sub: argparse.ArgumentParser, cfg: dict[str, Any], path: str) -> dict[str, Any]:
+def config_defaults(sub: CommandParser, cfg: dict[str, Any], path: str) -> dict[str, Any]:
     """TOML values as the strings a command line would give, checked against each flag:
     a switch takes true/false; a list becomes ``a,b`` (``nodes = ["h:1", "h:2"]``); numbers
     become their text, so sizes and durations go through the same parsers as flags."""
-    actions = {a.dest: a for a in sub._actions}
+    actions = sub.flags
     out: dict[str, Any] = {}
     for key, value in cfg.items():
         action = actions[key]
@@ -90,13 +105,23 @@ def config_defaults(sub: argparse.ArgumentParser, cfg: dict[str, Any], path: str
     return out
 
 
+def apply_config(sub: CommandParser, path: str) -> None:
+    """Make the TOML file ``path``'s values ``sub``'s defaults (parse again after: flags
+    given on the command line still win); a key that names no flag is a ``UsageError``."""
+    cfg = load_config(path)
+    unknown = sorted(set(cfg) - set(sub.flags))
+    if unknown:
+        raise UsageError(f"{path}: unknown keys {', '.join(unknown)}")
+    sub.set_defaults(**config_defaults(sub, cfg, path))
+
+
 def _scalar(v: object) -> bool:
     return isinstance(v, (str, int, float)) and not isinstance(v, bool)
 
 
 def build_parser(
     command: str | None = None,
-) -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
+) -> tuple[argparse.ArgumentParser, dict[str, CommandParser]]:
     """The top parser and one subparser per available command.
 
     Only ``command``'s module is imported and configured: the others are listed with
@@ -106,8 +131,8 @@ def build_parser(
         prog="kvstore",
         description="Tiered KV-cache store: HBM, host DRAM and an SSD cluster with 72 h retention.",
     )
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    subparsers: dict[str, argparse.ArgumentParser] = {}
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=CommandParser)
+    subparsers: dict[str, CommandParser] = {}
     for name, (mod, help_) in COMMANDS.items():
         p = sub.add_parser(name, help=help_, description=help_, formatter_class=_HelpFormatter)
         p.add_argument("--json", action="store_true", help="machine-readable output")
@@ -133,13 +158,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.config:
             # Config values are defaults; flags given on the command line still win.
-            sub = subparsers[args.command]
-            cfg = load_config(args.config)
-            known = {a.dest for a in sub._actions}
-            unknown = sorted(set(cfg) - known)
-            if unknown:
-                raise UsageError(f"{args.config}: unknown keys {', '.join(unknown)}")
-            sub.set_defaults(**config_defaults(sub, cfg, args.config))
+            apply_config(subparsers[args.command], args.config)
             args = parser.parse_args(argv)
         return int(importlib.import_module(args._module).run(args) or 0)
     except (UsageError, KVStoreError, ValueError) as e:

@@ -7,11 +7,10 @@ imports (torch, gRPC).
 
 from __future__ import annotations
 
-import argparse
 import sys
 from collections.abc import Sequence
 
-from kvstore.cli import UsageError, load_config
+from kvstore.cli import CommandParser, UsageError, apply_config
 from kvstore.errors import KVStoreError
 from kvstore.hitrate.cli import configure, run
 
@@ -19,7 +18,7 @@ _PROG = "kvstore hitrate"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog=_PROG, description="replay traffic logs through simulated tiers"
     )
     parser.add_argument("--json", action="store_true", help="machine-readable output")
@@ -29,11 +28,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         if args.config:
-            cfg = load_config(args.config)
-            unknown = sorted(set(cfg) - {a.dest for a in parser._actions})
-            if unknown:
-                raise UsageError(f"{args.config}: unknown keys {', '.join(unknown)}")
-            parser.set_defaults(**cfg)
+            apply_config(parser, args.config)
             args = parser.parse_args(argv)
         return run(args)
     except (UsageError, KVStoreError, ValueError, FileNotFoundError, PermissionError) as e:

@@ -370,3 +370,15 @@ def test_toml_numbers_are_accepted(
     out = run_json(capsys, str(trace), "--config", str(cfg))
     assert out["replay_keep_tokens"] == 7
     assert out["tiers"]["dram"]["capacity_blocks"] == 1073741824 // int(512 * 445.5)
+
+
+def test_the_standalone_command_checks_a_config_like_kvstore_hitrate(
+    capsys: pytest.CaptureFixture[str], trace: Path, tmp_path: Path
+) -> None:
+    cfg = tmp_path / "h.toml"
+    cfg.write_text("dram = 1073741824\nreplay-keep = 7\n")  # TOML numbers, as flags take them
+    assert standalone_main(["--json", str(trace), "--config", str(cfg)]) == 0
+    assert json.loads(capsys.readouterr().out) == run_json(capsys, str(trace), "--config", str(cfg))
+    cfg.write_text('nonsense = "x"\n')
+    assert standalone_main([str(trace), "--config", str(cfg)]) == 2
+    assert "unknown keys nonsense" in capsys.readouterr().err
