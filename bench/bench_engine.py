@@ -36,6 +36,7 @@ from typing import Any
 
 import torch
 
+from bench.engine_args import add_engine_args, model_and_store_root
 from bench.harness import machine
 from engine.config import EngineConfig
 from engine.kv.namespace import engine_namespace
@@ -59,31 +60,17 @@ class MeasuringLink(KVStoreLink):
         self.commit_blocks = commit_blocks
 
     def commit(
-        self, keys: Seq[Key], payloads: Mapping[int, Any], timeout_s: float
+        self, keys: Seq[Key], payloads: Mapping[int, Any], timeout_s: float,
+        ns: Namespace | None = None,
     ) -> CommitResult:
         n = self.commit_blocks
         kept = {i: p for i, p in payloads.items() if i < n}
         if not n:
             return CommitResult(dropped=len(payloads))
-        return super().commit(keys[:n], kept, timeout_s)
+        return super().commit(keys[:n], kept, timeout_s, ns=ns)
 
 
 ONE_TOKEN = SamplingParams(max_new_tokens=1, ignore_eos=True)
-
-
-def default_model_dir() -> Path:
-    from engine.model.revision import default_cache_dir
-
-    return default_cache_dir() / "models" / "small-qwen3"
-
-
-def ensure_model(path: Path) -> Path:
-    if not (path / "config.json").is_file():
-        from engine.model.make_model import make_model
-
-        print(f"making the small model in {path} ...", file=sys.stderr)
-        make_model("qwen3", "small", path, progress=True)
-    return path
 
 
 class Bench:
@@ -245,20 +232,10 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="bench_engine", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("what", nargs="?", default="all", choices=("all", "ttft", "prefill", "batch"))
-    p.add_argument("--model", type=Path, default=None, help="default: the make-run model")
-    p.add_argument("--sizes", default="4096,16384,32768")
-    p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--new-tokens", type=int, default=128)
+    add_engine_args(p, sizes="4096,16384,32768", rounds=3, new_tokens=128)
     p.add_argument("--pool-tokens", type=int, default=65536)
-    p.add_argument("--budget", type=int, default=EngineConfig().max_batched_tokens,
-                   help="per-step token budget (prefill chunk)")
-    p.add_argument("--store-root", type=Path, default=None,
-                   help="where the SSD tier's directories go (a real disk, not tmpfs)")
-    p.add_argument("--json", type=Path, help="also write the figures here")
     args = p.parse_args(argv)
-    model_dir = ensure_model(args.model or default_model_dir())
-    store_root = args.store_root or model_dir.parent.parent / "bench-store"
-    store_root.mkdir(parents=True, exist_ok=True)
+    model_dir, store_root = model_and_store_root(args, hybrid=False)
     b = Bench(model_dir, args.pool_tokens, args.budget, store_root)
     sizes = [int(s) for s in args.sizes.split(",")]
     print(f"# {args.what} on {model_dir.name}: {machine()}, torch threads "

@@ -31,6 +31,7 @@ from typing import Any
 
 import torch
 
+from bench.engine_args import add_engine_args, model_and_store_root
 from bench.harness import machine
 from engine.config import EngineConfig
 from engine.kv.namespace import engine_namespaces
@@ -45,21 +46,6 @@ from kvstore.tier import CommitResult, KVStore
 
 ONE_TOKEN = SamplingParams(max_new_tokens=1, ignore_eos=True)
 MODES = ("exact", "bounded")
-
-
-def default_model_dir() -> Path:
-    from engine.model.revision import default_cache_dir
-
-    return default_cache_dir() / "models" / "small-qwen3-hybrid"  # the make-run model
-
-
-def ensure_model(path: Path) -> Path:
-    if not (path / "config.json").is_file():
-        from engine.model.make_model import make_model
-
-        print(f"making the small hybrid model in {path} ...", file=sys.stderr)
-        make_model("qwen3", "small", path, hybrid=True, progress=True)
-    return path
 
 
 class ReadOnlyLink(KVStoreLink):
@@ -166,24 +152,15 @@ class Bench:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="bench_replay", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", type=Path, default=None, help="default: the make-run model")
-    p.add_argument("--sizes", default="4096,16384", help="cached context tokens")
-    p.add_argument("--new-tokens", type=int, default=1024, help="new prompt tokens per hit")
-    p.add_argument("--rounds", type=int, default=1)
+    add_engine_args(p, sizes="4096,16384", rounds=1, new_tokens=1024,
+                    sizes_help="cached context tokens", new_tokens_help="new prompt tokens per hit")
     p.add_argument("--cases", choices=("all", "cold", "hits"), default="all",
                    help="cold and hits of one size in separate commands (64 K: each runs "
                         "a cold prefill of minutes)")
-    p.add_argument("--budget", type=int, default=EngineConfig().max_batched_tokens,
-                   help="per-step token budget (prefill chunk)")
     p.add_argument("--dram", type=int, default=2 << 30, help="store DRAM tier bytes")
     p.add_argument("--ssd", type=int, default=8 << 30, help="store SSD tier bytes")
-    p.add_argument("--store-root", type=Path, default=None,
-                   help="where the SSD tier's directories go (a real disk, not tmpfs)")
-    p.add_argument("--json", type=Path, help="also write the figures here")
     args = p.parse_args(argv)
-    model_dir = ensure_model(args.model or default_model_dir())
-    store_root = args.store_root or model_dir.parent.parent / "bench-store"
-    store_root.mkdir(parents=True, exist_ok=True)
+    model_dir, store_root = model_and_store_root(args, hybrid=True)
     sizes = [int(s) for s in args.sizes.split(",")]
     lm = load_model(model_dir)
     pool = (max(sizes) + args.new_tokens) * 2 + 4096
