@@ -1,0 +1,34 @@
+"""Every benchmark module still imports after the code it measures moved, and every
+benchmark with a command line answers ``--help`` (argparse exits 0 before any work).
+The figures themselves are made only by ``make bench`` (never timed here)."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+MODULES = sorted(p.stem for p in BENCH.glob("*.py") if p.stem != "__init__")
+# No command line of their own: the runner of all benchmarks, a worker driven over a pipe,
+# and the shared helpers.
+NO_CLI = {"run_all", "daemon_bench_worker", "harness", "engine_args"}
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_the_module_imports(name: str) -> None:
+    importlib.import_module(f"bench.{name}")
+
+
+@pytest.mark.parametrize("name", sorted(set(MODULES) - NO_CLI))
+def test_help_exits_cleanly(
+    name: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    mod = importlib.import_module(f"bench.{name}")
+    monkeypatch.setattr(sys, "argv", [f"{name}.py", "--help"])
+    with pytest.raises(SystemExit) as e:
+        mod.main()
+    assert e.value.code == 0
+    assert "usage:" in capsys.readouterr().out
