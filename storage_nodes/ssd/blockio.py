@@ -13,12 +13,12 @@ from __future__ import annotations
 import errno
 import struct
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 
 import xxhash
 
 from kvstore.block import FORMAT_VERSION, MAGIC, check_header
 from kvstore.errors import BlockChecksumError, BlockError
+from kvstore.slot_io import ReadFailure, ReadOutcome
 from storage_nodes.ssd.config import ALIGN_BYTES, SSDConfig, slot_bytes_for
 from storage_nodes.ssd.encoder import Encoder
 from storage_nodes.ssd.errors import SSDIOError
@@ -30,24 +30,6 @@ from storage_nodes.ssd.slabs import SlabFiles, StagingPool
 _HEADER = struct.Struct("<4sHH16s16sQQQ")
 #: blocks per encoder task: the io_uring backend hands the kernel writes this often
 _ENCODE_CHUNK = 4
-
-
-@dataclass(frozen=True, slots=True)
-class ReadFailure:
-    """Why block ``index`` of a read was not returned: an errno or a failed check."""
-
-    index: int
-    loc: Location
-    errno: int = 0
-    error: BlockError | None = None
-    in_copy: bool = False  # the slot is sound; the copy in the destination was not
-
-
-@dataclass(frozen=True, slots=True)
-class ReadOutcome:
-    copied: int
-    failure: ReadFailure | None = None
-    checksums: list[int] = field(default_factory=list)  # stored, one per copied block
 
 
 class BlockIO:

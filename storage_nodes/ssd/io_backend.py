@@ -13,19 +13,10 @@ import errno
 import os
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import ClassVar
 
-
-@dataclass(frozen=True, slots=True)
-class IORequest:
-    """One positioned transfer. With O_DIRECT, ``offset`` and ``len(buf)`` are multiples
-    of 4 KiB and ``buf`` lies in page-aligned (mmap) memory."""
-
-    fd: int
-    offset: int
-    buf: memoryview
-
+from kvstore.slot_io import IORequest
+from kvstore.slot_io import full_transfer as _full
 
 OnDone = Callable[[int, int], None]
 
@@ -115,18 +106,3 @@ class PreadBackend(IOBackend):
             except OSError as e:
                 out.append(-(e.errno or errno.EIO))
         return out
-
-
-def _full(op: Callable[[int, list[memoryview], int], int], r: IORequest) -> int:
-    done, total = 0, len(r.buf)
-    while done < total:
-        try:
-            n = op(r.fd, [r.buf[done:]], r.offset + done)
-        except InterruptedError:
-            continue
-        except OSError as e:
-            return -(e.errno or errno.EIO)
-        if n <= 0:
-            return -errno.EIO  # EOF inside a preallocated slab: the file was truncated
-        done += n
-    return total
