@@ -107,7 +107,8 @@ class Ours:
         return info
 
 
-def fio(path: Path, rw: str, engine: str, size: int, seconds: float) -> dict[str, float]:
+def fio(path: Path, rw: str, engine: str, size: int, seconds: float, *,
+        cpu: bool = False) -> dict[str, float]:
     args = ["fio", "--name=b", f"--filename={path}", f"--size={size}", f"--rw={rw}",
             f"--bs={BLOCK}", "--direct=1", f"--runtime={seconds}", "--time_based",
             "--norandommap", "--randrepeat=0", "--output-format=json", "--group_reporting"]
@@ -120,8 +121,12 @@ def fio(path: Path, rw: str, engine: str, size: int, seconds: float) -> dict[str
     out = subprocess.run(args, capture_output=True, text=True, check=True).stdout
     j = json.loads(out[out.index("{"):])["jobs"][0]["read" if rw == "randread" else "write"]
     pct = j["clat_ns"].get("percentile", {})
-    return {"MBps": j["bw_bytes"] / 1e6, "p50_ms": pct.get("50.000000", 0) / 1e6,
+    out_ = {"MBps": j["bw_bytes"] / 1e6, "p50_ms": pct.get("50.000000", 0) / 1e6,
             "p99_ms": pct.get("99.000000", 0) / 1e6}
+    if cpu:  # fio's own CPU over the run (usr + sys, % of one core, all jobs)
+        job = json.loads(out[out.index("{"):])["jobs"][0]
+        out_["cpu_ms"] = (job["usr_cpu"] + job["sys_cpu"]) / 100 * seconds * 1e3
+    return out_
 
 
 def compare_with_fio(c: DFSCluster, a: argparse.Namespace) -> list[dict]:

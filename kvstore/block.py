@@ -146,6 +146,25 @@ def check_header(
     stale slot (key) from a flipped bit (checksum).
     """
     mv = memoryview(buf).cast("B")
+    plen, csum = _check_fields(mv, fingerprint, key, payload_len)
+    end = HEADER_BYTES + plen
+    if len(mv) < end:
+        raise BlockTruncatedError(f"block of {len(mv)} bytes, header says {end}")
+    return mv[HEADER_BYTES:end], csum
+
+
+def check_header_apart(
+    header: bytes | bytearray | memoryview, *, fingerprint: bytes, key: bytes, payload_len: int
+) -> int:
+    """``check_header`` for a header read apart from its payload (a scattered read puts
+    the payload straight into the caller's row): returns the checksum the payload must
+    have, which the caller checks on those bytes."""
+    return _check_fields(memoryview(header).cast("B"), fingerprint, key, payload_len)[1]
+
+
+def _check_fields(
+    mv: memoryview, fingerprint: bytes, key: bytes, payload_len: int | None
+) -> tuple[int, int]:
     if len(mv) < HEADER_BYTES:
         raise BlockTruncatedError(f"block of {len(mv)} bytes is shorter than its header")
     # Unpacked in place rather than through decode_header: this runs once per block on
@@ -161,10 +180,7 @@ def check_header(
         raise BlockKeyError(f"block holds key {hkey.hex()}, expected {key.hex()}")
     if payload_len is not None and plen != payload_len:
         raise BlockLengthError(f"payload length {plen}, expected {payload_len}")
-    end = HEADER_BYTES + plen
-    if len(mv) < end:
-        raise BlockTruncatedError(f"block of {len(mv)} bytes, header says {end}")
-    return mv[HEADER_BYTES:end], csum
+    return plen, csum
 
 
 def verify_block(

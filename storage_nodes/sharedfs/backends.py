@@ -11,14 +11,20 @@ from collections.abc import Callable
 from pathlib import Path
 
 from storage_nodes.sharedfs.errors import BackendUnavailable, SharedFSConfigError
-from storage_nodes.sharedfs.io_backend import IOBackend, PosixBackend, probe_direct_io
+from storage_nodes.sharedfs.io_backend import (
+    IOBackend,
+    PosixBackend,
+    probe_direct_io,
+    probe_user_memory,
+)
 
 
 def _make_posix(root: Path, queue_depth: int, direct: bool | None) -> IOBackend:
     supported = probe_direct_io(root)
     if direct is True and not supported:
         raise SharedFSConfigError(f"O_DIRECT is refused by the file system under {root}")
-    return PosixBackend(queue_depth, supported if direct is None else direct)
+    use = supported if direct is None else direct
+    return PosixBackend(queue_depth, use, use and probe_user_memory(root))
 
 
 def _make_usrbio(root: Path, queue_depth: int, direct: bool | None) -> IOBackend:

@@ -1,12 +1,16 @@
 """Moving blocks between caller rows and segment slots.
 
-Reads: one batch of slot reads (``queue_depth`` in flight) into backend staging
-memory; as each slot lands its header is checked (magic, version, fingerprint, key,
-length), its payload copied out and the copy checked against the header's checksum
-(DESIGN §4: the check reads what the caller gets), overlapping the reads still in
-flight; the first failure in key order ends the prefix.
-Writes: one batch of slot writes, each slot encoded into staging just before it is
-issued (so encoding overlaps the writes in flight), one sync per segment touched.
+Reads: one batch of slot reads (``queue_depth`` in flight); as each slot lands its
+header is checked (magic, version, fingerprint, key, length) and the payload in the
+caller's row is checked against the header's checksum (DESIGN §4: the check reads what
+the caller gets), overlapping the reads still in flight; the first failure in key order
+ends the prefix. Where the backend takes any memory (``user_memory``: FUSE does, even
+with O_DIRECT) a slot is read scattered: its header and padding into staging, its
+payload straight into the caller's row, so no block is copied; elsewhere the whole slot
+lands in staging and the payload is copied out, then checked.
+Writes: one batch of slot writes, each slot's header made just before it is issued (so
+hashing overlaps the writes in flight), gathered from the caller's row where the
+backend allows (else encoded into staging), one sync per segment touched.
 Both split work into batches of at most ``staging_max_bytes``.
 """
 
@@ -14,35 +18,21 @@ from __future__ import annotations
 
 import errno
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 
 import xxhash
 
-from kvstore.block import check_header, encode_block_into
+from kvstore.block import (
+    HEADER_BYTES,
+    check_header,
+    check_header_apart,
+    encode_block_into,
+    make_header,
+)
 from kvstore.errors import BlockChecksumError, BlockError
+from kvstore.slot_io import IORequest, ReadFailure, ReadOutcome
 from storage_nodes.sharedfs.catalog import Loc
-from storage_nodes.sharedfs.io_backend import IORequest
 from storage_nodes.sharedfs.segments import slot_offset
 from storage_nodes.sharedfs.state import Context, NsState
-
-
-@dataclass(frozen=True, slots=True)
-class ReadFailure:
-    """Why block ``index`` was not returned: an errno (``ENOENT``: the segment is gone)
-    or a failed header check."""
-
-    index: int
-    loc: Loc
-    errno: int = 0
-    error: BlockError | None = None
-    in_copy: bool = False  # the slot is sound; the copy in the destination was not
-
-
-@dataclass(frozen=True, slots=True)
-class ReadOutcome:
-    copied: int
-    failure: ReadFailure | None = None
-    checksums: list[int] = field(default_factory=list)  # stored, one per copied block
 
 
 def per_batch(ctx: Context, slot_bytes: int) -> int:
@@ -64,7 +54,9 @@ def read_prefix(ctx: Context, st: NsState, keys: Sequence[bytes], locs: Sequence
 def _read_part(ctx: Context, st: NsState, keys: Sequence[bytes], part: Sequence[Loc],
                start: int, out: memoryview, sums: list[int]) -> ReadFailure | None:
     sb, bb = st.slot_bytes, st.block_bytes
-    buf = ctx.io.alloc(len(part) * sb)
+    scatter = ctx.io.user_memory
+    hb = sb - bb if scatter else sb  # staging per slot: header and padding, or all of it
+    buf = ctx.io.alloc(len(part) * hb)
     fds: list[int] = []
     failure: ReadFailure | None = None
     try:
@@ -78,26 +70,40 @@ def _read_part(ctx: Context, st: NsState, keys: Sequence[bytes], part: Sequence[
             fds.append(fd)
             off = slot_offset(loc.slot, sb)
             ctx.io.fresh(fd, off, sb)
-            reqs.append(IORequest(fd, off, buf[j * sb : (j + 1) * sb]))
+            stage = buf[j * hb : (j + 1) * hb]
+            if scatter:
+                i = start + j
+                row = out[i * bb : (i + 1) * bb]
+                pad = stage[HEADER_BYTES:]
+                reqs.append(IORequest(fd, off, stage[:HEADER_BYTES],
+                                      (row, pad) if len(pad) else (row,)))
+            else:
+                reqs.append(IORequest(fd, off, stage))
         verdicts: list[ReadFailure | int] = [0] * len(reqs)  # a checksum or why not
+        digest = xxhash.xxh3_64_intdigest
 
         def check(j: int, res: int) -> None:  # on an I/O thread, as each read lands
             i = start + j
             if res < 0:
                 verdicts[j] = ReadFailure(i, part[j], errno=-res)
                 return
+            row = out[i * bb : (i + 1) * bb]  # rows past a failure may be written: unspecified
+            stage = buf[j * hb : (j + 1) * hb]
             try:
-                payload, csum = check_header(buf[j * sb : (j + 1) * sb],
-                                             fingerprint=st.fingerprint, key=keys[i],
-                                             payload_len=bb)
+                if scatter:
+                    csum = check_header_apart(stage[:HEADER_BYTES], fingerprint=st.fingerprint,
+                                              key=keys[i], payload_len=bb)
+                else:
+                    payload, csum = check_header(stage, fingerprint=st.fingerprint,
+                                                 key=keys[i], payload_len=bb)
+                    row[:] = payload
             except BlockError as e:
                 verdicts[j] = ReadFailure(i, part[j], error=e)
                 return
-            row = out[i * bb : (i + 1) * bb]  # rows past a failure may be written: unspecified
-            row[:] = payload
-            if xxhash.xxh3_64_intdigest(row) != csum:
+            if digest(row) != csum:
                 err = BlockChecksumError(f"payload checksum mismatch for key {keys[i].hex()}")
-                in_copy = xxhash.xxh3_64_intdigest(payload) == csum
+                # Scattered, the row is what was read: the slot itself is bad.
+                in_copy = not scatter and digest(payload) == csum
                 verdicts[j] = ReadFailure(i, part[j], error=err, in_copy=in_copy)
                 return
             verdicts[j] = csum
@@ -120,8 +126,10 @@ def write_group(ctx: Context, st: NsState, keys: Sequence[bytes], rows: Sequence
     """Write ``rows[i]`` encoded for ``keys[i]`` into ``slots[i]`` and sync; returns 0 or
     a negative errno (nothing of the group may be published then). ``checksums[i]``
     (made at commit) goes into the header as given; ``None``: computed from the row."""
-    sb = st.slot_bytes
-    buf = ctx.io.alloc(len(keys) * sb)
+    sb, bb = st.slot_bytes, st.block_bytes
+    gather = ctx.io.user_memory
+    hb = sb - bb if gather else sb  # staging per slot: header and padding, or all of it
+    buf = ctx.io.alloc(len(keys) * hb)
     fds: dict[int, None] = {}
     acquired: list[int] = []
     try:
@@ -129,9 +137,14 @@ def write_group(ctx: Context, st: NsState, keys: Sequence[bytes], rows: Sequence
         reqs = []
 
         def encode(j: int) -> None:  # on an I/O thread, just before slot j is written
-            view = buf[j * sb : (j + 1) * sb]
-            n = encode_block_into(view, st.fingerprint, keys[j], rows[j], created_us,
-                                  None if checksums is None else checksums[j])
+            view = buf[j * hb : (j + 1) * hb]
+            csum = None if checksums is None else checksums[j]
+            if gather:
+                view[:HEADER_BYTES] = make_header(st.fingerprint, keys[j], rows[j],
+                                                  created_us, csum).pack()
+                view[HEADER_BYTES:] = bytes(hb - HEADER_BYTES)
+                return
+            n = encode_block_into(view, st.fingerprint, keys[j], rows[j], created_us, csum)
             view[n:] = bytes(sb - n)  # no stale bytes of an earlier block in the padding
 
         for j, (seg, slot) in enumerate(slots):
@@ -141,7 +154,13 @@ def write_group(ctx: Context, st: NsState, keys: Sequence[bytes], rows: Sequence
                 return -(e.errno or errno.EIO)
             acquired.append(fd)
             fds[fd] = None
-            reqs.append(IORequest(fd, slot_offset(slot, sb), buf[j * sb : (j + 1) * sb]))
+            view = buf[j * hb : (j + 1) * hb]
+            if gather:
+                pad = view[HEADER_BYTES:]
+                rest = (rows[j], pad) if len(pad) else (rows[j],)
+                reqs.append(IORequest(fd, slot_offset(slot, sb), view[:HEADER_BYTES], rest))
+            else:
+                reqs.append(IORequest(fd, slot_offset(slot, sb), view))
         bad = [r for r in ctx.io.write_batch(reqs, encode) if r < 0]
         if bad:
             return bad[0]

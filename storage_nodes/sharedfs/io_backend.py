@@ -23,21 +23,13 @@ import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
+from kvstore.slot_io import IORequest, full_transfer
 from storage_nodes.sharedfs.config import ALIGN_BYTES
 
-
-@dataclass(frozen=True, slots=True)
-class IORequest:
-    """One positioned transfer; with O_DIRECT ``offset`` and ``len(buf)`` are multiples of
-    4 KiB and ``buf`` comes from ``IOBackend.alloc``."""
-
-    fd: int
-    offset: int
-    buf: memoryview
+__all__ = ["IOBackend", "IORequest", "PosixBackend", "probe_direct_io", "probe_user_memory"]
 
 
 class IOBackend(ABC):
@@ -45,6 +37,9 @@ class IOBackend(ABC):
 
     * ``open`` returns a descriptor usable by this backend (O_DIRECT when ``direct``);
       ``close_fd`` releases it. Own segments are opened writable, peers' read-only.
+    * Request memory comes from ``alloc``; where ``user_memory`` is set, any writable
+      memory also works (a slot's payload then moves straight between the file and the
+      caller's row, scattered/gathered with its header: no staging copy).
     * ``read_batch``/``write_batch`` perform every request and return per request the
       bytes transferred (full transfers; short ones are retried, EOF is ``-EIO``) or a
       negative errno, in request order.
@@ -54,7 +49,8 @@ class IOBackend(ABC):
       threads, concurrently with each other and with requests in flight (that is their
       point: checking and encoding overlap the I/O); their exceptions propagate.
     * ``sync(fds)`` makes completed writes durable and visible to other clients of the
-      file system (fsync: a FUSE client flushes its write cache); 0 or -errno per fd.
+      file system (``fdatasync``: segments are sized once and never extended, so no
+      metadata needs to follow; a FUSE client flushes its write cache); 0 or -errno per fd.
     * ``fresh(fd, offset, length)`` is called before reading a range another host may
       have rewritten: without O_DIRECT it drops the cached pages (a FUSE page cache can
       serve a stale copy indefinitely, GlusterFS does).
@@ -63,6 +59,7 @@ class IOBackend(ABC):
 
     name: ClassVar[str]
     direct: bool = False
+    user_memory: bool = False
 
     @abstractmethod
     def open(self, path: Path, *, write: bool, create: bool = False) -> int: ...
@@ -85,7 +82,7 @@ class IOBackend(ABC):
                     prepare: Callable[[int], None] | None = None) -> list[int]: ...
 
     def sync(self, fds: Sequence[int]) -> list[int]:
-        return _run_each(os.fsync, fds)
+        return _run_each(os.fdatasync, fds)
 
     def fresh(self, fd: int, offset: int, length: int) -> None:
         if not self.direct:  # advisory: a stale copy is then caught by the header check
@@ -100,8 +97,11 @@ class IOBackend(ABC):
 class PosixBackend(IOBackend):
     name = "posix"
 
-    def __init__(self, queue_depth: int, direct: bool) -> None:
+    def __init__(self, queue_depth: int, direct: bool, user_memory: bool = False) -> None:
         self.direct = direct
+        # The page cache takes any memory; O_DIRECT only where the probe said so (FUSE
+        # file systems do, a local disk wants aligned memory).
+        self.user_memory = user_memory or not direct
         self._pool = ThreadPoolExecutor(max(1, queue_depth), thread_name_prefix="sharedfs-io")
         self._idle: list[mmap.mmap] = []
         self._lent: dict[int, mmap.mmap] = {}
@@ -162,7 +162,7 @@ class PosixBackend(IOBackend):
 
     def sync(self, fds: Sequence[int]) -> list[int]:
         if len(fds) <= 1:
-            return _run_each(os.fsync, fds)
+            return _run_each(os.fdatasync, fds)
         return list(self._pool.map(lambda fd: _run_each(os.fsync, [fd])[0], fds))
 
     def close(self) -> None:
@@ -175,26 +175,11 @@ class PosixBackend(IOBackend):
 
 
 def _pread_full(r: IORequest) -> int:
-    return _full(os.preadv, r)
+    return full_transfer(os.preadv, r)
 
 
 def _pwrite_full(r: IORequest) -> int:
-    return _full(os.pwritev, r)
-
-
-def _full(op: Callable[[int, list[memoryview], int], int], r: IORequest) -> int:
-    done, total = 0, len(r.buf)
-    while done < total:
-        try:
-            n = op(r.fd, [r.buf[done:]], r.offset + done)
-        except InterruptedError:
-            continue
-        except OSError as e:
-            return -(e.errno or errno.EIO)
-        if n <= 0:
-            return -errno.EIO  # EOF inside a segment: truncated or not visible yet
-        done += n
-    return total
+    return full_transfer(os.pwritev, r)
 
 
 def _run_each(fn: Callable[[int], object], fds: Sequence[int]) -> list[int]:
@@ -223,6 +208,36 @@ def probe_direct_io(directory: Path) -> bool:
             return False
         back = mmap.mmap(-1, ALIGN_BYTES)
         return os.preadv(fd, [back], 0) == ALIGN_BYTES and back[:8] == b"kvprobe1"
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+
+
+def probe_user_memory(directory: Path) -> bool:
+    """Whether O_DIRECT moves a transfer whose memory is unaligned and scattered (a
+    64-byte header, then a row anywhere in the caller's memory) in ``directory``: FUSE
+    file systems copy through the daemon and take any memory; a block device does not."""
+    path = directory / f".memory-probe-{os.getpid()}-{threading.get_ident()}"
+    raw = bytearray(3 * ALIGN_BYTES)
+    head, body, tail = 64, ALIGN_BYTES, ALIGN_BYTES - 64  # 2 pages, odd addresses
+    out = memoryview(raw)
+    src = [out[:head], out[head + 13 : head + 13 + body], out[-tail:]]
+    for i, b in enumerate(src):
+        b[:] = bytes([i + 1]) * len(b)
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_DIRECT | os.O_CLOEXEC, 0o600)
+    except OSError:
+        return False
+    try:
+        want = b"".join(bytes(b) for b in src)
+        if os.pwritev(fd, src, 0) != len(want):
+            return False
+        back = bytearray(len(want) + 5)
+        dst = [memoryview(back)[5 : 5 + head], memoryview(back)[5 + head :]]
+        return os.preadv(fd, dst, 0) == len(want) and bytes(back[5:]) == want
     except OSError:
         return False
     finally:

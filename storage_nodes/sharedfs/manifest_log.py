@@ -60,7 +60,7 @@ class ManifestLog:
                 n = os.pwrite(self._fd, data, self.size)
                 if n != len(data):
                     raise OSError(f"short manifest write ({n} of {len(data)} bytes)")
-                os.fsync(self._fd)
+                os.fdatasync(self._fd)  # the new length included: it is needed to read
             except OSError as e:
                 log.error("manifest %s: append failed, a new generation follows: %s",
                           self.path, e)
