@@ -10,7 +10,7 @@ import threading
 import pytest
 
 from storage_nodes.sharedfs.backends import make_backend
-from storage_nodes.sharedfs.io_backend import IORequest, probe_direct_io
+from storage_nodes.sharedfs.io_backend import IORequest, probe_direct_io, probe_user_memory
 
 SLOT = 8 << 10
 N = 24
@@ -82,3 +82,39 @@ def test_a_hook_that_raises_is_not_swallowed(tmp_path) -> None:
         io.free(buf)
         io.close_fd(fd)
         io.close()
+
+
+def test_where_user_memory_is_set_scattered_odd_addresses_move_whole(tmp_path) -> None:
+    io = make_backend("posix", tmp_path, 4, False)  # the page cache takes any memory
+    assert io.user_memory
+    if probe_direct_io(tmp_path):
+        direct = make_backend("posix", tmp_path, 4, True)
+        assert direct.user_memory == probe_user_memory(tmp_path)
+        direct.close()
+    fd = io.open(tmp_path / "seg", write=True, create=True)
+    os.ftruncate(fd, N * SLOT)
+    src = memoryview(bytearray(os.urandom(N * SLOT + 99)))
+    back = memoryview(bytearray(N * SLOT + 99))
+    try:
+        def req(mem: memoryview, i: int) -> IORequest:  # a 64-byte head, a row at +13, the rest
+            b = 13 + i * SLOT
+            return IORequest(fd, i * SLOT, mem[b : b + 64],
+                             (mem[b + 64 : b + SLOT - 100], mem[b + SLOT - 100 : b + SLOT]))
+
+        assert io.write_batch([req(src, i) for i in range(N)]) == [SLOT] * N
+        assert io.read_batch([req(back, i) for i in range(N)]) == [SLOT] * N
+        assert bytes(back[13 : 13 + N * SLOT]) == bytes(src[13 : 13 + N * SLOT])
+    finally:
+        io.close_fd(fd)
+        io.close()
+
+
+@pytest.mark.parametrize("where", ["moosefs", "glusterfs"])
+def test_fuse_mounts_take_any_memory_with_o_direct(where) -> None:
+    from tests.dfs.cluster import cluster_or_skip
+
+    d = cluster_or_skip(where).scratch(f"probe-{os.getpid()}-{threading.get_ident()}")
+    assert probe_direct_io(d) and probe_user_memory(d)
+    io = make_backend("posix", d, 4, None)
+    assert io.direct and io.user_memory  # so slots move scattered there (blockio.py)
+    io.close()

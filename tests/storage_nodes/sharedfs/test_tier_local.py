@@ -207,10 +207,18 @@ def test_a_foreign_root_is_refused(tmp_path) -> None:
         SharedFSTier(config(tmp_path, "a"))
 
 
-def test_a_flipped_bit_on_the_mount_is_a_counted_miss_and_the_block_goes(daemons) -> None:
+# direct_io None: O_DIRECT where the directory takes it, slots read through staging where
+# it wants aligned memory (a local disk); False: the page cache, slots read scattered
+# (header to staging, payload straight into the caller's row), as on FUSE mounts.
+PATHS = pytest.mark.parametrize("direct_io", [None, False], ids=["probed", "scattered"])
+
+
+@PATHS
+def test_a_flipped_bit_on_the_mount_is_a_counted_miss_and_the_block_goes(daemons,
+                                                                        direct_io) -> None:
     from storage_nodes.sharedfs.segments import slot_offset
 
-    a, b = daemons("a"), daemons("b")
+    a, b = daemons("a", direct_io=direct_io), daemons("b", direct_io=direct_io)
     keys = chain(4, seed=20)
     a.put(NS, keys, rows(keys))
     b.poll()
@@ -233,8 +241,9 @@ def test_a_flipped_bit_on_the_mount_is_a_counted_miss_and_the_block_goes(daemons
     b.check_integrity()
 
 
-def test_a_checksum_given_at_put_is_what_reads_are_checked_against(daemons) -> None:
-    a = daemons("a")
+@PATHS
+def test_a_checksum_given_at_put_is_what_reads_are_checked_against(daemons, direct_io) -> None:
+    a = daemons("a", direct_io=direct_io)
     keys = chain(3, seed=21)
     with pytest.raises(ValueError):
         a.put(NS, keys, rows(keys), checksums=[1, 2])
