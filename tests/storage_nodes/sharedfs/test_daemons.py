@@ -16,6 +16,12 @@ from tests.storage_nodes.sharedfs.conftest import NS, chain, rows
 from tests.storage_nodes.sharedfs.daemons import daemons_on
 
 BOUND_S = SharedFSConfig(root=Path("/"), capacity_bytes=1 << 30).visibility_bound_s
+# The bound holds for daemons whose poll thread runs on time; that one poll (and one
+# rescan) is all it takes is checked without timing in test_sharing.py. Here, with three
+# daemon processes and a file system on a loaded 2-core CI machine, a starved poll thread
+# may take longer: the commit must still become a hit, within a deadline that only
+# catches a hang.
+SEEN_WITHIN_S = max(60.0, 10 * BOUND_S)
 
 
 def roots_for(where: str, tmp_path: Path) -> list[Path]:
@@ -39,9 +45,9 @@ def test_a_commit_through_one_daemon_is_a_hit_through_the_others(where, tmp_path
                 if reader is writer:
                     continue
                 while reader.store.lookup(NS, keys, timeout_s=30).hit_blocks < 12:
-                    assert time.monotonic() - t0 < BOUND_S, (
+                    assert time.monotonic() - t0 < SEEN_WITHIN_S, (
                         f"{reader.ident} did not see {writer.ident}'s commit within "
-                        f"{BOUND_S} s")
+                        f"{SEEN_WITHIN_S} s (visibility bound {BOUND_S} s)")
                     time.sleep(0.05)
                 look = reader.store.lookup(NS, keys, timeout_s=30)
                 assert look.tiers == ("ssd",) * 12  # from the shared FS, not its own DRAM
