@@ -110,6 +110,9 @@ def _read_part(ctx: Context, st: NsState, keys: Sequence[bytes], part: Sequence[
 
         if reqs:
             ctx.io.read_batch(reqs, check)
+        if scatter and _refused(verdicts):
+            ctx.io.refuse_user_memory()
+            return _read_part(ctx, st, keys, part, start, out, sums)  # through staging
         for v in verdicts:
             if isinstance(v, ReadFailure):
                 return v
@@ -162,6 +165,9 @@ def write_group(ctx: Context, st: NsState, keys: Sequence[bytes], rows: Sequence
             else:
                 reqs.append(IORequest(fd, slot_offset(slot, sb), view))
         bad = [r for r in ctx.io.write_batch(reqs, encode) if r < 0]
+        if gather and -errno.EINVAL in bad:  # the slots are still only reserved: redo
+            ctx.io.refuse_user_memory()
+            return write_group(ctx, st, keys, rows, slots, checksums)
         if bad:
             return bad[0]
         bad = [r for r in ctx.io.sync(list(fds)) if r < 0]
@@ -170,3 +176,7 @@ def write_group(ctx: Context, st: NsState, keys: Sequence[bytes], rows: Sequence
         for fd in acquired:
             ctx.files.release(fd)
         ctx.io.free(buf)
+
+
+def _refused(verdicts: Sequence[ReadFailure | int]) -> bool:
+    return any(isinstance(v, ReadFailure) and v.errno == errno.EINVAL for v in verdicts)

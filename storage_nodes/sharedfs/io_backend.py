@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import logging
 import mmap
 import os
 import threading
@@ -29,6 +30,8 @@ from typing import ClassVar
 from kvstore.slot_io import IORequest, full_transfer
 from storage_nodes.sharedfs.config import ALIGN_BYTES
 
+log = logging.getLogger("storage_nodes.sharedfs")
+
 __all__ = ["IOBackend", "IORequest", "PosixBackend", "probe_direct_io", "probe_user_memory"]
 
 
@@ -39,7 +42,11 @@ class IOBackend(ABC):
       ``close_fd`` releases it. Own segments are opened writable, peers' read-only.
     * Request memory comes from ``alloc``; where ``user_memory`` is set, any writable
       memory also works (a slot's payload then moves straight between the file and the
-      caller's row, scattered/gathered with its header: no staging copy).
+      caller's row, scattered/gathered with its header: no staging copy). A request in
+      such memory that fails with ``EINVAL`` means it does not after all (a FUSE client
+      splits at page boundaries of the memory, and GlusterFS hands the pieces to O_DIRECT
+      on its bricks): the caller then calls ``refuse_user_memory`` and redoes the batch
+      through ``alloc``'d memory.
     * ``read_batch``/``write_batch`` perform every request and return per request the
       bytes transferred (full transfers; short ones are retried, EOF is ``-EIO``) or a
       negative errno, in request order.
@@ -83,6 +90,12 @@ class IOBackend(ABC):
 
     def sync(self, fds: Sequence[int]) -> list[int]:
         return _run_each(os.fdatasync, fds)
+
+    def refuse_user_memory(self) -> None:
+        if self.user_memory:
+            self.user_memory = False
+            log.warning("shared-fs %s backend: the file system refused a transfer in "
+                        "caller memory; staging every slot from now on", self.name)
 
     def fresh(self, fd: int, offset: int, length: int) -> None:
         if not self.direct:  # advisory: a stale copy is then caught by the header check
@@ -218,11 +231,14 @@ def probe_direct_io(directory: Path) -> bool:
 
 def probe_user_memory(directory: Path) -> bool:
     """Whether O_DIRECT moves a transfer whose memory is unaligned and scattered (a
-    64-byte header, then a row anywhere in the caller's memory) in ``directory``: FUSE
-    file systems copy through the daemon and take any memory; a block device does not."""
+    64-byte header, then a row anywhere in the caller's memory) in ``directory``. FUSE
+    copies through its daemon and takes any memory, but splits a transfer at page
+    boundaries of that memory: MooseFS takes the unaligned pieces, GlusterFS hands them
+    to O_DIRECT on its bricks, which refuse them. So the probe is larger than any FUSE
+    request (2 MiB), as a slot's transfer is."""
     path = directory / f".memory-probe-{os.getpid()}-{threading.get_ident()}"
-    raw = bytearray(3 * ALIGN_BYTES)
-    head, body, tail = 64, ALIGN_BYTES, ALIGN_BYTES - 64  # 2 pages, odd addresses
+    head, body, tail = 64, 2 << 20, ALIGN_BYTES - 64  # whole pages in all
+    raw = bytearray(head + body + tail + 64)
     out = memoryview(raw)
     src = [out[:head], out[head + 13 : head + 13 + body], out[-tail:]]
     for i, b in enumerate(src):
@@ -231,16 +247,20 @@ def probe_user_memory(directory: Path) -> bool:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_DIRECT | os.O_CLOEXEC, 0o600)
     except OSError:
         return False
+    ok = False
     try:
         want = b"".join(bytes(b) for b in src)
-        if os.pwritev(fd, src, 0) != len(want):
-            return False
-        back = bytearray(len(want) + 5)
-        dst = [memoryview(back)[5 : 5 + head], memoryview(back)[5 + head :]]
-        return os.preadv(fd, dst, 0) == len(want) and bytes(back[5:]) == want
+        if os.pwritev(fd, src, 0) == len(want):
+            back = bytearray(len(want) + 5)
+            dst = [memoryview(back)[5 : 5 + head], memoryview(back)[5 + head :]]
+            ok = os.preadv(fd, dst, 0) == len(want) and bytes(back[5:]) == want
     except OSError:
-        return False
+        pass
     finally:
-        os.close(fd)
+        try:
+            os.close(fd)  # GlusterFS reports a refused write here too
+        except OSError:
+            ok = False
         with contextlib.suppress(OSError):
             os.unlink(path)
+    return ok

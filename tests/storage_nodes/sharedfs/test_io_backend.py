@@ -3,6 +3,7 @@ on the POSIX backend, on a local directory, with and without O_DIRECT where it r
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import threading
@@ -110,11 +111,36 @@ def test_where_user_memory_is_set_scattered_odd_addresses_move_whole(tmp_path) -
 
 
 @pytest.mark.parametrize("where", ["moosefs", "glusterfs"])
-def test_fuse_mounts_take_any_memory_with_o_direct(where) -> None:
+def test_the_probe_says_whether_a_slot_moves_scattered_on_a_fuse_mount(where) -> None:
+    """A slot's scattered transfer (64-byte header, 256 KiB row at an odd address,
+    padding) with O_DIRECT works exactly where the probe says so: MooseFS takes it,
+    GlusterFS's bricks refuse the unaligned pieces the FUSE client splits it into."""
     from tests.dfs.cluster import cluster_or_skip
 
     d = cluster_or_skip(where).scratch(f"probe-{os.getpid()}-{threading.get_ident()}")
-    assert probe_direct_io(d) and probe_user_memory(d)
+    assert probe_direct_io(d)
+    says = probe_user_memory(d)
+    assert says == (where == "moosefs")
     io = make_backend("posix", d, 4, None)
-    assert io.direct and io.user_memory  # so slots move scattered there (blockio.py)
-    io.close()
+    assert io.direct and io.user_memory == says
+    row, head, pad = 256 << 10, 64, 4096 - 64
+    src = memoryview(bytearray(os.urandom(row + 4096 + 13)))
+    back = memoryview(bytearray(len(src)))
+    fd = io.open(d / "seg", write=True, create=True)
+    try:
+        def req(m: memoryview) -> IORequest:
+            return IORequest(fd, 4096, m[:head], (m[head + 13 : head + 13 + row],
+                                                   m[head + 13 + row : head + 13 + row + pad]))
+
+        def moved(m: memoryview) -> bytes:
+            q = req(m)
+            return b"".join(bytes(b) for b in (q.buf, *q.more))
+
+        w = io.write_batch([req(src)])[0]
+        r = io.read_batch([req(back)])[0] if w > 0 else w
+        works = r == w == row + 4096 and moved(back) == moved(src)
+        assert works == says, (w, r)
+    finally:
+        with contextlib.suppress(OSError):
+            io.close_fd(fd)
+        io.close()

@@ -250,3 +250,26 @@ def test_a_checksum_given_at_put_is_what_reads_are_checked_against(daemons, dire
     a.put(NS, keys, rows(keys), checksums=[0, 0, 0])  # not the payloads' checksums
     assert read(a, keys)[0] == 0
     assert a.stats().counters["corrupt_blocks_total"] == 1
+
+
+def test_a_file_system_refusing_caller_memory_falls_back_to_staging(daemons, tmp_path) -> None:
+    """A transfer in caller memory that the file system refuses (EINVAL: GlusterFS's
+    bricks under O_DIRECT, or here a local disk) is redone through staging, and the
+    backend stays there: no put dropped, no read missed, no error counted."""
+    from storage_nodes.sharedfs.io_backend import probe_direct_io, probe_user_memory
+
+    if not probe_direct_io(tmp_path) or probe_user_memory(tmp_path):
+        pytest.skip(f"{tmp_path} does not refuse O_DIRECT transfers in unaligned memory")
+    a = daemons("a", direct_io=True)
+    io = a._ctx.io
+    assert io.direct and not io.user_memory
+    keys, more = chain(6, seed=30), chain(6, seed=31)
+    io.user_memory = True  # as a probe that missed how the file system splits transfers
+    assert a.put(NS, keys, rows(keys)).inserted == 6
+    assert not io.user_memory
+    a.put(NS, more, rows(more))
+    io.user_memory = True
+    assert read(a, keys) == (6, rows(keys)) and read(a, more) == (6, rows(more))
+    assert not io.user_memory
+    c = a.stats().counters
+    assert c["io_errors_total"] == 0 and c["corrupt_blocks_total"] == 0
