@@ -10,7 +10,7 @@ mode) without unwinding a half-done batch.
 from __future__ import annotations
 
 import errno
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,19 +19,26 @@ from kvstore.errors import BlockError
 
 @dataclass(frozen=True, slots=True)
 class IORequest:
-    """One positioned transfer of ``buf`` then each of ``more`` (scatter/gather: the
-    shared-FS tier reads a slot's header into staging and its payload straight into the
-    caller's row). With O_DIRECT, ``offset`` and the total length are multiples of 4 KiB
-    and the memory is whatever the backend accepts (page-aligned staging by default)."""
+    """One positioned transfer. With O_DIRECT, ``offset`` and the total length are
+    multiples of 4 KiB and the memory is what the backend accepts (page-aligned staging
+    by default). Vectored: ``head`` (if any) covers the file from ``offset``, then
+    ``buf``, then each of ``more`` (a slot's header in staging memory, its payload in the
+    caller's row, the slot's padding in staging again)."""
 
     fd: int
     offset: int
     buf: memoryview
+    head: memoryview | None = None
     more: tuple[memoryview, ...] = ()
 
     @property
     def nbytes(self) -> int:
-        return len(self.buf) + sum(len(b) for b in self.more)
+        n = len(self.buf) + sum(len(b) for b in self.more)
+        return n if self.head is None else n + len(self.head)
+
+    def segments(self) -> list[memoryview]:
+        segs = [self.buf] if self.head is None else [self.head, self.buf]
+        return [*segs, *self.more] if self.more else segs
 
 
 #: ``os.preadv`` or ``os.pwritev``
@@ -42,31 +49,23 @@ def full_transfer(op: VectorOp, r: IORequest) -> int:
     """Run ``op`` until all of ``r`` moved (retrying short transfers and EINTR); returns
     the bytes moved or a negative errno. EOF inside a preallocated file is ``-EIO``: it
     was truncated, or (on a shared file system) is not visible yet."""
-    bufs = [r.buf, *r.more] if r.more else [r.buf]
-    done, total = 0, sum(len(b) for b in bufs)
-    while done < total:
+    segs, off, total = r.segments(), r.offset, r.nbytes
+    while segs:
         try:
-            n = op(r.fd, _from(bufs, done) if done else bufs, r.offset + done)
+            n = op(r.fd, segs, off)
         except InterruptedError:
             continue
         except OSError as e:
             return -(e.errno or errno.EIO)
         if n <= 0:
             return -errno.EIO
-        done += n
+        off += n
+        while segs and n >= len(segs[0]):  # a short transfer resumes where it stopped
+            n -= len(segs[0])
+            segs.pop(0)
+        if n:
+            segs[0] = segs[0][n:]
     return total
-
-
-def _from(bufs: Sequence[memoryview], skip: int) -> list[memoryview]:
-    """The buffers after their first ``skip`` bytes."""
-    out = []
-    for b in bufs:
-        if skip >= len(b):
-            skip -= len(b)
-            continue
-        out.append(b[skip:])
-        skip = 0
-    return out
 
 
 @dataclass(frozen=True, slots=True)

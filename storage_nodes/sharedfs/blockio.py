@@ -75,8 +75,8 @@ def _read_part(ctx: Context, st: NsState, keys: Sequence[bytes], part: Sequence[
                 i = start + j
                 row = out[i * bb : (i + 1) * bb]
                 pad = stage[HEADER_BYTES:]
-                reqs.append(IORequest(fd, off, stage[:HEADER_BYTES],
-                                      (row, pad) if len(pad) else (row,)))
+                reqs.append(IORequest(fd, off, row, head=stage[:HEADER_BYTES],
+                                      more=(pad,) if len(pad) else ()))
             else:
                 reqs.append(IORequest(fd, off, stage))
         verdicts: list[ReadFailure | int] = [0] * len(reqs)  # a checksum or why not
@@ -160,8 +160,8 @@ def write_group(ctx: Context, st: NsState, keys: Sequence[bytes], rows: Sequence
             view = buf[j * hb : (j + 1) * hb]
             if gather:
                 pad = view[HEADER_BYTES:]
-                rest = (rows[j], pad) if len(pad) else (rows[j],)
-                reqs.append(IORequest(fd, slot_offset(slot, sb), view[:HEADER_BYTES], rest))
+                reqs.append(IORequest(fd, slot_offset(slot, sb), rows[j],
+                                      head=view[:HEADER_BYTES], more=(pad,) if len(pad) else ()))
             else:
                 reqs.append(IORequest(fd, slot_offset(slot, sb), view))
         bad = [r for r in ctx.io.write_batch(reqs, encode) if r < 0]

@@ -99,8 +99,8 @@ def test_where_user_memory_is_set_scattered_odd_addresses_move_whole(tmp_path) -
     try:
         def req(mem: memoryview, i: int) -> IORequest:  # a 64-byte head, a row at +13, the rest
             b = 13 + i * SLOT
-            return IORequest(fd, i * SLOT, mem[b : b + 64],
-                             (mem[b + 64 : b + SLOT - 100], mem[b + SLOT - 100 : b + SLOT]))
+            return IORequest(fd, i * SLOT, mem[b + 64 : b + SLOT - 100], head=mem[b : b + 64],
+                             more=(mem[b + SLOT - 100 : b + SLOT],))
 
         assert io.write_batch([req(src, i) for i in range(N)]) == [SLOT] * N
         assert io.read_batch([req(back, i) for i in range(N)]) == [SLOT] * N
@@ -129,12 +129,12 @@ def test_the_probe_says_whether_a_slot_moves_scattered_on_a_fuse_mount(where) ->
     fd = io.open(d / "seg", write=True, create=True)
     try:
         def req(m: memoryview) -> IORequest:
-            return IORequest(fd, 4096, m[:head], (m[head + 13 : head + 13 + row],
-                                                   m[head + 13 + row : head + 13 + row + pad]))
+            return IORequest(fd, 4096, m[head + 13 : head + 13 + row], head=m[:head],
+                             more=(m[head + 13 + row : head + 13 + row + pad],))
 
         def moved(m: memoryview) -> bytes:
             q = req(m)
-            return b"".join(bytes(b) for b in (q.buf, *q.more))
+            return b"".join(bytes(b) for b in q.segments())
 
         w = io.write_batch([req(src)])[0]
         r = io.read_batch([req(back)])[0] if w > 0 else w
