@@ -8,6 +8,7 @@ import platform
 import statistics
 import time
 from collections.abc import Callable
+from typing import Any
 
 
 def median_interleaved(cases: dict[str, Callable[[], float]], runs: int = 5) -> dict[str, float]:
@@ -34,3 +35,18 @@ def timed(fn: Callable[[], object], repeat: int = 1) -> float:
 
 def machine() -> str:
     return f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"
+
+
+class PhaseTimes(dict[str, float]):
+    """Wall seconds per label, summed over the calls of the functions ``wrap`` timed
+    (the profiles: where a call's time goes, phase by phase)."""
+
+    def wrap(self, fn: Callable[..., Any], label: str) -> Callable[..., Any]:
+        def run(*a: Any, **k: Any) -> Any:
+            t = time.perf_counter()
+            try:
+                return fn(*a, **k)
+            finally:
+                self[label] = self.get(label, 0.0) + time.perf_counter() - t
+
+        return run

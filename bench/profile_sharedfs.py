@@ -24,21 +24,12 @@ from pathlib import Path
 from typing import Any
 
 from bench.bench_sharedfs import BLOCK, QD, Ours, fio
+from bench.harness import PhaseTimes
 from storage_nodes.sharedfs import alloc, io_backend, manifest_log, ops
 from tests.dfs.cluster import start
 
-_ACC: dict[str, float] = {}
-
-
-def _timed(fn: Callable[..., Any], label: str) -> Callable[..., Any]:
-    def run(*a: Any, **k: Any) -> Any:
-        t = time.perf_counter()
-        try:
-            return fn(*a, **k)
-        finally:
-            _ACC[label] = _ACC.get(label, 0.0) + time.perf_counter() - t
-
-    return run
+_ACC = PhaseTimes()
+_timed = _ACC.wrap
 
 
 def _instrument() -> None:

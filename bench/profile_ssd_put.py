@@ -15,25 +15,14 @@ import argparse
 import resource
 import shutil
 import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from bench.bench_ssd import Ours
+from bench.harness import PhaseTimes
 from storage_nodes.ssd import allocator, blockio, lookup, writer
 
-_ACC: dict[str, float] = {}
-
-
-def _timed(fn: Callable[..., Any], label: str) -> Callable[..., Any]:
-    def run(*a: Any, **k: Any) -> Any:
-        t = time.perf_counter()
-        try:
-            return fn(*a, **k)
-        finally:
-            _ACC[label] = _ACC.get(label, 0.0) + time.perf_counter() - t
-
-    return run
+_ACC = PhaseTimes()
+_timed = _ACC.wrap
 
 
 def _instrument() -> None:

@@ -146,34 +146,31 @@ def check_header(
     stale slot (key) from a flipped bit (checksum).
     """
     mv = memoryview(buf).cast("B")
-    plen, csum = _check_fields(mv, fingerprint, key, payload_len)
+    plen, csum = check_header_fields(mv, fingerprint=fingerprint, key=key, payload_len=payload_len)
     end = HEADER_BYTES + plen
     if len(mv) < end:
         raise BlockTruncatedError(f"block of {len(mv)} bytes, header says {end}")
     return mv[HEADER_BYTES:end], csum
 
 
-def check_header_apart(
-    header: bytes | bytearray | memoryview, *, fingerprint: bytes, key: bytes, payload_len: int
-) -> int:
-    """``check_header`` for a header read apart from its payload (a scattered read puts
-    the payload straight into the caller's row): returns the checksum the payload must
-    have, which the caller checks on those bytes."""
-    return _check_fields(memoryview(header).cast("B"), fingerprint, key, payload_len)[1]
-
-
-def _check_fields(
-    mv: memoryview, fingerprint: bytes, key: bytes, payload_len: int | None
+def check_header_fields(
+    header: bytes | bytearray | memoryview,
+    *,
+    fingerprint: bytes,
+    key: bytes,
+    payload_len: int | None = None,
 ) -> tuple[int, int]:
-    if len(mv) < HEADER_BYTES:
-        raise BlockTruncatedError(f"block of {len(mv)} bytes is shorter than its header")
+    """``check_header`` for a header stored apart from its payload (the SSD tier keeps a
+    page-sized payload on its own page): returns (payload length, checksum)."""
+    if len(header) < HEADER_BYTES:
+        raise BlockTruncatedError(f"block of {len(header)} bytes is shorter than its header")
     # Unpacked in place rather than through decode_header: this runs once per block on
     # every read path, and building a header object is a visible share of its cost.
-    magic, version, flags, fp, hkey, plen, csum, _ = _HEADER.unpack_from(mv, 0)
+    magic, version, flags, fp, hkey, plen, csum, _ = _HEADER.unpack_from(header, 0)
     if magic != MAGIC:
         raise BlockMagicError(f"bad magic {magic!r}")
     if version != FORMAT_VERSION or flags != 0:
-        decode_header(mv)  # raises the precise version/flags error
+        decode_header(header)  # raises the precise version/flags error
     if fp != fingerprint:
         raise BlockFingerprintError("block belongs to another namespace")
     if hkey != key:

@@ -24,7 +24,7 @@ import xxhash
 from kvstore.block import (
     HEADER_BYTES,
     check_header,
-    check_header_apart,
+    check_header_fields,
     encode_block_into,
     make_header,
 )
@@ -91,8 +91,9 @@ def _read_part(ctx: Context, st: NsState, keys: Sequence[bytes], part: Sequence[
             stage = buf[j * hb : (j + 1) * hb]
             try:
                 if scatter:
-                    csum = check_header_apart(stage[:HEADER_BYTES], fingerprint=st.fingerprint,
-                                              key=keys[i], payload_len=bb)
+                    _, csum = check_header_fields(stage[:HEADER_BYTES],
+                                                  fingerprint=st.fingerprint, key=keys[i],
+                                                  payload_len=bb)
                 else:
                     payload, csum = check_header(stage, fingerprint=st.fingerprint,
                                                  key=keys[i], payload_len=bb)
