@@ -3,15 +3,18 @@
 For 64 KiB, 256 KiB and 2 MiB blocks at queue depth 1 and 32:
 
 * get: ``SSDTier.get_into`` of ``qd`` random stored blocks per call (one io_uring
-  submission of ``qd`` O_DIRECT reads, then header + checksum verification and a copy
-  out) vs ``fio --rw=randread --ioengine=io_uring --direct=1 --iodepth=qd``;
+  submission of ``qd`` O_DIRECT reads, each slot's payload straight into its destination
+  row, header and checksum verified there) vs
+  ``fio --rw=randread --ioengine=io_uring --direct=1 --iodepth=qd``;
 * put: ``SSDTier.put`` of ``qd`` new blocks per call (one group commit: ``qd`` writes, one
   fdatasync per slab touched, one LMDB commit; the store is full, so each put also
-  evicts) vs ``fio --rw=randwrite --direct=1 --iodepth=qd --fdatasync=qd`` (one
-  fdatasync per group-commit batch).
+  evicts; the commit's checksums passed in, as the write-back does) vs
+  ``fio --rw=randwrite --direct=1 --iodepth=qd --fdatasync=qd`` (one fdatasync per
+  group-commit batch).
 
-Figures are MB/s of payload (our slots also carry a 4 KiB header page), medians of 3
-interleaved runs; latency is per call for us (``qd`` blocks) and per I/O for fio.
+Caller rows are page aligned (``--unaligned``: 64 bytes off, which forces a staging
+copy). Figures are MB/s of payload (our slots also carry a 4 KiB header page), medians
+of ``--runs`` interleaved rounds; latency is per call for us (``qd`` blocks) and per I/O for fio.
 Run: ``.venv/bin/python -m bench.bench_ssd`` (``--quick``: one size, short runs).
 Needs ``fio`` (``apt-get install -y fio``); without it only our figures are printed.
 """
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import mmap
 import os
 import random
 import shutil
@@ -30,6 +34,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+import xxhash
 
 from bench.harness import machine, median_interleaved
 from kvstore.keys import Namespace
@@ -55,7 +60,13 @@ def ns_for(block_bytes: int) -> Namespace:
 
 class Ours:
     def __init__(
-        self, d: Path, block_bytes: int, ws_bytes: int, backend: str, durability: str
+        self,
+        d: Path,
+        block_bytes: int,
+        ws_bytes: int,
+        backend: str,
+        durability: str,
+        unaligned: bool = False,
     ) -> None:
         shutil.rmtree(d, ignore_errors=True)
         slab = 64 << 20
@@ -74,8 +85,21 @@ class Ours:
         self.tier.register(self.ns)
         self.bb = block_bytes
         self.rng = random.Random(1)
-        self.src = np.random.default_rng(1).integers(0, 256, 32 * block_bytes, dtype=np.uint8)
-        self.dst = bytearray(32 * block_bytes)
+        # Caller rows in page-aligned memory, as the daemon's shared-memory segment gives
+        # them: the tier then moves payloads without a staging copy. ``--unaligned``
+        # offsets them by 64 bytes, which forces the staging copy.
+        skew = 64 if unaligned else 0
+        self._src_map, self._dst_map = (mmap.mmap(-1, 32 * block_bytes + 4096) for _ in "sd")
+        self.src = np.frombuffer(self._src_map, np.uint8, 32 * block_bytes, skew)
+        self.src[:] = np.random.default_rng(1).integers(0, 256, self.src.size, dtype=np.uint8)
+        self.dst = memoryview(self._dst_map)[skew : skew + 32 * block_bytes]
+        #: the commit's checksums of ``src``'s rows: the write-back hands the SSD tier the
+        #: checksum made at commit (DESIGN §4), so the tier does not hash again
+        self.sums = [
+            xxhash.xxh3_64_intdigest(self.src[i * block_bytes : (i + 1) * block_bytes].tobytes())
+            for i in range(32)
+        ]
+        self.pass_checksums = True
         self.keys: list[bytes] = []
         n = ws_bytes // block_bytes
         for start in range(0, n, 32):
@@ -83,8 +107,11 @@ class Ours:
             self.tier.put(self.ns, keys, self.src[: len(keys) * block_bytes])
             self.keys += keys
 
+    def checksums(self, qd: int) -> list[int] | None:
+        return self.sums[:qd] if self.pass_checksums else None
+
     def get(self, qd: int, seconds: float) -> dict[str, float]:
-        lat, done, view = [], 0, memoryview(self.dst)[: qd * self.bb]
+        lat, done, view = [], 0, self.dst[: qd * self.bb]
         t0 = time.perf_counter()
         while time.perf_counter() - t0 < seconds:
             keys = self.rng.sample(self.keys, qd)
@@ -98,11 +125,12 @@ class Ours:
 
     def put(self, qd: int, seconds: float) -> dict[str, float]:
         lat, done, src = [], 0, self.src[: qd * self.bb]
+        sums = self.checksums(qd)
         t0 = time.perf_counter()
         while time.perf_counter() - t0 < seconds:
             keys = [self.rng.randbytes(16) for _ in range(qd)]
             s = time.perf_counter()
-            r = self.tier.put(self.ns, keys, src)
+            r = self.tier.put(self.ns, keys, src, checksums=sums)
             lat.append(time.perf_counter() - s)
             if r.inserted != qd:
                 raise RuntimeError(f"bench put stored {r.inserted} of {qd} blocks: {r}")
@@ -230,6 +258,16 @@ def main() -> int:
     ap.add_argument(
         "--index-durability", default="fast", choices=("fast", "strict"), help="SSD index mode"
     )
+    ap.add_argument(
+        "--unaligned",
+        action="store_true",
+        help="caller rows 64 bytes off a page boundary (forces the staging copy)",
+    )
+    ap.add_argument(
+        "--no-checksums",
+        action="store_true",
+        help="put without the commit's checksums (the tier hashes the payloads)",
+    )
     a = ap.parse_args()
     sizes: tuple[int, ...] = (256 << 10,) if a.quick else SIZES
     if a.sizes:
@@ -244,7 +282,10 @@ def main() -> int:
     )
     rows = []
     for bs in sizes:
-        ours = Ours(a.dir / f"store-{bs >> 10}k", bs, a.ws, a.backend, a.index_durability)
+        ours = Ours(
+            a.dir / f"store-{bs >> 10}k", bs, a.ws, a.backend, a.index_durability, a.unaligned
+        )
+        ours.pass_checksums = not a.no_checksums
         fio_file = a.dir / f"fio-{bs >> 10}k" if have_fio else None
         for qd in qds:
             for row in compare(ours, fio_file, bs, qd, a):

@@ -36,8 +36,10 @@ def _instrument() -> None:
     ):
         label = "groupcommit" if name == "write" else name
         setattr(cls, name, _timed(getattr(cls, name), label))
-    for name in ("io_uring_submit", "io_uring_submit_and_wait", "io_uring_wait_cqe"):
-        setattr(lu, name, _timed(getattr(lu, name), name.removeprefix("io_uring_")))
+    from storage_nodes.ssd import uring
+
+    lu.io_uring_submit = _timed(lu.io_uring_submit, "submit")
+    uring._wait_cqes = _timed(uring._wait_cqes, "wait_cqe")
 
 
 def main() -> int:
@@ -47,17 +49,24 @@ def main() -> int:
     ap.add_argument("--qd", type=int, default=32, help="blocks per put")
     ap.add_argument("--calls", type=int, default=300, help="puts per round")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument(
+        "--no-checksums",
+        action="store_true",
+        help="let the tier hash the payloads (the write-back passes the commit's checksums)",
+    )
     a = ap.parse_args()
     _instrument()
     ours = Ours(a.dir, 256 << 10, a.ws, "auto", "fast")
     src = ours.src[: a.qd * ours.bb]
+    sums = None if a.no_checksums else ours.checksums(a.qd)
     try:
         for r in range(a.rounds):
             _ACC.clear()
             t0 = time.perf_counter()
             r0 = resource.getrusage(resource.RUSAGE_SELF)
             for _ in range(a.calls):
-                ours.tier.put(ours.ns, [ours.rng.randbytes(16) for _ in range(a.qd)], src)
+                keys = [ours.rng.randbytes(16) for _ in range(a.qd)]
+                ours.tier.put(ours.ns, keys, src, checksums=sums)
             wall = time.perf_counter() - t0
             r1 = resource.getrusage(resource.RUSAGE_SELF)
             n = a.calls

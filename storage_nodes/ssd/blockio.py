@@ -6,6 +6,13 @@ against the header's checksum (DESIGN §4: the check reads what the caller gets)
 Writes: encode into aligned staging (the payload copies run on the encoder's thread,
 ``encoder.py``), one batch of slot writes, one data sync per slab touched. Both split
 work into batches of at most ``staging_max_bytes``.
+
+Zero copy: a payload of whole pages sits on its own pages in the slot
+(``payload_offset_for``), so when the caller's rows are page aligned (the DRAM tier's
+pool, the daemon's shared-memory segment) and the backend takes vectored requests, each
+slot moves as one request of two segments — its header page in staging, its payload in
+the caller's row — and no payload is copied: a write takes the row as it is, a read
+lands in the destination row and is checked there.
 """
 
 from __future__ import annotations
@@ -16,14 +23,14 @@ from collections.abc import Callable, Sequence
 
 import xxhash
 
-from kvstore.block import FORMAT_VERSION, MAGIC, check_header
+from kvstore.block import FORMAT_VERSION, HEADER_BYTES, MAGIC, check_header_fields
 from kvstore.errors import BlockChecksumError, BlockError
 from kvstore.slot_io import ReadFailure, ReadOutcome
-from storage_nodes.ssd.config import ALIGN_BYTES, SSDConfig, slot_bytes_for
+from storage_nodes.ssd.config import ALIGN_BYTES, SSDConfig, payload_offset_for, slot_bytes_for
 from storage_nodes.ssd.encoder import Encoder
 from storage_nodes.ssd.errors import SSDIOError
 from storage_nodes.ssd.index import Location
-from storage_nodes.ssd.io_backend import IOBackend, IORequest
+from storage_nodes.ssd.io_backend import IOBackend, IORequest, buffer_address
 from storage_nodes.ssd.slabs import SlabFiles, StagingPool
 
 # magic, version, flags, fingerprint, key, payload length, xxh3-64, created-at µs (§4)
@@ -47,6 +54,14 @@ class BlockIO:
     def per_batch(self, block_bytes: int) -> int:
         return max(1, self._config.staging_max_bytes // slot_bytes_for(block_bytes))
 
+    def _direct(self, block_bytes: int, rows: memoryview) -> bool:
+        """Whether ``rows`` can be the payload segments of vectored slot transfers."""
+        return (
+            payload_offset_for(block_bytes) == ALIGN_BYTES
+            and self._io.vectored
+            and buffer_address(rows) % ALIGN_BYTES == 0
+        )
+
     def read_prefix(
         self,
         fingerprint: bytes,
@@ -58,12 +73,15 @@ class BlockIO:
         """Copy verified payloads of ``locs`` into rows of ``out`` until the first failure.
         Each block is verified and copied as its read completes, while others are in flight."""
         sb = slot_bytes_for(block_bytes)
+        bb = block_bytes
         step = self.per_batch(block_bytes)
+        direct = self._direct(bb, out)
+        stage = ALIGN_BYTES if direct else sb  # staging per slot: its header page, or all
         copied = 0
         sums: list[int] = []
         for start in range(0, len(locs), step):
             part = list(locs[start : start + step])
-            buf = self.staging.acquire(len(part) * sb)
+            buf = self.staging.acquire(len(part) * stage)
             try:
                 mv = memoryview(buf)
                 reqs: list[IORequest] = []
@@ -75,9 +93,15 @@ class BlockIO:
                         unopened = ReadFailure(start + j, loc, errno=e.errno or errno.EIO)
                         part = part[:j]
                         break
-                    reqs.append(IORequest(fd, loc.slot * sb, mv[j * sb : (j + 1) * sb]))
+                    at = mv[j * stage : (j + 1) * stage]
+                    if direct:
+                        i = start + j
+                        row = out[i * bb : (i + 1) * bb]
+                        reqs.append(IORequest(fd, loc.slot * sb, row, head=at))
+                    else:
+                        reqs.append(IORequest(fd, loc.slot * sb, at))
                 failure = self._read_part(
-                    fingerprint, block_bytes, keys, part, reqs, mv, out, start, sums
+                    fingerprint, bb, keys, part, reqs, mv, out, start, sums, direct
                 )
             finally:
                 self.staging.release(buf)
@@ -99,10 +123,13 @@ class BlockIO:
         out: memoryview,
         start: int,
         sums: list[int],
+        direct: bool,
     ) -> ReadFailure | None:
         """One batch of reads; returns the failure with the lowest index, if any, and
         appends the stored checksums of the blocks before it to ``sums``."""
-        sb = slot_bytes_for(block_bytes)
+        bb = block_bytes
+        stage = ALIGN_BYTES if direct else slot_bytes_for(bb)
+        po = payload_offset_for(bb)
         failures: dict[int, ReadFailure] = {}
         stored: dict[int, int] = {}
         digest = xxhash.xxh3_64_intdigest
@@ -112,22 +139,27 @@ class BlockIO:
             if res < 0:
                 failures[j] = ReadFailure(i, part[j], errno=-res)
                 return
+            at = j * stage
             try:
-                payload, csum = check_header(
-                    mv[j * sb : (j + 1) * sb],
+                _, csum = check_header_fields(
+                    mv[at : at + HEADER_BYTES],
                     fingerprint=fingerprint,
                     key=keys[i],
-                    payload_len=block_bytes,
+                    payload_len=bb,
                 )
             except BlockError as e:
                 failures[j] = ReadFailure(i, part[j], error=e)
                 return
-            row = out[i * block_bytes : (i + 1) * block_bytes]
-            row[:] = payload
+            row = out[i * bb : (i + 1) * bb]
+            payload = None if direct else mv[at + po : at + po + bb]
+            if payload is not None:
+                row[:] = payload
             if digest(row) != csum:
-                # Which copy is bad decides whether the slot is quarantined.
+                # Which copy is bad decides whether the slot is quarantined; a direct
+                # read has one copy only, the slot's.
                 err = BlockChecksumError(f"payload checksum mismatch for key {keys[i].hex()}")
-                failures[j] = ReadFailure(i, part[j], error=err, in_copy=digest(payload) == csum)
+                in_copy = payload is not None and digest(payload) == csum
+                failures[j] = ReadFailure(i, part[j], error=err, in_copy=in_copy)
                 return
             stored[j] = csum
 
@@ -189,7 +221,10 @@ class BlockIO:
         failure."""
         sb = slot_bytes_for(block_bytes)
         bb = block_bytes
-        buf = self.staging.acquire(len(keys) * sb)
+        po = payload_offset_for(bb)
+        direct = self._direct(bb, data)
+        stage = ALIGN_BYTES if direct else sb  # staging per slot: its header page, or all
+        buf = self.staging.acquire(len(keys) * stage)
         try:
             mv = memoryview(buf)
             now_us = int(self._config.clock() * 1_000_000)
@@ -199,16 +234,28 @@ class BlockIO:
             for j, (slab, slot) in enumerate(slots):
                 fd = fd_of(slab)
                 fds[fd] = None
-                reqs.append(IORequest(fd, slot * sb, mv[j * sb : (j + 1) * sb]))
+                at = mv[j * stage : (j + 1) * stage]
+                if direct:
+                    row = data[rows[j] * bb : (rows[j] + 1) * bb]
+                    reqs.append(IORequest(fd, slot * sb, row, head=at))
+                else:
+                    reqs.append(IORequest(fd, slot * sb, at))
             pack = _HEADER.pack_into
             chunk = _ENCODE_CHUNK
-            job = self._encoder.start(mv, sb, data, bb, rows, chunk, checksums is None)
+            job = None
+            if not direct or checksums is None:  # a copy to make, or checksums to take
+                job = self._encoder.start(
+                    mv, stage, data, bb, rows, chunk, checksums is None, po, copy=not direct
+                )
+            pad = bytes(po - HEADER_BYTES)
 
             def encode(j: int) -> None:
                 # DESIGN §4, written in place once the encoder copied (and hashed) row j
-                sums = job.ready(j)
+                sums = job.ready(j) if job is not None else []
                 csum = sums[j % chunk] if checksums is None else checksums[j]
-                pack(mv, j * sb, MAGIC, FORMAT_VERSION, 0, fingerprint, keys[j], bb, csum, now_us)
+                at = j * stage
+                pack(mv, at, MAGIC, FORMAT_VERSION, 0, fingerprint, keys[j], bb, csum, now_us)
+                mv[at + HEADER_BYTES : at + po] = pad  # staging is reused: no stale bytes
 
             crash = self._config.crash_point
 
@@ -222,7 +269,8 @@ class BlockIO:
                     reqs, list(fds), prepare=encode, between=between
                 )
             finally:
-                job.finish()  # no copy may land in the staging buffer once it is released
+                if job is not None:
+                    job.finish()  # no copy may land in the staging buffer once released
             bad = [r for r in res if r < 0]
             if bad:
                 raise SSDIOError(f"{len(bad)} of {len(res)} slot writes failed", -bad[0])

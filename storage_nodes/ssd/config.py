@@ -172,3 +172,14 @@ def slot_bytes_for(block_bytes: int) -> int:
 
     total = HEADER_BYTES + block_bytes
     return -(-total // ALIGN_BYTES) * ALIGN_BYTES
+
+
+def payload_offset_for(block_bytes: int) -> int:
+    """Where a slot's payload starts. The 64-byte header (DESIGN §4) is always at offset 0;
+    a payload of whole 4 KiB pages starts on the next page (the header page is padded
+    with zeros), so it can move between the slot and a caller's page-aligned rows by
+    O_DIRECT without a staging copy, in a slot of the same size as header + payload
+    rounded up. Other payloads follow the header directly."""
+    from kvstore.block import HEADER_BYTES
+
+    return ALIGN_BYTES if block_bytes % ALIGN_BYTES == 0 else HEADER_BYTES

@@ -42,16 +42,26 @@ class Encoder:
         rows: Sequence[int],
         chunk: int,
         hash_rows: bool,
+        payload_offset: int = HEADER_BYTES,
+        copy: bool = True,
     ) -> EncodeJob:
-        """Copy ``data`` row ``rows[j]`` behind the header of staging slot ``j`` for every
-        ``j``, ``chunk`` slots per task; with ``hash_rows`` each copy's xxh3 is taken."""
+        """Copy ``data`` row ``rows[j]`` to ``payload_offset`` in staging slot ``j`` for
+        every ``j``, ``chunk`` slots per task; with ``hash_rows`` each copy's xxh3 is
+        taken. Without ``copy`` (the payload is written from ``data`` itself) only the
+        rows are hashed."""
         n = len(rows)
-        dst = np.frombuffer(stage, np.uint8, count=n * slot_bytes).reshape(n, slot_bytes)
         src = np.frombuffer(data, np.uint8).reshape(-1, block_bytes)
-        body = dst[:, HEADER_BYTES : HEADER_BYTES + block_bytes]
+        if copy:
+            dst = np.frombuffer(stage, np.uint8, count=n * slot_bytes).reshape(n, slot_bytes)
+            body = dst[:, payload_offset : payload_offset + block_bytes]
+        else:
+            body = None
 
         def task(lo: int, hi: int) -> list[int]:
             r = rows[lo:hi]
+            digest = xxhash.xxh3_64_intdigest
+            if body is None:
+                return [digest(src[i]) for i in r] if hash_rows else []
             if r[-1] - r[0] == hi - lo - 1 and all(b - a == 1 for a, b in pairwise(r)):
                 np.copyto(body[lo:hi], src[r[0] : r[-1] + 1])  # one GIL-free call
             else:
@@ -59,7 +69,6 @@ class Encoder:
                     np.copyto(body[j], src[i])
             if not hash_rows:
                 return []
-            digest = xxhash.xxh3_64_intdigest
             return [digest(body[j]) for j in range(lo, hi)]
 
         pool = self._executor()

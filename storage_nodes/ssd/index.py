@@ -30,7 +30,7 @@ import lmdb
 from kvstore.errors import IntegrityError
 from storage_nodes.ssd.errors import SSDFormatError
 
-FORMAT = b"1"
+FORMAT = b"2"  # 2: a payload of whole pages starts on the slot's second page
 FKEY_BYTES = 32
 _LOC = struct.Struct("<IIIQQ")
 _LRU = struct.Struct(">IQ")

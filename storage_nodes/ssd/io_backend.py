@@ -15,10 +15,17 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from typing import ClassVar
 
+import numpy as np
+
 from kvstore.slot_io import IORequest
 from kvstore.slot_io import full_transfer as _full
 
 OnDone = Callable[[int, int], None]
+
+
+def buffer_address(buf: memoryview) -> int:
+    """Where ``buf``'s first byte lies in memory (read-only buffers too)."""
+    return int(np.frombuffer(buf, np.uint8).__array_interface__["data"][0])
 
 
 class IOBackend(ABC):
@@ -40,6 +47,9 @@ class IOBackend(ABC):
     """
 
     name: ClassVar[str]
+    #: whether requests with a ``head`` segment are accepted (``BlockIO`` then reads and
+    #: writes payloads in the caller's own page-aligned rows, without a staging copy)
+    vectored: bool = True
 
     @abstractmethod
     def read_batch(self, reqs: Sequence[IORequest], on_done: OnDone | None = None) -> list[int]: ...

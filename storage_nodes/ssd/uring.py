@@ -1,25 +1,30 @@
 """The io_uring backend, through the ``liburing`` package (Python bindings of C liburing).
 
 One engine runs every batch: it keeps up to ``queue_depth`` requests in flight, refills
-the ring as completions are reaped (one ``io_uring_submit_and_wait`` per round), and
+the ring as completions are reaped, and
 runs the caller's per-request work while the device is busy — encoding the next blocks
 before their writes are submitted, verifying each read as it lands. A data sync rides in
 the same submission as the writes it covers, as ``fsync`` SQEs flagged IOSQE_IO_DRAIN
 (started only once every earlier request has completed). Rings are not thread-safe, so
 a small pool hands each concurrent caller its own.
+
+Waiting for completions releases the GIL (``_wait_cqes``): the binding's own wait calls
+hold it while blocked, which stalled the encoder thread (its next copy could not start
+while the writer slept in the kernel) and every other request of the process.
 """
 
 from __future__ import annotations
 
+import ctypes
 import errno
+import os
 import threading
 from collections import deque
 from collections.abc import Callable, Sequence
 
 import liburing as lu
-import numpy as np
 
-from storage_nodes.ssd.io_backend import IOBackend, IORequest, OnDone
+from storage_nodes.ssd.io_backend import IOBackend, IORequest, OnDone, buffer_address
 
 _READ, _WRITE = 0, 1
 _SUBMIT_EVERY = 4  # while encoding, hand the kernel writes this often
@@ -30,6 +35,7 @@ class _RingSlot:
         self.ring = lu.Ring()
         lu.io_uring_queue_init(entries, self.ring)  # raises OSError where io_uring is refused
         self.cqe = lu.Cqe()
+        self.iovecs = _RawIovecs(entries) if RAW_IOVECS else None
 
     def close(self) -> None:
         lu.io_uring_queue_exit(self.ring)
@@ -40,6 +46,7 @@ class UringBackend(IOBackend):
 
     def __init__(self, queue_depth: int = 32) -> None:
         self.queue_depth = queue_depth
+        self.vectored = RAW_IOVECS
         self._lock = threading.Lock()
         self._idle: list[_RingSlot] = [_RingSlot(queue_depth + 8)]
         self._closed = False
@@ -93,13 +100,15 @@ class UringBackend(IOBackend):
         on_done: OnDone | None = None,
     ) -> tuple[list[int], list[int]]:
         n = len(reqs)
+        if not self.vectored and any(r.head is not None for r in reqs):
+            raise ValueError("this build of liburing cannot take vectored requests")
         results = [0] * n
         synced = [0] * len(sync_fds)
         done = [0] * n  # bytes transferred so far per request (short transfers resume)
         pending = deque(range(n))
         keep: list[lu.Iovec | None] = [None] * n  # iovecs must outlive their requests
         slot = self._acquire()
-        ring, cqe = slot.ring, slot.cqe
+        ring, raw = slot.ring, slot.iovecs
         inflight = unsubmitted = 0
         sync_sent = not sync_fds
         between_done = between is None
@@ -118,10 +127,13 @@ class UringBackend(IOBackend):
                             pending.clear()
                             break
                     r = reqs[i]
-                    iov = _IOVECS.get(r.buf[done[i] :] if done[i] else r.buf)
-                    keep[i] = iov
                     sqe = _get_sqe(ring)
-                    prep_rw(sqe, r.fd, iov, r.offset + done[i])
+                    if r.head is None:
+                        iov = _IOVECS.get(r.buf[done[i] :] if done[i] else r.buf)
+                        keep[i] = iov
+                        prep_rw(sqe, r.fd, iov, r.offset + done[i])
+                    else:  # caller memory: an iovec of this ring's own, never cached
+                        raw.prep(prep_rw, sqe, i, r, done[i])  # type: ignore[union-attr]
                     lu.io_uring_sqe_set_data64(sqe, i)
                     inflight += 1
                     unsubmitted += 1
@@ -151,12 +163,12 @@ class UringBackend(IOBackend):
                 if inflight == 0:
                     break
                 if unsubmitted:
-                    _retry_eintr(lambda: lu.io_uring_submit_and_wait(ring, 1))
+                    _submit(ring)
                     self.submissions += 1
                     unsubmitted = 0
-                else:
-                    _retry_eintr(lambda: lu.io_uring_wait_cqe(ring, cqe))
+                _wait_cqes(ring)
                 reaped: list[tuple[int, int]] = []
+                cqe = slot.cqe
                 for _ in lu.CqeIter(ring, cqe):
                     entry = cqe[0]
                     try:
@@ -170,9 +182,11 @@ class UringBackend(IOBackend):
                     if i >= n:
                         synced[i - n] = min(res, 0)
                         continue
+                    if raw is not None and reqs[i].head is not None:
+                        raw.release(i)
                     if res > 0:
                         done[i] += res
-                        if done[i] < len(reqs[i].buf):
+                        if done[i] < reqs[i].nbytes:
                             pending.append(i)  # short transfer: resubmit the rest
                             resync = resync or (sync_sent and bool(sync_fds))
                             continue
@@ -223,8 +237,7 @@ class _IovecCache:
         self._lock = threading.Lock()
 
     def get(self, buf: memoryview) -> lu.Iovec:
-        addr = np.frombuffer(buf, np.uint8).__array_interface__["data"][0]
-        key = (addr, len(buf))
+        key = (buffer_address(buf), len(buf))
         iov = self._iovecs.get(key)
         if iov is None:
             with self._lock:
@@ -240,6 +253,74 @@ class _IovecCache:
 _IOVECS = _IovecCache()
 
 
+class _RawIovecs:
+    """Iovec arrays of one ring that are pointed at caller memory per request.
+
+    ``lu.Iovec`` keeps a buffer export of everything it is given (``_IovecCache``), so it
+    cannot name a caller's rows: each call's rows would stay pinned for good. Instead each
+    ring owns ``entries`` two-entry ``Iovec`` objects, built once over a dummy buffer, and
+    rewrites their C arrays (base, length) per request through ctypes. The layout this
+    relies on (``_len`` and the array pointer right after the object header) is checked
+    once at import (``RAW_IOVECS``); without it no vectored request is made. An entry is
+    held from its request's submission until its completion.
+    """
+
+    def __init__(self, entries: int) -> None:
+        self._objs = [lu.Iovec([_DUMMY, _DUMMY]) for _ in range(entries)]
+        self._heads = [_fields(o) for o in self._objs]
+        self._arrays = [(ctypes.c_size_t * 4).from_address(h[1]) for h in self._heads]
+        self._free = list(range(entries))
+        self._held: dict[int, int] = {}  # request index -> entry
+
+    def prep(
+        self, prep_rw: Callable[..., None], sqe: lu.SQE, i: int, r: IORequest, skip: int
+    ) -> None:
+        """Point a free entry at request ``i``'s segments less their first ``skip`` bytes
+        (a short transfer resumed) and prepare ``sqe`` with it."""
+        segs = r.segments()
+        while segs and skip >= len(segs[0]):
+            skip -= len(segs.pop(0))
+        if skip:
+            segs[0] = segs[0][skip:]
+        k = self._free.pop()
+        self._held[i] = k
+        arr, head = self._arrays[k], self._heads[k]
+        for j, seg in enumerate(segs):
+            arr[2 * j] = buffer_address(seg)
+            arr[2 * j + 1] = len(seg)
+        head[0] = len(segs)
+        try:
+            prep_rw(sqe, r.fd, self._objs[k], r.offset + r.nbytes - sum(map(len, segs)))
+        finally:
+            head[0] = 2  # what the binding frees the array with
+
+    def release(self, i: int) -> None:
+        self._free.append(self._held.pop(i))
+
+
+def _fields(iov: lu.Iovec) -> ctypes.Array[ctypes.c_size_t]:
+    """``Iovec``'s two fields (count, pointer to the C ``struct iovec`` array)."""
+    return (ctypes.c_size_t * 2).from_address(id(iov) + _OBJECT_HEADER_BYTES)
+
+
+def _raw_iovecs_work() -> bool:
+    """Whether ``Iovec`` is laid out as ``_RawIovecs`` assumes (checked on real buffers)."""
+    a, b = bytearray(24), bytearray(40)
+    try:
+        iov = lu.Iovec([a, b])
+        n, ptr = _fields(iov)
+        arr = (ctypes.c_size_t * 4).from_address(ptr)
+        want = [buffer_address(memoryview(a)), 24, buffer_address(memoryview(b)), 40]
+        return n == 2 and list(arr) == want
+    except Exception:  # any surprise: fall back to staging copies
+        return False
+
+
+_OBJECT_HEADER_BYTES = object.__basicsize__  # ob_refcnt, ob_type
+_DUMMY = bytearray(1)
+RAW_IOVECS = _raw_iovecs_work()
+
+
 def _get_sqe(ring: lu.Ring) -> lu.SQE:
     """An SQE, submitting what is queued first when the submission ring is full."""
     sqe = lu.io_uring_get_sqe(ring)
@@ -251,6 +332,35 @@ def _get_sqe(ring: lu.Ring) -> lu.SQE:
 
 def _submit(ring: lu.Ring) -> None:
     _retry_eintr(lambda: lu.io_uring_submit(ring))
+
+
+# io_uring_enter(2) has the same number on every architecture (the syscall table was
+# unified before io_uring was added); ctypes drops the GIL around foreign calls.
+_SYS_IO_URING_ENTER = 426
+_IORING_ENTER_GETEVENTS = 1
+_libc = ctypes.CDLL(None, use_errno=True)
+_syscall = _libc.syscall
+_syscall.restype = ctypes.c_long
+_syscall.argtypes = [
+    ctypes.c_long,
+    ctypes.c_uint,
+    ctypes.c_uint,
+    ctypes.c_uint,
+    ctypes.c_uint,
+    ctypes.c_void_p,
+    ctypes.c_size_t,
+]
+
+
+def _wait_cqes(ring: lu.Ring) -> None:
+    """Block until at least one completion is ready, without holding the GIL."""
+    while lu.io_uring_cq_ready(ring) == 0:
+        rc = _syscall(_SYS_IO_URING_ENTER, ring.ring_fd, 0, 1, _IORING_ENTER_GETEVENTS, None, 0)
+        if rc < 0:
+            err = ctypes.get_errno()
+            if err in (errno.EINTR, errno.EAGAIN, errno.EBUSY):
+                continue
+            raise OSError(err, os.strerror(err))
 
 
 def _retry_eintr(fn: Callable[[], object]) -> object:

@@ -28,6 +28,7 @@ class CrashSimBackend(IOBackend):
 
     def __init__(self, inner: IOBackend) -> None:
         self.inner = inner
+        self.vectored = inner.vectored
         self._held: dict[int, list[tuple[int, bytes]]] = {}
         self._lock = threading.Lock()
         self.crashed = False
@@ -39,10 +40,14 @@ class CrashSimBackend(IOBackend):
             for r, n in zip(reqs, res, strict=True):
                 if n < 0:
                     continue
-                for off, data in self._held.get(r.fd, ()):
-                    lo, hi = max(off, r.offset), min(off + len(data), r.offset + len(r.buf))
-                    if lo < hi:
-                        r.buf[lo - r.offset : hi - r.offset] = data[lo - off : hi - off]
+                start = r.offset
+                for seg in r.segments():  # held writes overlay what the file returned
+                    end = start + len(seg)
+                    for off, data in self._held.get(r.fd, ()):
+                        lo, hi = max(off, start), min(off + len(data), end)
+                        if lo < hi:
+                            seg[lo - start : hi - start] = data[lo - off : hi - off]
+                    start = end
         if on_done is not None:
             for i, n in enumerate(res):
                 on_done(i, n)
@@ -53,8 +58,9 @@ class CrashSimBackend(IOBackend):
             if self.crashed:
                 return [-errno.EIO] * len(reqs)
             for r in reqs:
-                self._held.setdefault(r.fd, []).append((r.offset, bytes(r.buf)))
-        return [len(r.buf) for r in reqs]
+                data = b"".join(bytes(seg) for seg in r.segments())
+                self._held.setdefault(r.fd, []).append((r.offset, data))
+        return [r.nbytes for r in reqs]
 
     def sync(self, fds: Sequence[int]) -> list[int]:
         with self._lock:
@@ -103,6 +109,7 @@ class FaultyBackend(IOBackend):
 
     def __init__(self, inner: IOBackend) -> None:
         self.inner = inner
+        self.vectored = inner.vectored
         self.write_errno: int | None = None
         self.read_errno: int | None = None
         self.sync_errno: int | None = None
@@ -124,12 +131,12 @@ class FaultyBackend(IOBackend):
         out: list[int] = []
         for r in reqs:
             if self.write_budget_bytes is not None:
-                if self.write_budget_bytes < len(r.buf):
+                if self.write_budget_bytes < r.nbytes:
                     out.append(-(self.write_errno or errno.ENOSPC))
                     continue
-                self.write_budget_bytes -= len(r.buf)
+                self.write_budget_bytes -= r.nbytes
             ok.append(r)
-            out.append(len(r.buf))
+            out.append(r.nbytes)
         res = iter(self.inner.write_batch(ok))
         return [next(res) if n > 0 else n for n in out]
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import mmap
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,21 @@ def small_ns(**overrides: Any) -> Namespace:
     )  # 2 KiB payload: one 4 KiB slot
     fields.update(overrides)
     return Namespace(**fields)
+
+
+def paged_ns() -> Namespace:
+    """8 KiB payloads: whole pages, so each slot keeps its payload on pages of its own and
+    page-aligned caller rows move to and from the disk without a staging copy."""
+    return small_ns(model_id="ssd-test-paged", head_dim=32)
+
+
+def aligned(data: bytes | int) -> memoryview:
+    """A copy of ``data`` (or that many zero bytes) in page-aligned memory."""
+    n = data if isinstance(data, int) else len(data)
+    m = mmap.mmap(-1, max(n, 1))
+    if not isinstance(data, int):
+        m[:n] = data
+    return memoryview(m)[:n]
 
 
 def payload_for(ns: Namespace, key: bytes) -> bytes:

@@ -22,22 +22,25 @@ import pytest
 from storage_nodes.ssd import SSDTier
 from storage_nodes.ssd.marker import read_boot_id
 from tests.io_backends import backends_here
-from tests.storage_nodes.ssd.helpers import SLAB, make_config, small_ns, verify_all
+from tests.storage_nodes.ssd.helpers import SLAB, make_config, paged_ns, small_ns, verify_all
 
 REPO = Path(__file__).resolve().parents[3]
-KILLS = 12  # per test; two tests (evicting / non-evicting) make 24 kills
+KILLS = 12  # per packed test (24 kills), half that per paged one (12 more)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("evicting", [False, True], ids=["roomy", "evicting"])
-def test_sigkill_writer(tmp_path: Path, evicting: bool) -> None:
-    ns = small_ns()
+@pytest.mark.parametrize("layout", ["packed", "paged"])
+def test_sigkill_writer(tmp_path: Path, evicting: bool, layout: str) -> None:
+    """``paged``: 8 KiB blocks in page-aligned rows, written and read zero-copy."""
+    ns = paged_ns() if layout == "paged" else small_ns()
     d = tmp_path / "ssd"
     acked_path = tmp_path / "acked"
-    cap = (2 if evicting else 16) * SLAB  # 16 salts x 32 blocks fit in 16 slabs
+    # 16 salts x 32 blocks fit in 16 slabs of 4 KiB slots (48 of the paged 12 KiB slots)
+    cap = (2 if evicting else 16 * (3 if layout == "paged" else 1)) * SLAB
     rng = random.Random(20240 + evicting)
     backends = backends_here()
-    for i in range(KILLS):
+    for i in range(KILLS if layout == "packed" else KILLS // 2):
         backend = backends[i % len(backends)]
         args = [
             sys.executable,
@@ -48,6 +51,7 @@ def test_sigkill_writer(tmp_path: Path, evicting: bool) -> None:
             backend,
             str(cap),
             str(acked_path),
+            layout,
         ]
         p = subprocess.Popen(
             args, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
