@@ -18,6 +18,7 @@ from engine.session import Conversation
 from kvstore.embedded import open_embedded
 from kvstore.keys import chain_keys
 from kvstore.testing.daemon_process import DaemonProcess
+from storage_nodes.ssd.config import payload_offset_for
 from tests.engine.engine_harness import WrappedStore
 from tests.engine.sessions import (
     Recorded,
@@ -150,15 +151,18 @@ def test_get_into_returning_fewer_blocks_than_lookup_agrees(
 
 
 def _flip_payload_byte(ssd_dir: Path, key: bytes) -> None:
-    """Flip one payload byte of the stored block ``key`` (found by its header, DESIGN §4)."""
+    """Flip one payload byte of the stored block ``key`` (found by its header, DESIGN §4;
+    the payload's place in the slot by its length, ``payload_offset_for``)."""
     for path in sorted(ssd_dir.rglob("slab-*")):
         data = path.read_bytes()
         for off in range(0, len(data) - 64, 4096):
             if data[off : off + 4] == b"KVB1" and data[off + 24 : off + 40] == key:
+                plen = int.from_bytes(data[off + 40 : off + 48], "little")
+                at = off + payload_offset_for(plen) + 1000
                 with path.open("r+b") as f:
-                    f.seek(off + 64 + 1000)
+                    f.seek(at)
                     byte = f.read(1)[0]
-                    f.seek(off + 64 + 1000)
+                    f.seek(at)
                     f.write(bytes([byte ^ 0x10]))
                 return
     raise AssertionError("block not found in any slab")
