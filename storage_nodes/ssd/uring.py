@@ -100,7 +100,7 @@ class UringBackend(IOBackend):
         on_done: OnDone | None = None,
     ) -> tuple[list[int], list[int]]:
         n = len(reqs)
-        if not self.vectored and any(r.head is not None for r in reqs):
+        if not self.vectored and any(r.head is not None or r.more for r in reqs):
             raise ValueError("this build of liburing cannot take vectored requests")
         results = [0] * n
         synced = [0] * len(sync_fds)
@@ -128,7 +128,7 @@ class UringBackend(IOBackend):
                             break
                     r = reqs[i]
                     sqe = _get_sqe(ring)
-                    if r.head is None:
+                    if r.head is None and not r.more:
                         iov = _IOVECS.get(r.buf[done[i] :] if done[i] else r.buf)
                         keep[i] = iov
                         prep_rw(sqe, r.fd, iov, r.offset + done[i])
@@ -282,6 +282,8 @@ class _RawIovecs:
             skip -= len(segs.pop(0))
         if skip:
             segs[0] = segs[0][skip:]
+        if len(segs) > 2:
+            raise ValueError("the io_uring backend takes at most two segments a request")
         k = self._free.pop()
         self._held[i] = k
         arr, head = self._arrays[k], self._heads[k]
