@@ -25,8 +25,9 @@ import os
 import re
 import secrets
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TypeVar
 from urllib.parse import quote, unquote
 
 from storage_nodes.sharedfs.errors import SharedFSConfigError
@@ -65,30 +66,45 @@ def parse_segment_name(name: str) -> int | None:
     return int(m.group(1), 16) if m else None
 
 
-_MKDIR_TRIES = 8
+T = TypeVar("T")
+_RACE_TRIES = 8
+# What GlusterFS's replication answers, for a moment, to a client that lost a race to
+# create a name: EIO, or ENOTCONN while it finds no replica it trusts for the new entry.
+_RACE_ERRNOS = (errno.EIO, errno.ENOTCONN)
 
 
 def make_shared_dir(path: Path, mode: int = 0o777) -> bool:
     """mkdir -p for a directory other hosts may be creating at the same moment; True
-    if this call created ``path`` itself.
+    if this call created ``path`` itself."""
 
-    GlusterFS answers EIO, for a moment, to a client that looks up or creates a name
-    another client is creating (its replicas are still agreeing on the new directory),
-    so an EIO is retried after a short back-off.
-    """
-    for attempt in range(_MKDIR_TRIES):
+    def attempt() -> bool:
+        if path.is_dir():
+            return False
+        if not path.parent.is_dir():
+            make_shared_dir(path.parent)
         try:
+            path.mkdir(mode=mode)
+        except FileExistsError:
             if path.is_dir():
                 return False
-            if not path.parent.is_dir():
-                make_shared_dir(path.parent)
-            path.mkdir(mode=mode)
-            return True
-        except FileExistsError:
-            if attempt == _MKDIR_TRIES - 1:
-                raise
+            raise
+        return True
+
+    return retry_races(attempt)
+
+
+def retry_races(fn: Callable[[], T]) -> T:
+    """``fn()``, again after a short back-off while it fails as a lost creation race does.
+
+    GlusterFS answers EIO or ENOTCONN, for a moment, to a client that looks up or
+    creates a name another client is creating (its replicas are still agreeing on the
+    new entry). About 2.5 s in all: a mount that is really gone still fails, just later.
+    """
+    for attempt in range(_RACE_TRIES):
+        try:
+            return fn()
         except OSError as e:
-            if e.errno != errno.EIO or attempt == _MKDIR_TRIES - 1:
+            if e.errno not in _RACE_ERRNOS or attempt == _RACE_TRIES - 1:
                 raise
             time.sleep(0.02 * 2**attempt)
     raise AssertionError("unreachable")
@@ -105,7 +121,7 @@ class Layout:
         """Create the top directories and the FORMAT marker; refuse a foreign root."""
         try:
             make_shared_dir(self.root)
-            self._publish_format(self.root / "FORMAT")
+            retry_races(lambda: self._publish_format(self.root / "FORMAT"))
             for d in (self.daemons, self.leases, self.tenants):
                 make_shared_dir(d)
         except OSError as e:
@@ -125,14 +141,9 @@ class Layout:
                     os.fsync(f.fileno())
                 with contextlib.suppress(FileExistsError):  # a peer published it first
                     os.link(tmp, marker)
-            except OSError as e:
-                raise SharedFSConfigError(f"cannot write {marker}: {e}") from None
             finally:
                 tmp.unlink(missing_ok=True)
-        try:
-            text = marker.read_text(errors="replace")
-        except OSError as e:
-            raise SharedFSConfigError(f"cannot read {marker}: {e}") from None
+        text = marker.read_text(errors="replace")
         if text != FORMAT_TEXT:
             raise SharedFSConfigError(
                 f"{self.root} holds another format ({text.strip()!r}); "
