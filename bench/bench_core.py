@@ -20,6 +20,7 @@ import argparse
 import hashlib
 import json
 import pickle
+import statistics
 
 import numpy as np
 import torch
@@ -27,6 +28,7 @@ import torch
 from bench.harness import machine, median_interleaved, timed
 from kvstore.dram import DramConfig, DramTier
 from kvstore.keys import Namespace, chain_keys
+from kvstore.row_copy import RowCopier, make_row_copier
 from kvstore.units import parse_size
 
 BATCH = 16
@@ -116,13 +118,19 @@ def bench_dram_out_of_cache(
     dst = torch.empty(batch_bytes, dtype=torch.uint8)
     total = n_batches * batch_bytes
 
-    def get_rate() -> float:
+    shared, serial = tier._copier, make_row_copier(1)
+
+    def get_rate(copier: RowCopier) -> float:
         def one() -> None:
             for keys in chains:
                 if tier.get_into(ns, keys, dst) != BATCH:
                     raise AssertionError("a block failed its check")
 
-        return total / timed(one)
+        tier._copier = copier
+        try:
+            return total / timed(one)
+        finally:
+            tier._copier = shared
 
     def copy_rate() -> float:
         def one() -> None:
@@ -140,19 +148,29 @@ def bench_dram_out_of_cache(
 
         return total / timed(one)
 
-    cases = {"copy_": copy_rate, "memcpy": memcpy_rate, "get_into": get_rate}
+    cases = {
+        "copy_": copy_rate,
+        "memcpy": memcpy_rate,
+        "get_into": lambda: get_rate(shared),
+        "get_into_1thread": lambda: get_rate(serial),
+    }
     for fn in cases.values():  # warm-up: page tables, allocator, thread pool
         fn()
-    med = median_interleaved(cases, runs)
-    return {
-        "block_bytes": block_bytes,
-        "working_set_bytes": total,
-        "copy_GBps": med["copy_"] / 1e9,
-        "memcpy_GBps": med["memcpy"] / 1e9,
-        "get_GBps": med["get_into"] / 1e9,
-        "get_vs_copy": med["get_into"] / med["copy_"],
-        "get_vs_memcpy": med["get_into"] / med["memcpy"],
-    }
+    rounds: dict[str, list[float]] = {k: [] for k in cases}
+    for _ in range(max(5, runs)):  # interleaved rounds; ratios taken within a round
+        for name, fn in cases.items():
+            rounds[name].append(fn())
+    tier.close()
+    out: dict[str, float] = {"block_bytes": block_bytes, "working_set_bytes": total}
+    for name, rates in rounds.items():
+        out[f"{name}_GBps"] = statistics.median(rates) / 1e9
+    for name in ("get_into", "get_into_1thread"):
+        for peer in ("copy_", "memcpy"):
+            ratios = [g / p for g, p in zip(rounds[name], rounds[peer], strict=True)]
+            key = f"{name}_vs_{peer}"
+            out[key] = statistics.median(ratios)
+            out[key + "_min"], out[key + "_max"] = min(ratios), max(ratios)
+    return out
 
 
 def vllm_chain(tokens: list[int], block: int) -> list[bytes]:
@@ -207,13 +225,26 @@ def main() -> None:
             f" | {r['put_GBps']:.2f} | {r['get_vs_copy']:.2f} | {r['put_vs_copy']:.2f} |"
         )
     cold = [bench_dram_out_of_cache(s, ws, runs) for s in sizes]
-    print(f"\nOut of cache ({ws >> 20} MiB working set):\n")
-    print("| block | copy_ GB/s | memcpy GB/s | get_into GB/s | get/copy_ | get/memcpy |")
-    print("|---|---|---|---|---|---|")
+    print(
+        f"\nOut of cache ({ws >> 20} MiB working set;"
+        " ratios: median of per-round ratios [range]):\n"
+    )
+    print(
+        "| block | copy_ GB/s | memcpy GB/s | get_into GB/s | get/copy_ | get/memcpy"
+        " | 1 thread GB/s | 1 thread/copy_ | 1 thread/memcpy |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|")
+
+    def ratio(r: dict[str, float], key: str) -> str:
+        return f"{r[key]:.2f} [{r[key + '_min']:.2f}–{r[key + '_max']:.2f}]"
+
     for r in cold:
         print(
-            f"| {r['block_bytes'] >> 10} KiB | {r['copy_GBps']:.2f} | {r['memcpy_GBps']:.2f}"
-            f" | {r['get_GBps']:.2f} | {r['get_vs_copy']:.2f} | {r['get_vs_memcpy']:.2f} |"
+            f"| {r['block_bytes'] >> 10} KiB | {r['copy__GBps']:.2f} | {r['memcpy_GBps']:.2f}"
+            f" | {r['get_into_GBps']:.2f} | {ratio(r, 'get_into_vs_copy_')}"
+            f" | {ratio(r, 'get_into_vs_memcpy')} | {r['get_into_1thread_GBps']:.2f}"
+            f" | {ratio(r, 'get_into_1thread_vs_copy_')}"
+            f" | {ratio(r, 'get_into_1thread_vs_memcpy')} |"
         )
     h = bench_hashing(runs)
     print()

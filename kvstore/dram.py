@@ -31,14 +31,10 @@ from kvstore.errors import IntegrityError, InvalidArgument, StoreUnavailable, Un
 from kvstore.eviction import EvictionPolicy, make_policy
 from kvstore.keys import Key, Namespace
 from kvstore.leases import Lease, LeaseTable
+from kvstore.row_copy import make_row_copier
 from kvstore.tier import PutResult, SizeClassStats, Tier, TierStats
 
 _DEFAULT_CHUNK_BYTES = 64 << 20
-#: Longest single copy on the read path: small enough that the rows are still in the
-#: core's cache (L2) when their checksums are computed right after. (One memcpy per
-#: run: torch's multi-threaded copy was tried and loses, because its worker threads
-#: fall asleep during the hashing between runs and each wake-up costs more than it saves.)
-_RUN_BYTES = 1 << 20
 
 
 _COUNTERS = (
@@ -62,6 +58,9 @@ class DramConfig:
     pin_memory: bool | None = None  # None: pin when CUDA is available
     lease_timeout_s: float = 30.0
     name: str = "dram"
+    #: Threads that copy and check a read (``kvstore.row_copy``): 1, or 2 to overlap one
+    #: thread's hashing with the other's copying; None = 2 when there are two cores.
+    copy_threads: int | None = None
 
     def resolved_chunk_bytes(self) -> int:
         if self.chunk_bytes is not None:
@@ -91,6 +90,7 @@ class DramTier(Tier):
         self._classes: dict[int, _ClassState] = {}
         self._namespaces: dict[bytes, Namespace] = {}
         self._leases = LeaseTable()
+        self._copier = make_row_copier(config.copy_threads)
         self._lock = threading.RLock()
         self._tick = 0
         self._closed = False
@@ -254,29 +254,11 @@ class DramTier(Tier):
     def _copy_verified(
         self, cs: _ClassState, held: list[int], sums: list[int], out: memoryview
     ) -> int:
-        """Copy the blocks in ``held`` slots to rows of ``out`` and check each copy against
-        its stored checksum; returns how many leading rows passed.
-
-        Runs of adjacent slots (a chain put in one call) move in one copy, but no run is
-        longer than ``_RUN_BYTES``, so the rows are still in cache when they are hashed
-        right after."""
-        sc, view, bb = cs.sc, self._pool.view, cs.sc.block_bytes
-        digest = xxhash.xxh3_64_intdigest
-        per_run = max(1, _RUN_BYTES // bb)
-        spc = sc.slots_per_chunk
-        n, i = len(held), 0
-        while i < n:
-            # A run: slots that follow each other inside one chunk (one memory range).
-            j = i + 1
-            while j < n and j - i < per_run and held[j] == held[j - 1] + 1 and held[j] % spc:
-                j += 1
-            off = self._pool.offset(sc, held[i])
-            out[i * bb : j * bb] = view[off : off + (j - i) * bb]
-            for r in range(i, j):
-                if digest(out[r * bb : (r + 1) * bb]) != sums[r]:
-                    return r
-            i = j
-        return n
+        """Copy the blocks in ``held`` slots to rows of ``out``, each checked against its
+        stored checksum from the copy; returns how many leading rows passed."""
+        spc, chunk_bytes, bb = cs.sc.slots_per_chunk, self._pool.chunk_bytes, cs.sc.block_bytes
+        offsets = [(s // spc) * chunk_bytes + (s % spc) * bb for s in held]
+        return self._copier.copy_verified(self._pool.view, offsets, out, bb, sums)
 
     def _corrupt(self, cs: _ClassState, key: Key, slot: int, copy: memoryview) -> None:
         """A copy failed its check. If the stored payload fails too, the block is bad and
@@ -463,3 +445,4 @@ class DramTier(Tier):
     def close(self) -> None:
         with self._lock:
             self._closed = True
+            self._copier.close()

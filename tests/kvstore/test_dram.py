@@ -187,6 +187,25 @@ def test_a_flipped_byte_in_dram_memory_is_a_counted_miss_never_data() -> None:
     t.check_integrity()
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_flipped_byte_in_a_large_read_is_caught_on_either_copy_path(threads: int) -> None:
+    # 32 x 64 KiB = 2 MiB: above the size at which the helper thread shares the read.
+    ns = small_ns(model_id="large", kv_heads=8, head_dim=128, cached_layers=(0, 1))
+    t = DramTier(DramConfig(4 << 20, chunk_bytes=2 << 20, copy_threads=threads))
+    t.register(ns)
+    keys = chain(ns, 32, seed=35)
+    put(t, ns, keys)
+    _flip_stored(t, ns, keys[29], at=ns.block_bytes - 1)
+    assert verify(t, ns, keys) == 29
+    assert getattr(t._copier, "shared_calls", 0) == (1 if threads == 2 else 0)
+    c = t.stats().counters
+    assert c["corrupt_blocks_total"] == 1 and c["quarantined_blocks_total"] == 1
+    assert t.contains(ns, keys) == 29
+    assert verify(t, ns, keys[:29]) == 29
+    t.check_integrity()
+    t.close()
+
+
 def test_put_keeps_the_given_checksum_so_a_damaged_source_is_caught() -> None:
     t = make()
     keys = chain(SMALL, 2, seed=31)
@@ -209,9 +228,11 @@ def test_checksums_must_match_the_keys() -> None:
 # -- leases mean what they say (issue 14, item 4) -------------------------------------
 def _views_intact(t: DramTier, ns, lease) -> bool:
     views = t.pinned_views(lease)
-    return [payload_checksum(v) for v in views] == list(lease.checksums) == [
-        payload_checksum(payload_for(ns, k)) for k in lease.keys
-    ]
+    return (
+        [payload_checksum(v) for v in views]
+        == list(lease.checksums)
+        == [payload_checksum(payload_for(ns, k)) for k in lease.keys]
+    )
 
 
 def test_pinned_blocks_are_never_moved_when_another_class_takes_chunks() -> None:

@@ -1,0 +1,252 @@
+"""Verified row copies: move rows into a destination and check each copy's xxh3-64.
+
+The DRAM tier's read path (DESIGN §4: every read is checked where the bytes are handed
+over). Out of cache the copy is bound by memory and the hash by the core: one core
+copying and then hashing pays both in turn (about 0.7× a plain memcpy on the reference
+machine, however little Python there is around it). Two cores overlap them: while one
+thread hashes a unit it has just copied (still in its L2), the other is copying.
+
+Both threads work on the same task: each claims the next unit from a shared counter
+(``next()`` on an ``itertools.count`` is atomic under the GIL), so a helper that wakes
+late simply takes fewer units and the caller never waits for it to start. The heavy
+calls release the GIL (``ctypes.memmove``; ``xxh3_64.update`` — the one-shot
+``xxh3_64_intdigest`` does not), so the two threads really run at once.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import itertools
+import os
+import queue
+import threading
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+
+import numpy as np
+import xxhash
+
+from kvstore.errors import InvalidArgument
+
+#: Longest single copy: small enough that its rows are still in the core's L2 when they
+#: are hashed right after, large enough that per-call Python is a small part of it.
+UNIT_BYTES = 512 << 10
+#: Smaller reads are copied by the caller alone: waking the helper costs tens of µs on a
+#: VM, more than it saves on less than this.
+SHARE_MIN_BYTES = 1 << 20
+
+
+def _address(buf: memoryview) -> int:
+    return int(np.frombuffer(buf, np.uint8).ctypes.data) if len(buf) else 0
+
+
+class _Task:
+    """One call's work: units of adjacent rows, claimed by whichever thread is free.
+
+    ``bad[u]`` is the index (within unit ``u``) of its first row whose copy failed, or
+    the unit's row count when all passed; ``None`` while unclaimed or in flight.
+    """
+
+    __slots__ = (
+        "bad",
+        "claim",
+        "done",
+        "dst",
+        "error",
+        "row_bytes",
+        "src",
+        "sums",
+        "units",
+        "view",
+    )
+
+    def __init__(
+        self,
+        src: memoryview,
+        src_offsets: Sequence[int],
+        dst: memoryview,
+        row_bytes: int,
+        sums: Sequence[int],
+    ) -> None:
+        if len(sums) != len(src_offsets):
+            raise InvalidArgument(f"{len(sums)} checksums for {len(src_offsets)} rows")
+        # memmove takes raw addresses: prove every row lies inside both buffers first.
+        if dst.readonly:
+            raise InvalidArgument("destination buffer is read-only")
+        if len(dst) < len(src_offsets) * row_bytes:
+            raise InvalidArgument(f"destination of {len(dst)} bytes for {len(src_offsets)} rows")
+        if src_offsets and (min(src_offsets) < 0 or max(src_offsets) + row_bytes > len(src)):
+            raise InvalidArgument("a source row lies outside the source buffer")
+        self.units = _units(src_offsets, row_bytes)  # (first row, rows, source offset)
+        self.sums = sums
+        self.row_bytes = row_bytes
+        self.src, self.dst, self.view = _address(src), _address(dst), dst
+        self.claim = itertools.count()
+        self.bad: list[int | None] = [None] * len(self.units)
+        self.done: queue.SimpleQueue[None] = queue.SimpleQueue()
+        self.error: BaseException | None = None
+
+    def work(self, h: xxhash.xxh3_64 | None) -> None:
+        """Claim and process units until none is left. ``h``: a streaming hasher of this
+        thread, whose ``update`` releases the GIL; None = the one-shot function, which is
+        faster on one thread but keeps the GIL."""
+        units, sums, bb, bad, view = self.units, self.sums, self.row_bytes, self.bad, self.view
+        memmove, digest, n = ctypes.memmove, xxhash.xxh3_64_intdigest, len(units)
+        u = next(self.claim)
+        while u < n:
+            first, rows, src_off = units[u]
+            memmove(self.dst + first * bb, self.src + src_off, rows * bb)
+            fail = rows
+            for r in range(rows):
+                at = (first + r) * bb
+                if h is None:
+                    value = digest(view[at : at + bb])
+                else:
+                    h.reset()
+                    h.update(view[at : at + bb])
+                    value = h.intdigest()
+                if value != sums[first + r]:
+                    fail = r
+                    break
+            bad[u] = fail
+            u = next(self.claim)
+
+    def first_bad_row(self) -> int:
+        for (first, rows, _), fail in zip(self.units, self.bad, strict=True):
+            if fail is None:
+                raise AssertionError("a unit was never processed")
+            if fail < rows:
+                return first + fail
+        return len(self.sums)
+
+
+class RowCopier(ABC):
+    """Copies rows of a source buffer into consecutive rows of a destination and checks
+    each copy against its checksum.
+
+    Contract: ``copy_verified`` returns how many leading rows of ``dst`` hold a copy whose
+    xxh3-64 equals its entry of ``sums`` — the hash is computed from ``dst`` after the
+    copy, so what passes is what the caller got. Rows past the first failing one may or
+    may not have been written. When it returns, no thread writes to ``dst`` any more.
+    Callers serialise calls on one copier (the DRAM tier holds its lock).
+    """
+
+    @abstractmethod
+    def copy_verified(
+        self,
+        src: memoryview,
+        src_offsets: Sequence[int],
+        dst: memoryview,
+        row_bytes: int,
+        sums: Sequence[int],
+    ) -> int:
+        """Row ``r`` = ``src[src_offsets[r] : + row_bytes]`` goes to ``dst[r * row_bytes :]``."""
+
+    def close(self) -> None:  # noqa: B027 - most copiers hold nothing to stop
+        """Stop any helper thread; later calls still work (on the caller's thread)."""
+
+
+def _units(src_offsets: Sequence[int], row_bytes: int) -> list[tuple[int, int, int]]:
+    """Runs of rows adjacent in the source (one memmove each), at most ``UNIT_BYTES``."""
+    per_unit = max(1, UNIT_BYTES // row_bytes)
+    units = []
+    n, i = len(src_offsets), 0
+    while i < n:
+        j = i + 1
+        while j < n and j - i < per_unit and src_offsets[j] == src_offsets[j - 1] + row_bytes:
+            j += 1
+        units.append((i, j - i, src_offsets[i]))
+        i = j
+    return units
+
+
+class SerialRowCopier(RowCopier):
+    """Everything on the caller's thread (one core, or reads too small to share)."""
+
+    def copy_verified(
+        self,
+        src: memoryview,
+        src_offsets: Sequence[int],
+        dst: memoryview,
+        row_bytes: int,
+        sums: Sequence[int],
+    ) -> int:
+        task = _Task(src, src_offsets, dst, row_bytes, sums)
+        task.work(None)
+        return task.first_bad_row()
+
+
+class SharedRowCopier(RowCopier):
+    """The caller and one helper thread share each large call (see the module docstring)."""
+
+    def __init__(self, share_min_bytes: int = SHARE_MIN_BYTES) -> None:
+        self.share_min_bytes = share_min_bytes
+        self._serial = SerialRowCopier()
+        self._h = xxhash.xxh3_64()
+        self._inbox: queue.SimpleQueue[_Task | None] | None = None
+        self._thread: threading.Thread | None = None
+        self._pid = 0
+        self.shared_calls = 0  # calls the helper was offered (for tests and stats)
+
+    def _helper_inbox(self) -> queue.SimpleQueue[_Task | None]:
+        # A forked child inherits the queue but not the thread: start a new one there.
+        if self._inbox is None or self._pid != os.getpid():
+            self._inbox = queue.SimpleQueue()
+            self._pid = os.getpid()
+            self._thread = threading.Thread(
+                target=self._serve, args=(self._inbox,), name="row-copy-helper", daemon=True
+            )
+            self._thread.start()
+        return self._inbox
+
+    @staticmethod
+    def _serve(inbox: queue.SimpleQueue[_Task | None]) -> None:
+        h = xxhash.xxh3_64()
+        while (task := inbox.get()) is not None:
+            try:
+                task.work(h)
+            except BaseException as e:  # handed to the caller, never lost
+                task.error = e
+            finally:
+                task.done.put(None)
+
+    def copy_verified(
+        self,
+        src: memoryview,
+        src_offsets: Sequence[int],
+        dst: memoryview,
+        row_bytes: int,
+        sums: Sequence[int],
+    ) -> int:
+        if len(src_offsets) * row_bytes < self.share_min_bytes or len(src_offsets) < 2:
+            return self._serial.copy_verified(src, src_offsets, dst, row_bytes, sums)
+        task = _Task(src, src_offsets, dst, row_bytes, sums)
+        self._helper_inbox().put(task)
+        self.shared_calls += 1
+        try:
+            task.work(self._h)
+        finally:
+            # The helper may still be inside a unit it claimed: never return (or let the
+            # caller reuse ``dst``) before it is out. It always signals once per task.
+            if None in task.bad:
+                task.done.get()
+        if task.error is not None:
+            raise task.error
+        return task.first_bad_row()
+
+    def close(self) -> None:
+        if self._inbox is not None and self._thread is not None and self._pid == os.getpid():
+            self._inbox.put(None)
+            self._thread.join()
+        self._inbox = self._thread = None
+
+
+def make_row_copier(threads: int | None = None) -> RowCopier:
+    """``threads``: 1 or 2; ``None`` = 2 when this process may run on more than one core."""
+    if threads is None:
+        threads = 2 if len(os.sched_getaffinity(0)) > 1 else 1
+    if threads == 1:
+        return SerialRowCopier()
+    if threads == 2:
+        return SharedRowCopier()
+    raise InvalidArgument(f"copy threads must be 1 or 2, got {threads}")
