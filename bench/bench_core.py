@@ -210,8 +210,13 @@ def main() -> None:
     ap.add_argument(
         "--working-set", type=parse_size, default=1 << 30, help="out-of-cache working set"
     )
+    ap.add_argument(
+        "--sizes", help="comma-separated block sizes (default 64KiB,256KiB,2MiB; --quick: 2)"
+    )
     args = ap.parse_args()
     sizes = [64 << 10, 256 << 10] if args.quick else [64 << 10, 256 << 10, 2 << 20]
+    if args.sizes:
+        sizes = [parse_size(s) for s in args.sizes.split(",")]
     runs = 3 if args.quick else args.runs
     ws = min(args.working_set, 128 << 20) if args.quick else args.working_set
     print(f"# machine: {machine()}")
