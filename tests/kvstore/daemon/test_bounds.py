@@ -102,8 +102,8 @@ def test_many_held_commits_stay_within_the_bound(spawn_daemon: SpawnDaemon) -> N
         assert c.commit(BIG, warm, payloads(BIG, warm)).inserted == 2
         baseline = rss(d)
         stub = pb_grpc.KVStoreStub(ch)
-        after_round = []
-        for r in range(3):
+        after_round, kept_blocks = [], []
+        for r in range(4):
             t0 = time.monotonic()
             codes, chains = one_round(stub, seed=1000 * (r + 1))
             # Two streams fit the bound; the rest are refused at once, not queued.
@@ -114,13 +114,21 @@ def test_many_held_commits_stay_within_the_bound(spawn_daemon: SpawnDaemon) -> N
             assert time.monotonic() - t0 < 25
             # and never the half-sent one (a starved daemon may have cancelled a stream
             # before its first block was in, so 0 is possible there too).
+            kept = 0
             for code, k in zip(codes, chains, strict=True):
-                kept = c.lookup(BIG, k).hit_blocks
-                assert kept == 0 if code == grpc.StatusCode.RESOURCE_EXHAUSTED else kept <= 1
+                n = c.lookup(BIG, k).hit_blocks
+                assert n == 0 if code == grpc.StatusCode.RESOURCE_EXHAUSTED else n <= 1
+                kept += n
             after_round.append(rss(d))
+            kept_blocks.append(kept)
         grew = rss(d, "VmHWM") - baseline
         assert grew < INFLIGHT + 48 * MiB, f"peak RSS grew by {grew / MiB:.0f} MiB"
-        assert after_round[-1] - after_round[0] < 24 * MiB, [a // MiB for a in after_round]
+        # No growth from round to round beyond the blocks kept in DRAM: the first round
+        # warms the allocator's per-thread arenas, so it is the base. A leak of what the
+        # cancelled streams announced (2 x 32 MiB per round) passes 24 MiB at once.
+        stored = sum(kept_blocks[1:]) * BIG.block_bytes
+        late = after_round[-1] - after_round[0] - stored
+        assert late < 24 * MiB, ([a // MiB for a in after_round], kept_blocks)
         # The budget is free again: an ordinary commit goes through.
         keys = make_chain(BIG, 4, seed=2)
         assert c.commit(BIG, keys, payloads(BIG, keys)).inserted == 4
