@@ -39,10 +39,14 @@ def start_daemon(root: Path, ident: str, *, dram: str = "8MiB", capacity: str = 
 
 @contextlib.contextmanager
 def daemons_on(roots: Sequence[Path], **kw: object) -> Iterator[list[Daemon]]:
-    """One daemon per root (``d1``, ``d2``, …), started and stopped in parallel."""
+    """One daemon per root (``d1``, ``d2``, …): the first alone (it creates the root and
+    the namespace's directory, as storage_nodes/sharedfs/README.md rule 11 asks on
+    GlusterFS), the others in parallel; all stopped in parallel."""
     with ThreadPoolExecutor(len(roots)) as pool:
-        futures = [pool.submit(start_daemon, root, f"d{i}", **kw)  # type: ignore[arg-type]
-                   for i, root in enumerate(roots, start=1)]
+        first = pool.submit(start_daemon, roots[0], "d1", **kw)  # type: ignore[arg-type]
+        first.exception()
+        futures = [first] + [pool.submit(start_daemon, root, f"d{i}", **kw)  # type: ignore[arg-type]
+                             for i, root in enumerate(roots[1:], start=2)]
     started = [f.result() for f in futures if f.exception() is None]
     try:
         for f in futures:
