@@ -122,9 +122,16 @@ class WrappedStore(DelegatingStore):
         pass
 
 
-def run_checked(engine: LLMEngine, prompts: list[list[int]], params: SamplingParams = GREEDY):
-    """Generate with an integrity check after every step."""
-    seqs = [engine.add_request(p, params) for p in prompts]
+def run_checked(engine: LLMEngine, prompts: list[list[int]], params: SamplingParams = GREEDY,
+                *, staggered: bool = False):
+    """Generate with an integrity check after every step; ``staggered`` adds each request
+    one step after the previous (so requests arrive while others prefill or load)."""
+    seqs = []
+    for p in prompts:
+        seqs.append(engine.add_request(p, params))
+        if staggered:
+            engine.step()
+            engine.check_integrity()
     steps = 0
     while any(not s.is_finished for s in seqs):
         engine.step()

@@ -188,14 +188,7 @@ def test_random_traffic_with_a_store_keeps_the_pool_whole(
     try:
         for _ in range(2):  # the second engine starts with an empty pool: store hits
             with fake_engine(store, pool_blocks=pool_blocks, budget=budget, max_seqs=3) as eng:
-                seqs = []
-                for p in prompts:
-                    seqs.append(eng.add_request(p, params))
-                    eng.step()
-                    eng.check_integrity()
-                while eng.has_unfinished:
-                    eng.step()
-                    eng.check_integrity()
+                seqs = run_checked(eng, prompts, params, staggered=True)
                 for p, s in zip(prompts, seqs, strict=True):
                     assert s.output_ids == greedy_continuation(p, params.max_new_tokens)
                     assert sum(s.stats.hit_tokens.values()) + s.stats.computed_tokens == len(p)

@@ -18,7 +18,7 @@ from engine.llm_engine import LLMEngine
 from engine.model.loader import LoadedModel
 from engine.sampling_params import SamplingParams
 from kvstore.keys import chain_keys
-from tests.engine.engine_harness import WrappedStore, dram_store
+from tests.engine.engine_harness import WrappedStore, dram_store, run_checked
 
 BT = 64
 PARAMS = SamplingParams(max_new_tokens=4, ignore_eos=True)
@@ -127,14 +127,7 @@ def test_random_traffic_on_the_tiny_model_keeps_the_pool_whole(
             with tiny_engine(tiny, KVStoreLink(store, ns, "test"), pool_blocks=pool_blocks,
                              budget=budget, block_tokens=bt, max_seqs=max_seqs) as eng:
                 eng.runner.logits_observers.append(_finite)
-                seqs = []
-                for p in prompts:
-                    seqs.append(eng.add_request(p, PARAMS))
-                    eng.step()
-                    eng.check_integrity()
-                while eng.has_unfinished:
-                    eng.step()
-                    eng.check_integrity()
+                seqs = run_checked(eng, prompts, PARAMS, staggered=True)
                 for p, s in zip(prompts, seqs, strict=True):
                     assert len(s.output_ids) == PARAMS.max_new_tokens
                     assert sum(s.stats.hit_tokens.values()) + s.stats.computed_tokens == len(p)
