@@ -172,7 +172,7 @@ class Layout:
 
     def ensure_owner_dir(self, tenant: str, fingerprint: bytes, daemon: str, mode: int) -> Path:
         tdir = self.tenant_dir(tenant)
-        if not tdir.exists() and make_shared_dir(tdir, mode):
+        if make_shared_dir(tdir, mode):  # checks for the directory itself, races retried
             os.chmod(tdir, mode)  # mkdir's mode is filtered by the umask
         make_shared_dir(self.namespace_dir(tenant, fingerprint))
         d = self.owner_dir(tenant, fingerprint, daemon)
