@@ -57,13 +57,16 @@ def dram_store(dram_bytes: int = 4 << 20) -> KVStore:
 class WrappedStore(DelegatingStore):
     """A real store with hooks: ``short_get`` makes ``get_into`` copy at most that many
     blocks (the rows it leaves hold NaN, so admitting one shows in the outputs);
-    ``get_delay_s`` stalls it; ``commit_gate`` holds commits until set; ``dead`` makes
-    every call raise ``StoreUnavailable``. ``close`` leaves the inner store open."""
+    ``get_delay_s`` stalls it and ``get_gate`` holds it until set; ``commit_gate`` holds
+    commits until set; ``dead`` makes every call raise ``StoreUnavailable``. ``close``
+    leaves the inner store open."""
 
     def __init__(self, inner: KVStore) -> None:
         super().__init__(inner)
         self.short_get: int | None = None
         self.get_delay_s = 0.0
+        self.get_gate = threading.Event()
+        self.get_gate.set()
         self.commit_gate = threading.Event()
         self.commit_gate.set()
         self.dead = False
@@ -93,6 +96,7 @@ class WrappedStore(DelegatingStore):
         checksums: list[int] | None = None,
     ) -> int:
         self._alive()
+        self.get_gate.wait()
         if self.get_delay_s:
             time.sleep(self.get_delay_s)
         if self.short_get is None:

@@ -3,8 +3,6 @@ K/V bytes are known: what the store gets and what comes back into the pool are c
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 import pytest
 import torch
@@ -95,13 +93,22 @@ def test_a_load_past_its_deadline_is_recomputed(store: WrappedStore) -> None:
     p = prompt(30)
     with fake_engine(store) as first:
         run_checked(first, [p])
-    store.get_delay_s = 0.5
-    with fake_engine(store, load_timeout_s=0.1) as second:
-        (b,) = run_checked(second, [p])
-        assert b.stats.load_gave_up == 1
-        assert b.stats.hit_tokens["dram"] == 0 and b.stats.computed_tokens == len(p)
-        assert b.output_ids == greedy_continuation(p, GREEDY.max_new_tokens)
-        time.sleep(0.6)  # the loader finishes its stalled get and hands the blocks back
+    store.get_gate.clear()  # the loader's get_into stalls until the gate opens below
+    with fake_engine(store, load_timeout_s=1.0) as second:
+        try:
+            (b,) = run_checked(second, [p])
+            assert b.stats.load_gave_up == 1
+            assert b.stats.hit_tokens["dram"] == 0 and b.stats.computed_tokens == len(p)
+            assert b.output_ids == greedy_continuation(p, GREEDY.max_new_tokens)
+            # Once b's own blocks are committed and let go, the given-up job still holds
+            # its blocks (the prompt's 7 full blocks, short of the last token's) while the
+            # loader is inside get_into: they must not be reused before it is out.
+            assert second.drain(10)
+            assert not second.loader.wait_idle(0)
+            assert sum(blk.ref_cnt for blk in second.blocks.pool.blocks) == (len(p) - 1) // BT
+        finally:
+            store.get_gate.set()  # a failed check above must not leave close() waiting
+        assert second.loader.wait_idle(10)  # its get done, the job is handed back
         second.drain(5)
         second.check_integrity()
         assert all(blk.ref_cnt == 0 for blk in second.blocks.pool.blocks)
@@ -203,20 +210,24 @@ def test_running_requests_keep_computing_while_one_loads(store: WrappedStore) ->
     p = prompt(30)
     with fake_engine(store) as first:
         run_checked(first, [p])
-    store.get_delay_s = 0.2
+    store.get_gate.clear()  # the load stays in flight until the gate opens
     with fake_engine(store) as eng:
         busy = eng.add_request(prompt(9, 5), SamplingParams(max_new_tokens=200))
-        while not busy.output_ids:
+        try:
+            while not busy.output_ids:
+                eng.step()
+            loading = eng.add_request(p, GREEDY)
             eng.step()
-        loading = eng.add_request(p, GREEDY)
-        eng.step()
-        before = len(busy.output_ids)
-        steps = 0
-        while loading.status is SequenceStatus.LOADING and not busy.is_finished:
-            eng.step()
-            steps += 1
-        assert len(busy.output_ids) - before >= steps - 1 > 0  # a token per step meanwhile
+            assert loading.status is SequenceStatus.LOADING
+            before = len(busy.output_ids)
+            for _ in range(10):
+                eng.step()
+            assert loading.status is SequenceStatus.LOADING
+            assert len(busy.output_ids) - before == 10  # a token per step meanwhile
+        finally:
+            store.get_gate.set()  # a failed check above must not leave close() waiting
         while not loading.is_finished:
             eng.step()
-        assert loading.stats.hit_tokens["dram"] > 0 and loading.stats.load_gave_up == 0
+        assert loading.stats.hit_tokens["dram"] == (len(p) - 1) // BT * BT  # 7 full blocks
+        assert loading.stats.load_gave_up == 0
         assert loading.output_ids == greedy_continuation(p, GREEDY.max_new_tokens)
