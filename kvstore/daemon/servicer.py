@@ -213,7 +213,8 @@ class KVStoreServicer(ControlRpcs, pb_grpc.KVStoreServicer):
             tenant = self._tenant(ctx, "Commit")
             try:
                 with self.watchdog.watch("Commit", ctx) as stream:
-                    return self._commit(tenant, _moving(it, stream.moved), ctx)
+                    msgs = self.metrics.counted("Commit", it)
+                    return self._commit(tenant, _moving(msgs, stream.moved), ctx)
             except Exception as e:
                 if isinstance(e, BlockError):
                     self.metrics.rejected_blocks.labels(type(e).__name__).inc()

@@ -14,7 +14,7 @@ import re
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -39,6 +39,7 @@ _LATENCY_BUCKETS_S = (
     2.5,
     10,
 )
+T = TypeVar("T")
 _NAME_RE = re.compile(r"[^a-zA-Z0-9_]")
 
 
@@ -147,6 +148,12 @@ class RpcMetrics:
         self.rpc_errors = Counter(
             "kvstore_rpc_errors", "failed RPCs", ["method", "code"], registry=r
         )
+        # Every message a client stream delivers, counted as the servicer reads it: how far
+        # a stream got (tests wait on it before they cut one; operators see stuck streams).
+        self.stream_messages = Counter(
+            "kvstore_stream_messages", "messages read from client streams", ["method"],
+            registry=r,
+        )
         self.rpc_seconds = Histogram(
             "kvstore_rpc_seconds", "RPC latency", ["method"], buckets=_LATENCY_BUCKETS_S, registry=r
         )
@@ -162,6 +169,13 @@ class RpcMetrics:
             yield
         finally:
             self.rpc_seconds.labels(method).observe(time.perf_counter() - t0)
+
+    def counted(self, method: str, it: Iterator[T]) -> Iterator[T]:
+        """``it``, counting each message in ``stream_messages`` as it is read."""
+        c = self.stream_messages.labels(method)
+        for msg in it:
+            c.inc()
+            yield msg
 
     def serve(self, listen: str) -> int:
         """Start the HTTP exporter on ``host:port``; returns the bound port."""

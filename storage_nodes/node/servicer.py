@@ -75,7 +75,7 @@ class StorageNodeServicer(RpcPlumbing, pb_grpc.StorageNodeServicer):
         with self.metrics.timed("Put"):
             tenant = self._tenant(ctx, "Put")
             try:
-                return self._put(tenant, it)
+                return self._put(tenant, self.metrics.counted("Put", it))
             except Exception as e:
                 if isinstance(e, BlockError):
                     self.metrics.rejected_blocks.labels(type(e).__name__).inc()

@@ -36,8 +36,9 @@ def spawn_daemon() -> Iterator[SpawnDaemon]:
 
 @pytest.fixture(scope="module")
 def shared_daemon() -> Iterator[DaemonProcess]:
-    """One DRAM-only daemon for a module's read-mostly tests."""
-    d = DaemonProcess(["--dram", "32MiB"])
+    """One DRAM-only daemon for a module's read-mostly tests (metrics served: a test can
+    wait on what the daemon has read)."""
+    d = DaemonProcess(["--dram", "32MiB", "--metrics-listen", "127.0.0.1:0"])
     try:
         yield d
     finally:

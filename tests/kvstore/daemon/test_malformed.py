@@ -6,12 +6,14 @@ from __future__ import annotations
 import itertools
 import threading
 import time
+import urllib.request
 from collections.abc import Iterator
 
 import grpc
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from prometheus_client.parser import text_string_to_metric_families
 
 from kvstore.block import HEADER_BYTES, make_header
 from kvstore.testing.daemon_process import DaemonProcess
@@ -168,8 +170,24 @@ def test_stream_ending_mid_block_commits_only_complete_blocks(stub: pb_grpc.KVSt
     assert hits(stub, keys) == 2
 
 
-def test_cancelled_stream_commits_only_complete_blocks(stub: pb_grpc.KVStoreStub) -> None:
+def stream_messages(d: DaemonProcess, method: str) -> float:
+    """Messages the daemon has read from ``method`` streams (its metrics)."""
+    assert d.metrics_port
+    url = f"http://127.0.0.1:{d.metrics_port}/metrics"
+    with urllib.request.urlopen(url, timeout=10) as r:
+        text = r.read().decode()
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            if s.name == "kvstore_stream_messages_total" and s.labels == {"method": method}:
+                return s.value
+    return 0.0  # the label appears with the first message read
+
+
+def test_cancelled_stream_commits_only_complete_blocks(
+    stub: pb_grpc.KVStoreStub, shared_daemon: DaemonProcess
+) -> None:
     keys = make_chain(NS, 3, seed=14)
+    read_before = stream_messages(shared_daemon, "Commit")
     enc1 = encoded(keys, 1)
     sent_partial = threading.Event()
     release = threading.Event()
@@ -183,7 +201,12 @@ def test_cancelled_stream_commits_only_complete_blocks(stub: pb_grpc.KVStoreStub
 
     fut = stub.Commit.future(gen(), timeout=30)
     assert sent_partial.wait(10)
-    time.sleep(0.3)  # let the daemon read what was sent
+    # Cut the stream only once the daemon has read all three messages: cut earlier, it
+    # would rightly keep nothing (block 0 not yet in), and the count below would be 0.
+    deadline = time.monotonic() + 30
+    while stream_messages(shared_daemon, "Commit") < read_before + 3:
+        assert time.monotonic() < deadline, "the daemon never read the three messages"
+        time.sleep(0.01)
     fut.cancel()
     release.set()
     deadline = time.monotonic() + 10

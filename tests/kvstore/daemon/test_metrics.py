@@ -54,6 +54,8 @@ def test_counters_follow_the_traffic(spawn_daemon: SpawnDaemon) -> None:
             == 3 * NS.block_bytes
         )
     assert m[("kvstore_rpc_seconds_count", (("method", "Lookup"),))] == 2
+    # The one streamed commit (shm off): its CommitOpen and one chunk per block.
+    assert m[("kvstore_stream_messages_total", (("method", "Commit"),))] == 1 + 3
     # The store's own counters and capacity, per tier, at scrape time.
     assert m[("kvstore_tier_capacity_bytes", (("tier", "dram"),))] == 256 << 10
     for name in ("evictions", "dropped_blocks", "retention_violations", "corrupt_blocks"):

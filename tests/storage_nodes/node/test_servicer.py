@@ -109,7 +109,17 @@ def test_stream_cut_mid_block_stores_only_complete_blocks(stub: pb_grpc.StorageN
     assert contains(stub, NS, keys) == 2
 
 
-def test_cancelled_stream_stores_only_complete_blocks(stub: pb_grpc.StorageNodeStub) -> None:
+def put_messages_read(node: NodeServer) -> float:
+    """Messages the node has read from Put streams (its metrics)."""
+    got = node.metrics.registry.get_sample_value(
+        "kvstore_stream_messages_total", {"method": "Put"}
+    )
+    return 0.0 if got is None else got  # the label appears with the first message read
+
+
+def test_cancelled_stream_stores_only_complete_blocks(
+    node: NodeServer, stub: pb_grpc.StorageNodeStub
+) -> None:
     keys = make_chain(NS, 2, seed=5)
     msgs = put_messages(NS, keys)
     sent = threading.Event()
@@ -126,7 +136,12 @@ def test_cancelled_stream_stores_only_complete_blocks(stub: pb_grpc.StorageNodeS
 
     fut = stub.Put.future(gen(), timeout=30)
     assert sent.wait(10)
-    time.sleep(0.3)
+    # Cut the stream only once the node has read all three messages: cut earlier, it would
+    # rightly keep nothing (block 0 not yet in), and the count below would be 0.
+    deadline = time.monotonic() + 30
+    while put_messages_read(node) < 3:
+        assert time.monotonic() < deadline, "the node never read the three messages"
+        time.sleep(0.01)
     fut.cancel()
     release.set()
     deadline = time.monotonic() + 10
