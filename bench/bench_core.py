@@ -219,7 +219,7 @@ def main() -> None:
         sizes = [parse_size(s) for s in args.sizes.split(",")]
     runs = 3 if args.quick else args.runs
     ws = min(args.working_set, 128 << 20) if args.quick else args.working_set
-    print(f"# machine: {machine()}")
+    print(f"# machine: {machine()}; row copier: {type(make_row_copier()).__name__}")
     dram = [bench_dram(s, runs) for s in sizes]
     print("In cache (one 16-block batch):\n")
     print("| block | copy_ GB/s | get_into GB/s | put GB/s | get/copy_ | put/copy_ |")

@@ -58,8 +58,9 @@ class DramConfig:
     pin_memory: bool | None = None  # None: pin when CUDA is available
     lease_timeout_s: float = 30.0
     name: str = "dram"
-    #: Threads that copy and check a read (``kvstore.row_copy``): 1, or 2 to overlap one
-    #: thread's hashing with the other's copying; None = 2 when there are two cores.
+    #: Threads that copy and check a read (``kvstore.row_copy``; the native copier where
+    #: it is built): 1, or 2 to share a read with a helper thread; None = 2 when there
+    #: are two cores.
     copy_threads: int | None = None
 
     def resolved_chunk_bytes(self) -> int:

@@ -11,12 +11,19 @@ Both threads work on the same task: each claims the next unit from a shared coun
 late simply takes fewer units and the caller never waits for it to start. The heavy
 calls release the GIL (``ctypes.memmove``; ``xxh3_64.update`` — the one-shot
 ``xxh3_64_intdigest`` does not), so the two threads really run at once.
+
+That is the fallback. Where the native module (``kvstore/_rowcopy.c``, built by ``make
+setup``) loads, ``NativeRowCopier`` does the same in one call without the GIL: each row is
+copied in L1/L2-sized chunks and each chunk hashed right after, from the destination; the
+caller and a persistent helper thread that spins briefly between calls claim rows, so no
+per-unit Python and no wake-up of a sleeping thread sits in the read path.
 """
 
 from __future__ import annotations
 
 import ctypes
 import itertools
+import logging
 import os
 import queue
 import threading
@@ -25,8 +32,19 @@ from collections.abc import Sequence
 
 import numpy as np
 import xxhash
+import xxhash._xxhash
 
 from kvstore.errors import InvalidArgument
+
+try:
+    from kvstore import _rowcopy
+except ImportError as e:  # not compiled: only where `make setup` could not build it
+    _rowcopy = None  # type: ignore[assignment]
+    _NATIVE_ERROR: ImportError | None = e
+else:
+    _NATIVE_ERROR = None
+
+log = logging.getLogger(__name__)
 
 #: Longest single copy: small enough that its rows are still in the core's L2 when they
 #: are hashed right after, large enough that per-call Python is a small part of it.
@@ -34,6 +52,13 @@ UNIT_BYTES = 512 << 10
 #: Smaller reads are copied by the caller alone: waking the helper costs tens of µs on a
 #: VM, more than it saves on less than this.
 SHARE_MIN_BYTES = 1 << 20
+#: Native copier: bytes copied then hashed at a time (fits L1/L2 with room to spare;
+#: 8–256 KiB measured within noise of each other, bench/RESULTS.md), rows per claim
+#: up to this many bytes, reads shared from this size, helper spin after each call.
+NATIVE_CHUNK_BYTES = 64 << 10
+NATIVE_UNIT_BYTES = 256 << 10
+NATIVE_SHARE_MIN_BYTES = 512 << 10
+NATIVE_SPIN_US = 100
 
 
 def _address(buf: memoryview) -> int:
@@ -241,12 +266,73 @@ class SharedRowCopier(RowCopier):
         self._inbox = self._thread = None
 
 
-def make_row_copier(threads: int | None = None) -> RowCopier:
-    """``threads``: 1 or 2; ``None`` = 2 when this process may run on more than one core."""
+class NativeRowCopier(RowCopier):
+    """The copy-and-check loop in C (``kvstore/_rowcopy.c``), on the caller and, for
+    reads of at least ``share_min_bytes``, one helper thread. The XXH3 functions are the
+    ``xxhash`` package's own (its extension module exports them; looked up by path)."""
+
+    def __init__(
+        self,
+        threads: int = 2,
+        *,
+        chunk_bytes: int = NATIVE_CHUNK_BYTES,
+        share_min_bytes: int = NATIVE_SHARE_MIN_BYTES,
+        spin_us: int = NATIVE_SPIN_US,
+    ) -> None:
+        if _rowcopy is None:
+            raise ImportError(f"kvstore._rowcopy is not built: {_NATIVE_ERROR}")
+        self.threads = threads
+        self._c = _rowcopy.Copier(
+            xxhash._xxhash.__file__,  # its extension module exports XXH3
+            InvalidArgument,
+            threads=threads,
+            chunk_bytes=chunk_bytes,
+            unit_bytes=NATIVE_UNIT_BYTES,
+            share_min_bytes=share_min_bytes,
+            spin_us=spin_us,
+        )
+
+    def copy_verified(
+        self,
+        src: memoryview,
+        src_offsets: Sequence[int],
+        dst: memoryview,
+        row_bytes: int,
+        sums: Sequence[int],
+    ) -> int:
+        return int(self._c.copy_verified(src, src_offsets, dst, row_bytes, sums))
+
+    def stats(self) -> dict[str, int]:
+        """``shared_calls``: calls offered to the helper; ``helper_rows``: rows it did."""
+        return dict(self._c.stats())
+
+    @property
+    def shared_calls(self) -> int:
+        return self.stats()["shared_calls"]
+
+    def close(self) -> None:
+        self._c.close()
+
+
+def python_row_copier(threads: int) -> RowCopier:
+    return SerialRowCopier() if threads == 1 else SharedRowCopier()
+
+
+def make_row_copier(threads: int | None = None, kind: str = "auto") -> RowCopier:
+    """``threads``: 1 or 2; ``None`` = 2 when this process may run on more than one core.
+    ``kind``: "native", "python", or "auto" = native where it loads (else python, logged)."""
     if threads is None:
         threads = 2 if len(os.sched_getaffinity(0)) > 1 else 1
-    if threads == 1:
-        return SerialRowCopier()
-    if threads == 2:
-        return SharedRowCopier()
-    raise InvalidArgument(f"copy threads must be 1 or 2, got {threads}")
+    if threads not in (1, 2):
+        raise InvalidArgument(f"copy threads must be 1 or 2, got {threads}")
+    if kind == "python":
+        return python_row_copier(threads)
+    if kind not in ("native", "auto"):
+        raise InvalidArgument(f"row copier must be native, python or auto, got {kind!r}")
+    try:
+        return NativeRowCopier(threads)
+    except ImportError as e:
+        if kind == "native":
+            raise
+        log.warning("native row copier unavailable (%s): DRAM reads use the Python one", e)
+        return python_row_copier(threads)

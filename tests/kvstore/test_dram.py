@@ -13,6 +13,7 @@ from kvstore.block import payload_checksum
 from kvstore.dram import DramConfig, DramTier
 from kvstore.errors import InvalidArgument
 from kvstore.keys import chain_keys
+from kvstore.row_copy import NativeRowCopier
 from tests.conftest import payload_for, small_ns
 
 SMALL = small_ns()  # 2 KiB blocks
@@ -197,7 +198,8 @@ def test_a_flipped_byte_in_a_large_read_is_caught_on_either_copy_path(threads: i
     put(t, ns, keys)
     _flip_stored(t, ns, keys[29], at=ns.block_bytes - 1)
     assert verify(t, ns, keys) == 29
-    assert getattr(t._copier, "shared_calls", 0) == (1 if threads == 2 else 0)
+    assert isinstance(t._copier, NativeRowCopier) and t._copier.threads == threads
+    assert t._copier.shared_calls == (1 if threads == 2 else 0)
     c = t.stats().counters
     assert c["corrupt_blocks_total"] == 1 and c["quarantined_blocks_total"] == 1
     assert t.contains(ns, keys) == 29

@@ -1,7 +1,12 @@
 """Verified row copies (kvstore/row_copy.py): what passes is exactly what was copied
-intact, on one thread and shared with the helper thread."""
+intact, on one thread and shared with the helper thread, for the native copier
+(kvstore/_rowcopy.c) and the Python fallback."""
 
 from __future__ import annotations
+
+import logging
+import os
+import threading
 
 import numpy as np
 import pytest
@@ -9,9 +14,11 @@ import xxhash
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from kvstore import row_copy
 from kvstore.errors import InvalidArgument
 from kvstore.row_copy import (
     UNIT_BYTES,
+    NativeRowCopier,
     RowCopier,
     SerialRowCopier,
     SharedRowCopier,
@@ -20,9 +27,44 @@ from kvstore.row_copy import (
 )
 
 
-def copiers() -> list[RowCopier]:
-    # share_min_bytes=0: every call with two rows or more goes through the helper.
-    return [SerialRowCopier(), SharedRowCopier(share_min_bytes=0)]
+def copiers(chunk_bytes: int = 4096) -> list[RowCopier]:
+    # share_min_bytes=0: every call with two rows or more is offered to the helper.
+    return [
+        SerialRowCopier(),
+        SharedRowCopier(share_min_bytes=0),
+        NativeRowCopier(1, chunk_bytes=chunk_bytes),
+        NativeRowCopier(2, chunk_bytes=chunk_bytes, share_min_bytes=0),
+    ]
+
+
+COPIER_IDS = ["serial", "shared", "native-1", "native-2"]
+
+
+def test_the_native_copier_is_built_and_is_the_default_here() -> None:
+    # A broken build or import must fail here, not fall back quietly (the fallback is
+    # for machines that cannot compile it, and those are not where tests run).
+    assert row_copy._NATIVE_ERROR is None, (
+        f"kvstore._rowcopy did not load: {row_copy._NATIVE_ERROR}"
+    )
+    for threads in (1, 2):
+        c = make_row_copier(threads)
+        assert isinstance(c, NativeRowCopier) and c.threads == threads
+        c.close()
+    assert isinstance(make_row_copier(2, kind="python"), SharedRowCopier)
+
+
+def test_without_the_native_module_auto_falls_back_and_native_refuses(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(row_copy, "_rowcopy", None)
+    monkeypatch.setattr(row_copy, "_NATIVE_ERROR", ImportError("not built"))
+    with caplog.at_level(logging.WARNING, logger="kvstore.row_copy"):
+        assert isinstance(make_row_copier(1), SerialRowCopier)
+    assert "native row copier unavailable" in caplog.text
+    with pytest.raises(ImportError, match="not built"):
+        make_row_copier(1, kind="native")
+    with pytest.raises(InvalidArgument):
+        make_row_copier(1, kind="fast")
 
 
 @st.composite
@@ -39,9 +81,10 @@ def reads(draw: st.DrawFn) -> tuple[bytes, int, list[int], int | None, int]:
     return src.tobytes(), row_bytes, picks, (damaged if picks else None), at
 
 
-@settings(max_examples=60, deadline=None)
-@given(reads())
-def test_the_passing_prefix_is_the_intact_copies(read) -> None:
+@settings(max_examples=80, deadline=None)
+@given(reads(), st.sampled_from([64, 4096, 5000, 65536]))
+def test_the_passing_prefix_is_the_intact_copies(read, chunk_bytes: int) -> None:
+    # Rows of 40,000 bytes are not a multiple of any chunk: the last chunk is short.
     raw, bb, picks, damaged, at = read
     offsets = [p * bb for p in picks]
     sums = [xxhash.xxh3_64_intdigest(raw[o : o + bb]) for o in offsets]
@@ -50,7 +93,7 @@ def test_the_passing_prefix_is_the_intact_copies(read) -> None:
         src[offsets[damaged] + at] ^= 0x01  # after its checksum: the copy must fail
     # A row read twice is damaged in both reads: the first of them ends the prefix.
     expect = len(picks) if damaged is None else offsets.index(offsets[damaged])
-    for copier in copiers():
+    for copier in copiers(chunk_bytes):
         dst = bytearray(len(picks) * bb + 3)
         got = copier.copy_verified(memoryview(src), offsets, memoryview(dst), bb, sums)
         assert got == expect
@@ -93,7 +136,7 @@ def test_units_are_runs_of_adjacent_rows_capped_in_size() -> None:
     assert _units([0, 1 << 30], UNIT_BYTES * 2) == [(0, 1, 0), (1, 1, 1 << 30)]
 
 
-@pytest.mark.parametrize("copier", copiers(), ids=["serial", "shared"])
+@pytest.mark.parametrize("copier", copiers(), ids=COPIER_IDS)
 def test_rows_outside_either_buffer_are_refused_before_any_copy(copier: RowCopier) -> None:
     src, dst = memoryview(bytearray(64)), memoryview(bytearray(64))
     with pytest.raises(InvalidArgument):
@@ -111,7 +154,92 @@ def test_rows_outside_either_buffer_are_refused_before_any_copy(copier: RowCopie
 
 
 def test_make_row_copier() -> None:
-    assert isinstance(make_row_copier(1), SerialRowCopier)
-    assert isinstance(make_row_copier(2), SharedRowCopier)
+    assert isinstance(make_row_copier(1, kind="python"), SerialRowCopier)
+    assert isinstance(make_row_copier(2, kind="python"), SharedRowCopier)
     with pytest.raises(InvalidArgument):
         make_row_copier(3)
+
+
+def _rows(n: int, bb: int, seed: int) -> tuple[bytearray, list[int], list[int]]:
+    src = bytearray(np.random.default_rng(seed).integers(0, 256, n * bb, dtype=np.uint8).tobytes())
+    offsets = [r * bb for r in np.random.default_rng(seed).permutation(n).tolist()]
+    return src, offsets, [xxhash.xxh3_64_intdigest(src[o : o + bb]) for o in offsets]
+
+
+def test_the_native_helper_takes_rows_and_its_copies_are_checked_too() -> None:
+    # Calls are repeated until the helper has done rows (it wakes on the first call and
+    # then spins between calls); every call's copy and count are checked, whoever did it.
+    bb, n = 64 << 10, 32
+    src, offsets, sums = _rows(n, bb, seed=5)
+    copier = NativeRowCopier(2, chunk_bytes=4096, share_min_bytes=0)
+    try:
+        for call in range(2000):
+            bad = call % n
+            src[offsets[bad] + (call * 7919) % bb] ^= 0x10  # after its checksum was made
+            dst = bytearray(n * bb)
+            got = copier.copy_verified(memoryview(src), offsets, memoryview(dst), bb, sums)
+            src[offsets[bad] + (call * 7919) % bb] ^= 0x10
+            assert got == bad
+            for r in range(got):
+                assert dst[r * bb : (r + 1) * bb] == src[offsets[r] : offsets[r] + bb]
+            if copier.stats()["helper_rows"] > 0 and call >= n:
+                break
+        assert copier.stats()["helper_rows"] > 0, "the helper never took a row"
+        assert copier.shared_calls == call + 1
+    finally:
+        copier.close()
+    assert copier.stats()["helper_running"] == 0
+    # After close, calls still work (the helper starts again).
+    dst = bytearray(n * bb)
+    assert copier.copy_verified(memoryview(src), offsets, memoryview(dst), bb, sums) == n
+    copier.close()
+
+
+def test_native_calls_from_two_threads_on_one_copier_do_not_mix() -> None:
+    bb, n = 16 << 10, 64
+    copier = NativeRowCopier(2, share_min_bytes=0)
+    errors: list[str] = []
+
+    def reader(seed: int) -> None:
+        src, offsets, sums = _rows(n, bb, seed)
+        for _ in range(50):
+            dst = bytearray(n * bb)
+            if copier.copy_verified(memoryview(src), offsets, memoryview(dst), bb, sums) != n:
+                errors.append(f"seed {seed}: a good row failed")
+            elif any(dst[r * bb : (r + 1) * bb] != src[o : o + bb] for r, o in enumerate(offsets)):
+                errors.append(f"seed {seed}: wrong bytes")
+
+    threads = [threading.Thread(target=reader, args=(s,)) for s in (11, 12)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    copier.close()
+    assert errors == []
+
+
+def test_a_forked_child_gets_its_own_helper() -> None:
+    bb, n = 64 << 10, 16
+    src, offsets, sums = _rows(n, bb, seed=9)
+    copier = NativeRowCopier(2, share_min_bytes=0)
+    dst = bytearray(n * bb)
+    assert copier.copy_verified(memoryview(src), offsets, memoryview(dst), bb, sums) == n
+    pid = os.fork()
+    if pid == 0:  # the child: the parent's helper thread did not come along
+        ok = True
+        for _ in range(20):
+            dst = bytearray(n * bb)
+            got = copier.copy_verified(memoryview(src), offsets, memoryview(dst), bb, sums)
+            ok = (
+                ok
+                and got == n
+                and all(
+                    dst[r * bb : (r + 1) * bb] == src[o : o + bb] for r, o in enumerate(offsets)
+                )
+            )
+        copier.close()
+        os._exit(0 if ok and copier.stats()["helper_running"] == 0 else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert copier.copy_verified(memoryview(src), offsets, memoryview(dst), bb, sums) == n
+    copier.close()

@@ -1,0 +1,476 @@
+/* Verified row copies in one native call (kvstore/row_copy.py's NativeRowCopier).
+ *
+ * Each row is copied into the destination in cache-sized chunks and each chunk is hashed
+ * (streaming xxh3-64) right after its copy, from the destination, while it is still in
+ * the core's L1/L2: the hash reads what the caller gets, and the copy's memory traffic is
+ * paid once. The whole call runs without the GIL; rows are claimed from a shared counter
+ * by the caller and one persistent helper thread, which spins briefly between calls (a
+ * sleeping thread takes tens of µs to wake on a VM, a large part of a 4 MiB read).
+ *
+ * xxHash itself is not compiled in: the `xxhash` package's extension module exports the
+ * XXH3 functions (with run-time AVX2/AVX-512 dispatch); its path is passed in and the
+ * symbols are looked up with dlsym. XXH3_state_t stays opaque (XXH3_createState).
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define CPU_RELAX() _mm_pause()
+#elif defined(__aarch64__)
+#define CPU_RELAX() __asm__ __volatile__("yield")
+#else
+#define CPU_RELAX() ((void)0)
+#endif
+
+typedef uint64_t (*xxh_oneshot_fn)(const void *, size_t);
+typedef void *(*xxh_create_fn)(void);
+typedef int (*xxh_free_fn)(void *);
+typedef int (*xxh_reset_fn)(void *);
+typedef int (*xxh_update_fn)(void *, const void *, size_t);
+typedef uint64_t (*xxh_digest_fn)(const void *);
+
+typedef struct {
+    xxh_oneshot_fn oneshot;
+    xxh_create_fn create;
+    xxh_free_fn free_state;
+    xxh_reset_fn reset;
+    xxh_update_fn update;
+    xxh_digest_fn digest;
+} xxh_api;
+
+/* One call's work; lives in the copier, reused call after call. */
+typedef struct {
+    const char *src;
+    char *dst;
+    const int64_t *offsets;
+    const uint64_t *sums;
+    size_t rows, row_bytes, rows_per_unit, units;
+    atomic_size_t next_unit;
+    atomic_size_t first_bad;     /* lowest failing row seen so far; `rows` = none */
+    atomic_size_t helper_rows;   /* rows the helper processed (stats, tests) */
+} job_t;
+
+/* Handshake with the helper: state = generation * 4 + phase. */
+enum { OPEN = 0, HELPER_IN = 1, CLOSED = 2, HELPER_DONE = 3 };
+
+typedef struct {
+    PyObject_HEAD
+    xxh_api x;
+    void *lib;
+    size_t chunk_bytes, unit_bytes, share_min_bytes;
+    long spin_ns;
+    int threads;
+    PyObject *error; /* raised on misuse (kvstore.errors.InvalidArgument) */
+    void *state;     /* the caller's hash state */
+    pthread_mutex_t call_mu; /* one call at a time per copier */
+    /* helper */
+    pthread_t helper;
+    int helper_running;
+    pid_t pid;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    atomic_uint_fast64_t hstate;
+    atomic_int stop;
+    uint64_t start_gen; /* the last generation posted before the helper started */
+    job_t job;
+    /* stats */
+    unsigned long long shared_calls, helper_rows;
+} Copier;
+
+static int64_t now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+static inline void copy_bytes(char *d, const char *s, size_t n) {
+    if (d < s + n && s < d + n)
+        memmove(d, s, n);
+    else
+        memcpy(d, s, n);
+}
+
+/* Copy and check one row; returns 1 when the copy's hash equals its checksum. */
+static int copy_row(const xxh_api *x, void *st, size_t chunk, char *d, const char *s,
+                    size_t bb, uint64_t want) {
+    if (bb <= chunk) {
+        copy_bytes(d, s, bb);
+        return x->oneshot(d, bb) == want;
+    }
+    x->reset(st);
+    for (size_t off = 0; off < bb; off += chunk) {
+        size_t n = bb - off < chunk ? bb - off : chunk;
+        copy_bytes(d + off, s + off, n);
+        x->update(st, d + off, n);
+    }
+    return x->digest(st) == want;
+}
+
+static size_t run_job(const Copier *c, job_t *j, void *st) {
+    size_t done = 0;
+    for (;;) {
+        size_t u = atomic_fetch_add_explicit(&j->next_unit, 1, memory_order_relaxed);
+        if (u >= j->units)
+            break;
+        size_t first = u * j->rows_per_unit;
+        size_t last = first + j->rows_per_unit;
+        if (last > j->rows)
+            last = j->rows;
+        for (size_t r = first; r < last; r++) {
+            if (r >= atomic_load_explicit(&j->first_bad, memory_order_relaxed))
+                return done; /* a row before this one failed: the rest does not count */
+            if (!copy_row(&c->x, st, c->chunk_bytes, j->dst + r * j->row_bytes,
+                          j->src + j->offsets[r], j->row_bytes, j->sums[r])) {
+                size_t cur = atomic_load(&j->first_bad);
+                while (r < cur && !atomic_compare_exchange_weak(&j->first_bad, &cur, r))
+                    ;
+                return done;
+            }
+            done++;
+        }
+    }
+    return done;
+}
+
+static void *helper_main(void *arg) {
+    Copier *c = (Copier *)arg;
+    void *st = c->x.create();
+    uint64_t seen = c->start_gen;
+    while (!atomic_load(&c->stop)) {
+        uint64_t s = atomic_load(&c->hstate);
+        if ((s >> 2) == seen) {
+            int64_t until = now_ns() + c->spin_ns;
+            int spins = 0;
+            while ((s = atomic_load(&c->hstate)) >> 2 == seen && !atomic_load(&c->stop)) {
+                CPU_RELAX();
+                if (++spins % 64 == 0 && now_ns() > until) {
+                    pthread_mutex_lock(&c->mu);
+                    while ((s = atomic_load(&c->hstate)) >> 2 == seen && !atomic_load(&c->stop))
+                        pthread_cond_wait(&c->cv, &c->mu);
+                    pthread_mutex_unlock(&c->mu);
+                    break;
+                }
+            }
+            if (atomic_load(&c->stop))
+                break;
+        }
+        seen = s >> 2;
+        uint64_t open = seen * 4 + OPEN;
+        /* Enter only a job still open; the caller may have closed it already. */
+        if (atomic_compare_exchange_strong(&c->hstate, &open, seen * 4 + HELPER_IN)) {
+            if (st != NULL) {
+                size_t n = run_job(c, &c->job, st);
+                atomic_fetch_add_explicit(&c->job.helper_rows, n, memory_order_relaxed);
+            }
+            atomic_store(&c->hstate, seen * 4 + HELPER_DONE);
+        }
+    }
+    if (st != NULL)
+        c->x.free_state(st);
+    return NULL;
+}
+
+static void stop_helper(Copier *c) {
+    if (!c->helper_running)
+        return;
+    if (c->pid == getpid()) {
+        pthread_mutex_lock(&c->mu);
+        atomic_store(&c->stop, 1);
+        pthread_cond_broadcast(&c->cv);
+        pthread_mutex_unlock(&c->mu);
+        pthread_join(c->helper, NULL);
+    }
+    c->helper_running = 0;
+}
+
+static int ensure_helper(Copier *c) {
+    if (c->helper_running && c->pid == getpid())
+        return 0;
+    if (c->helper_running) { /* a forked child: the thread did not come along */
+        c->helper_running = 0;
+        pthread_mutex_init(&c->mu, NULL);
+        pthread_cond_init(&c->cv, NULL);
+    }
+    atomic_store(&c->stop, 0);
+    c->pid = getpid();
+    c->start_gen = atomic_load(&c->hstate) >> 2;
+    if (pthread_create(&c->helper, NULL, helper_main, c) != 0)
+        return -1;
+    c->helper_running = 1;
+    return 0;
+}
+
+/* Read a sequence of Python ints into `out` (n entries); returns -1 with an error set. */
+static int read_ints(PyObject *seq, size_t n, void *out, int is_unsigned, PyObject *err,
+                     const char *what) {
+    PyObject *fast = PySequence_Fast(seq, what);
+    if (fast == NULL)
+        return -1;
+    if ((size_t)PySequence_Fast_GET_SIZE(fast) != n) {
+        PyErr_Format(err, "%zd %s for %zu rows", PySequence_Fast_GET_SIZE(fast), what, n);
+        Py_DECREF(fast);
+        return -1;
+    }
+    PyObject **items = PySequence_Fast_ITEMS(fast);
+    for (size_t i = 0; i < n; i++) {
+        if (is_unsigned) {
+            uint64_t v = PyLong_AsUnsignedLongLong(items[i]);
+            if (v == (uint64_t)-1 && PyErr_Occurred()) {
+                PyErr_Clear();
+                PyErr_Format(err, "%s must be integers in [0, 2**64)", what);
+                Py_DECREF(fast);
+                return -1;
+            }
+            ((uint64_t *)out)[i] = v;
+        } else {
+            long long v = PyLong_AsLongLong(items[i]);
+            if (v == -1 && PyErr_Occurred()) {
+                PyErr_Clear();
+                PyErr_Format(err, "%s must be 64-bit integers", what);
+                Py_DECREF(fast);
+                return -1;
+            }
+            ((int64_t *)out)[i] = v;
+        }
+    }
+    Py_DECREF(fast);
+    return 0;
+}
+
+static PyObject *Copier_copy_verified(Copier *c, PyObject *args) {
+    PyObject *src_obj, *offsets_obj, *dst_obj, *sums_obj;
+    Py_ssize_t row_bytes_arg;
+    if (!PyArg_ParseTuple(args, "OOOnO", &src_obj, &offsets_obj, &dst_obj, &row_bytes_arg,
+                          &sums_obj))
+        return NULL;
+    if (c->state == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "copier is not initialised");
+        return NULL;
+    }
+    if (row_bytes_arg <= 0) {
+        PyErr_Format(c->error, "row size must be positive, got %zd", row_bytes_arg);
+        return NULL;
+    }
+    size_t bb = (size_t)row_bytes_arg;
+    Py_ssize_t n_arg = PyObject_Length(offsets_obj);
+    if (n_arg < 0)
+        return NULL;
+    size_t n = (size_t)n_arg;
+    Py_buffer src, dst;
+    if (PyObject_GetBuffer(src_obj, &src, PyBUF_SIMPLE) < 0)
+        return NULL;
+    if (PyObject_GetBuffer(dst_obj, &dst, PyBUF_SIMPLE | PyBUF_WRITABLE) < 0) {
+        PyBuffer_Release(&src);
+        PyErr_Clear();
+        PyErr_SetString(c->error, "destination buffer is read-only or not contiguous");
+        return NULL;
+    }
+    PyObject *result = NULL;
+    int64_t *offsets = PyMem_Malloc((n ? n : 1) * sizeof(int64_t));
+    uint64_t *sums = PyMem_Malloc((n ? n : 1) * sizeof(uint64_t));
+    if (offsets == NULL || sums == NULL) {
+        PyErr_NoMemory();
+        goto out;
+    }
+    if (read_ints(offsets_obj, n, offsets, 0, c->error, "offsets") < 0 ||
+        read_ints(sums_obj, n, sums, 1, c->error, "checksums") < 0)
+        goto out;
+    /* memcpy takes raw addresses: prove every row lies inside both buffers first. */
+    if (n > (size_t)dst.len / bb) {
+        PyErr_Format(c->error, "destination of %zd bytes for %zu rows", dst.len, n);
+        goto out;
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (offsets[i] < 0 || (uint64_t)offsets[i] > (uint64_t)src.len ||
+            (uint64_t)src.len - (uint64_t)offsets[i] < bb) {
+            PyErr_SetString(c->error, "a source row lies outside the source buffer");
+            goto out;
+        }
+    }
+    job_t *j = &c->job;
+    size_t got;
+    Py_BEGIN_ALLOW_THREADS
+    pthread_mutex_lock(&c->call_mu);
+    j->src = src.buf;
+    j->dst = dst.buf;
+    j->offsets = offsets;
+    j->sums = sums;
+    j->rows = n;
+    j->row_bytes = bb;
+    j->rows_per_unit = c->unit_bytes / bb ? c->unit_bytes / bb : 1;
+    j->units = (n + j->rows_per_unit - 1) / j->rows_per_unit;
+    atomic_store(&j->next_unit, 0);
+    atomic_store(&j->first_bad, n);
+    atomic_store(&j->helper_rows, 0);
+    int share = c->threads > 1 && n >= 2 && n * bb >= c->share_min_bytes &&
+                ensure_helper(c) == 0;
+    uint64_t gen = 0;
+    if (share) {
+        gen = (atomic_load(&c->hstate) >> 2) + 1;
+        atomic_store(&c->hstate, gen * 4 + OPEN); /* publishes the job's fields */
+        pthread_mutex_lock(&c->mu);
+        pthread_cond_signal(&c->cv);
+        pthread_mutex_unlock(&c->mu);
+    }
+    run_job(c, j, c->state);
+    if (share) {
+        uint64_t open = gen * 4 + OPEN;
+        /* Close the job unless the helper is inside; then wait for it to leave `dst`. */
+        if (!atomic_compare_exchange_strong(&c->hstate, &open, gen * 4 + CLOSED)) {
+            while (atomic_load(&c->hstate) != gen * 4 + HELPER_DONE)
+                CPU_RELAX();
+        }
+        c->shared_calls++;
+        c->helper_rows += atomic_load(&j->helper_rows);
+    }
+    got = atomic_load(&j->first_bad);
+    pthread_mutex_unlock(&c->call_mu);
+    Py_END_ALLOW_THREADS
+    result = PyLong_FromSize_t(got);
+out:
+    PyMem_Free(offsets);
+    PyMem_Free(sums);
+    PyBuffer_Release(&src);
+    PyBuffer_Release(&dst);
+    return result;
+}
+
+static PyObject *Copier_close(Copier *c, PyObject *Py_UNUSED(ignored)) {
+    Py_BEGIN_ALLOW_THREADS
+    pthread_mutex_lock(&c->call_mu);
+    stop_helper(c);
+    pthread_mutex_unlock(&c->call_mu);
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
+}
+
+static PyObject *Copier_stats(Copier *c, PyObject *Py_UNUSED(ignored)) {
+    return Py_BuildValue("{s:K,s:K,s:i}", "shared_calls", c->shared_calls, "helper_rows",
+                         c->helper_rows, "helper_running", c->helper_running);
+}
+
+static void *must_sym(void *lib, const char *name, const char *fallback) {
+    void *p = dlsym(lib, name);
+    if (p == NULL && fallback != NULL)
+        p = dlsym(lib, fallback);
+    if (p == NULL)
+        PyErr_Format(PyExc_ImportError, "%s not found in the xxhash library", name);
+    return p;
+}
+
+static int Copier_init(Copier *c, PyObject *args, PyObject *kw) {
+    static char *names[] = {"xxhash_library", "error", "threads", "chunk_bytes",
+                            "unit_bytes", "share_min_bytes", "spin_us", NULL};
+    const char *path;
+    PyObject *error;
+    int threads = 2;
+    Py_ssize_t chunk = 32 << 10, unit = 256 << 10, share_min = 512 << 10, spin_us = 200;
+    if (c->state != NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "copier already initialised");
+        return -1;
+    }
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "sO|innnn", names, &path, &error, &threads,
+                                     &chunk, &unit, &share_min, &spin_us))
+        return -1;
+    if (threads < 1 || threads > 2 || chunk <= 0 || unit <= 0 || share_min < 0 ||
+        spin_us < 0) {
+        PyErr_SetString(PyExc_ValueError, "threads must be 1 or 2, sizes positive");
+        return -1;
+    }
+    void *lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (lib == NULL) {
+        PyErr_Format(PyExc_ImportError, "cannot load %s: %s", path, dlerror());
+        return -1;
+    }
+    /* The _dispatch entry points pick AVX2/AVX-512 at run time where the build has them. */
+    xxh_api x;
+    if (!(x.oneshot = (xxh_oneshot_fn)must_sym(lib, "XXH3_64bits_dispatch", "XXH3_64bits")) ||
+        !(x.create = (xxh_create_fn)must_sym(lib, "XXH3_createState", NULL)) ||
+        !(x.free_state = (xxh_free_fn)must_sym(lib, "XXH3_freeState", NULL)) ||
+        !(x.reset = (xxh_reset_fn)must_sym(lib, "XXH3_64bits_reset", NULL)) ||
+        !(x.update = (xxh_update_fn)must_sym(lib, "XXH3_64bits_update_dispatch",
+                                             "XXH3_64bits_update")) ||
+        !(x.digest = (xxh_digest_fn)must_sym(lib, "XXH3_64bits_digest", NULL))) {
+        dlclose(lib);
+        return -1;
+    }
+    c->state = x.create();
+    if (c->state == NULL) {
+        dlclose(lib);
+        PyErr_NoMemory();
+        return -1;
+    }
+    c->x = x;
+    c->lib = lib;
+    c->threads = threads;
+    c->chunk_bytes = (size_t)chunk;
+    c->unit_bytes = (size_t)unit;
+    c->share_min_bytes = (size_t)share_min;
+    c->spin_ns = (long)spin_us * 1000;
+    Py_INCREF(error);
+    c->error = error;
+    pthread_mutex_init(&c->call_mu, NULL);
+    pthread_mutex_init(&c->mu, NULL);
+    pthread_cond_init(&c->cv, NULL);
+    atomic_init(&c->hstate, 0);
+    atomic_init(&c->stop, 0);
+    return 0;
+}
+
+static void Copier_dealloc(Copier *c) {
+    if (c->state != NULL) {
+        Py_BEGIN_ALLOW_THREADS
+        stop_helper(c);
+        Py_END_ALLOW_THREADS
+        c->x.free_state(c->state);
+        dlclose(c->lib);
+    }
+    Py_XDECREF(c->error);
+    Py_TYPE(c)->tp_free((PyObject *)c);
+}
+
+static PyMethodDef Copier_methods[] = {
+    {"copy_verified", (PyCFunction)Copier_copy_verified, METH_VARARGS,
+     "copy_verified(src, offsets, dst, row_bytes, sums) -> rows that passed"},
+    {"close", (PyCFunction)Copier_close, METH_NOARGS, "stop the helper thread"},
+    {"stats", (PyCFunction)Copier_stats, METH_NOARGS, "counters"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject CopierType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "kvstore._rowcopy.Copier",
+    .tp_basicsize = sizeof(Copier),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Copy rows and check each copy's xxh3-64 (see kvstore/row_copy.py)",
+    .tp_methods = Copier_methods,
+    .tp_init = (initproc)Copier_init,
+    .tp_new = PyType_GenericNew,
+    .tp_dealloc = (destructor)Copier_dealloc,
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, .m_name = "_rowcopy", .m_doc = "Native verified row copies",
+    .m_size = -1};
+
+PyMODINIT_FUNC PyInit__rowcopy(void) {
+    if (PyType_Ready(&CopierType) < 0)
+        return NULL;
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL)
+        return NULL;
+    Py_INCREF(&CopierType);
+    if (PyModule_AddObject(m, "Copier", (PyObject *)&CopierType) < 0) {
+        Py_DECREF(&CopierType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

@@ -1,0 +1,25 @@
+"""Types of the native module built from kvstore/_rowcopy.c (see kvstore/row_copy.py)."""
+
+from collections.abc import Sequence
+
+class Copier:
+    def __init__(
+        self,
+        xxhash_library: str,
+        error: type[Exception],
+        threads: int = 2,
+        chunk_bytes: int = ...,
+        unit_bytes: int = ...,
+        share_min_bytes: int = ...,
+        spin_us: int = ...,
+    ) -> None: ...
+    def copy_verified(
+        self,
+        src: memoryview,
+        offsets: Sequence[int],
+        dst: memoryview,
+        row_bytes: int,
+        sums: Sequence[int],
+    ) -> int: ...
+    def close(self) -> None: ...
+    def stats(self) -> dict[str, int]: ...
