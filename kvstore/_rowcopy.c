@@ -246,10 +246,10 @@ static int read_ints(PyObject *seq, size_t n, void *out, int is_unsigned, PyObje
 }
 
 static PyObject *Copier_copy_verified(Copier *c, PyObject *args) {
-    PyObject *src_obj, *offsets_obj, *dst_obj, *sums_obj;
+    PyObject *src_obj, *offsets_obj, *dst_obj, *sums_obj, *during = Py_None;
     Py_ssize_t row_bytes_arg;
-    if (!PyArg_ParseTuple(args, "OOOnO", &src_obj, &offsets_obj, &dst_obj, &row_bytes_arg,
-                          &sums_obj))
+    if (!PyArg_ParseTuple(args, "OOOnO|O", &src_obj, &offsets_obj, &dst_obj, &row_bytes_arg,
+                          &sums_obj, &during))
         return NULL;
     if (c->state == NULL) {
         PyErr_SetString(PyExc_RuntimeError, "copier is not initialised");
@@ -297,8 +297,10 @@ static PyObject *Copier_copy_verified(Copier *c, PyObject *args) {
     }
     job_t *j = &c->job;
     size_t got;
+    int share;
+    uint64_t gen = 0;
     Py_BEGIN_ALLOW_THREADS
-    pthread_mutex_lock(&c->call_mu);
+    pthread_mutex_lock(&c->call_mu); /* held until the copy is over, across `during` */
     j->src = src.buf;
     j->dst = dst.buf;
     j->offsets = offsets;
@@ -310,9 +312,7 @@ static PyObject *Copier_copy_verified(Copier *c, PyObject *args) {
     atomic_store(&j->next_unit, 0);
     atomic_store(&j->first_bad, n);
     atomic_store(&j->helper_rows, 0);
-    int share = c->threads > 1 && n >= 2 && n * bb >= c->share_min_bytes &&
-                ensure_helper(c) == 0;
-    uint64_t gen = 0;
+    share = c->threads > 1 && n >= 2 && n * bb >= c->share_min_bytes && ensure_helper(c) == 0;
     if (share) {
         gen = (atomic_load(&c->hstate) >> 2) + 1;
         atomic_store(&c->hstate, gen * 4 + OPEN); /* publishes the job's fields */
@@ -320,6 +320,14 @@ static PyObject *Copier_copy_verified(Copier *c, PyObject *args) {
         pthread_cond_signal(&c->cv);
         pthread_mutex_unlock(&c->mu);
     }
+    Py_END_ALLOW_THREADS
+    /* The caller's own bookkeeping runs while the helper copies; whatever it raises is
+     * raised after the copy is over (the helper must be out of `dst` first). */
+    PyObject *ran = during == Py_None ? Py_NewRef(Py_None) : PyObject_CallNoArgs(during);
+    PyObject *et = NULL, *ev = NULL, *tb = NULL;
+    if (ran == NULL)
+        PyErr_Fetch(&et, &ev, &tb);
+    Py_BEGIN_ALLOW_THREADS
     run_job(c, j, c->state);
     if (share) {
         uint64_t open = gen * 4 + OPEN;
@@ -334,6 +342,11 @@ static PyObject *Copier_copy_verified(Copier *c, PyObject *args) {
     got = atomic_load(&j->first_bad);
     pthread_mutex_unlock(&c->call_mu);
     Py_END_ALLOW_THREADS
+    if (ran == NULL) {
+        PyErr_Restore(et, ev, tb);
+        goto out;
+    }
+    Py_DECREF(ran);
     result = PyLong_FromSize_t(got);
 out:
     PyMem_Free(offsets);
@@ -439,7 +452,7 @@ static void Copier_dealloc(Copier *c) {
 
 static PyMethodDef Copier_methods[] = {
     {"copy_verified", (PyCFunction)Copier_copy_verified, METH_VARARGS,
-     "copy_verified(src, offsets, dst, row_bytes, sums) -> rows that passed"},
+     "copy_verified(src, offsets, dst, row_bytes, sums, during=None) -> rows that passed"},
     {"close", (PyCFunction)Copier_close, METH_NOARGS, "stop the helper thread"},
     {"stats", (PyCFunction)Copier_stats, METH_NOARGS, "counters"},
     {NULL, NULL, 0, NULL},

@@ -1,6 +1,6 @@
 """Types of the native module built from kvstore/_rowcopy.c (see kvstore/row_copy.py)."""
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 class Copier:
     def __init__(
@@ -20,6 +20,7 @@ class Copier:
         dst: memoryview,
         row_bytes: int,
         sums: Sequence[int],
+        during: Callable[[], object] | None = None,
     ) -> int: ...
     def close(self) -> None: ...
     def stats(self) -> dict[str, int]: ...

@@ -234,32 +234,35 @@ class DramTier(Tier):
             cs = self._state(ns)
             fp = ns.fingerprint
             owner, slot_of, csum = cs.owner, cs.slot, cs.csum
-            held: list[int] = []
+            spc, chunk_bytes = cs.sc.slots_per_chunk, self._pool.chunk_bytes
+            offsets: list[int] = []  # of each found block's slot in the pool
             sums: list[int] = []
             for k in keys:
                 if owner.get(k) != fp:
                     break
-                held.append(slot_of[k])
+                s = slot_of[k]
+                offsets.append((s // spc) * chunk_bytes + (s % spc) * bb)
                 sums.append(csum[k])
-            n = len(held)
-            got = self._copy_verified(cs, held, sums, out)
+            n = len(offsets)
+            # Each copy is checked against the checksum stored at commit, from the copy
+            # (RowCopier). Recency is refreshed while the copy runs (the helper thread
+            # copies meanwhile), for every block found; a block whose copy then fails is
+            # dropped below if its stored copy is bad, or was read like any other.
+            got = self._copier.copy_verified(
+                self._pool.view,
+                offsets,
+                out,
+                bb,
+                sums,
+                lambda: self._touch_locked(cs, fp, keys[:n]),
+            )
             if got < n:
-                self._corrupt(cs, keys[got], held[got], out[got * bb : (got + 1) * bb])
+                self._corrupt(cs, keys[got], slot_of[keys[got]], out[got * bb : (got + 1) * bb])
             if checksums is not None:
                 checksums.extend(sums[:got])
-            self._touch_locked(cs, fp, keys[:got])
             self.counters["get_blocks"] += got
             self.counters["get_misses"] += len(keys) - got
             return got
-
-    def _copy_verified(
-        self, cs: _ClassState, held: list[int], sums: list[int], out: memoryview
-    ) -> int:
-        """Copy the blocks in ``held`` slots to rows of ``out``, each checked against its
-        stored checksum from the copy; returns how many leading rows passed."""
-        spc, chunk_bytes, bb = cs.sc.slots_per_chunk, self._pool.chunk_bytes, cs.sc.block_bytes
-        offsets = [(s // spc) * chunk_bytes + (s % spc) * bb for s in held]
-        return self._copier.copy_verified(self._pool.view, offsets, out, bb, sums)
 
     def _corrupt(self, cs: _ClassState, key: Key, slot: int, copy: memoryview) -> None:
         """A copy failed its check. If the stored payload fails too, the block is bad and

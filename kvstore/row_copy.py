@@ -28,7 +28,7 @@ import os
 import queue
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import xxhash
@@ -153,6 +153,10 @@ class RowCopier(ABC):
     xxh3-64 equals its entry of ``sums`` — the hash is computed from ``dst`` after the
     copy, so what passes is what the caller got. Rows past the first failing one may or
     may not have been written. When it returns, no thread writes to ``dst`` any more.
+    ``during`` (optional) is called once on the caller's thread, possibly while a helper
+    copies: the caller's bookkeeping overlaps the copy; it must touch neither buffer nor
+    this copier; what it raises, ``copy_verified`` raises (once no thread writes to
+    ``dst``).
     Callers serialise calls on one copier (the DRAM tier holds its lock).
     """
 
@@ -164,6 +168,7 @@ class RowCopier(ABC):
         dst: memoryview,
         row_bytes: int,
         sums: Sequence[int],
+        during: Callable[[], object] | None = None,
     ) -> int:
         """Row ``r`` = ``src[src_offsets[r] : + row_bytes]`` goes to ``dst[r * row_bytes :]``."""
 
@@ -195,8 +200,11 @@ class SerialRowCopier(RowCopier):
         dst: memoryview,
         row_bytes: int,
         sums: Sequence[int],
+        during: Callable[[], object] | None = None,
     ) -> int:
         task = _Task(src, src_offsets, dst, row_bytes, sums)
+        if during is not None:
+            during()
         task.work(None)
         return task.first_bad_row()
 
@@ -242,13 +250,16 @@ class SharedRowCopier(RowCopier):
         dst: memoryview,
         row_bytes: int,
         sums: Sequence[int],
+        during: Callable[[], object] | None = None,
     ) -> int:
         if len(src_offsets) * row_bytes < self.share_min_bytes or len(src_offsets) < 2:
-            return self._serial.copy_verified(src, src_offsets, dst, row_bytes, sums)
+            return self._serial.copy_verified(src, src_offsets, dst, row_bytes, sums, during)
         task = _Task(src, src_offsets, dst, row_bytes, sums)
         self._helper_inbox().put(task)
         self.shared_calls += 1
         try:
+            if during is not None:
+                during()
             task.work(self._h)
         finally:
             # The helper may still be inside a unit it claimed: never return (or let the
@@ -299,8 +310,9 @@ class NativeRowCopier(RowCopier):
         dst: memoryview,
         row_bytes: int,
         sums: Sequence[int],
+        during: Callable[[], object] | None = None,
     ) -> int:
-        return int(self._c.copy_verified(src, src_offsets, dst, row_bytes, sums))
+        return int(self._c.copy_verified(src, src_offsets, dst, row_bytes, sums, during))
 
     def stats(self) -> dict[str, int]:
         """``shared_calls``: calls offered to the helper; ``helper_rows``: rows it did."""

@@ -243,3 +243,28 @@ def test_a_forked_child_gets_its_own_helper() -> None:
     assert os.waitstatus_to_exitcode(status) == 0
     assert copier.copy_verified(memoryview(src), offsets, memoryview(dst), bb, sums) == n
     copier.close()
+
+
+@pytest.mark.parametrize("copier", copiers(), ids=COPIER_IDS)
+def test_during_runs_once_per_call_and_its_error_comes_after_the_copy(copier: RowCopier) -> None:
+    bb, n = 64 << 10, 16  # 1 MiB: shared by the two-thread copiers
+    src, offsets, sums = _rows(n, bb, seed=13)
+    calls: list[int] = []
+    dst = bytearray(n * bb)
+    got = copier.copy_verified(
+        memoryview(src), offsets, memoryview(dst), bb, sums, lambda: calls.append(1)
+    )
+    assert got == n and calls == [1]
+
+    def fail() -> None:
+        raise KeyError("bookkeeping failed")
+
+    with pytest.raises(KeyError, match="bookkeeping failed"):
+        copier.copy_verified(
+            memoryview(src), offsets, memoryview(bytearray(n * bb)), bb, sums, fail
+        )
+    # The copier is free again: the next call runs (a held lock or helper would hang it).
+    dst = bytearray(n * bb)
+    assert copier.copy_verified(memoryview(src), offsets, memoryview(dst), bb, sums) == n
+    assert all(dst[r * bb : (r + 1) * bb] == src[o : o + bb] for r, o in enumerate(offsets))
+    copier.close()
