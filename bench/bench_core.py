@@ -6,7 +6,8 @@
    a. in cache: one 16-block batch read over and over;
    b. out of cache: a working set of ``--working-set`` (default 1 GiB, far above the
       last-level cache) read batch after batch, against ``copy_`` of the same pool rows
-      (same addresses, same order) into the same warm destination.
+      (same addresses, same order) into the same warm destination; also the row copier
+      alone on the same rows (what the tier adds is the rest).
 2. Key hashing, ns/token for a 128 K-token prompt given as list, numpy array and torch
    tensor, against vLLM's prefix-hash chain (sha256 of a pickled tuple per block) and
    against the bare cost of converting the list to an array.
@@ -148,11 +149,24 @@ def bench_dram_out_of_cache(
 
         return total / timed(one)
 
+    row_offsets = [[tier._pool.offset(cs.sc, cs.slot[k]) for k in keys] for keys in chains]
+    row_sums = [[cs.csum[k] for k in keys] for keys in chains]
+    pool_mv = tier._pool.view
+
+    def copier_rate() -> float:  # the same copy and check without the tier around it
+        def one() -> None:
+            for offs, sums in zip(row_offsets, row_sums, strict=True):
+                if shared.copy_verified(pool_mv, offs, dst_mv, block_bytes, sums) != BATCH:
+                    raise AssertionError("a block failed its check")
+
+        return total / timed(one)
+
     cases = {
         "copy_": copy_rate,
         "memcpy": memcpy_rate,
         "get_into": lambda: get_rate(shared),
         "get_into_1thread": lambda: get_rate(serial),
+        "copier": copier_rate,
     }
     for fn in cases.values():  # warm-up: page tables, allocator, thread pool
         fn()
@@ -164,7 +178,7 @@ def bench_dram_out_of_cache(
     out: dict[str, float] = {"block_bytes": block_bytes, "working_set_bytes": total}
     for name, rates in rounds.items():
         out[f"{name}_GBps"] = statistics.median(rates) / 1e9
-    for name in ("get_into", "get_into_1thread"):
+    for name in ("get_into", "get_into_1thread", "copier"):
         for peer in ("copy_", "memcpy"):
             ratios = [g / p for g, p in zip(rounds[name], rounds[peer], strict=True)]
             key = f"{name}_vs_{peer}"
@@ -250,6 +264,12 @@ def main() -> None:
             f" | {ratio(r, 'get_into_vs_memcpy')} | {r['get_into_1thread_GBps']:.2f}"
             f" | {ratio(r, 'get_into_1thread_vs_copy_')}"
             f" | {ratio(r, 'get_into_1thread_vs_memcpy')} |"
+        )
+    for r in cold:
+        print(
+            f"\n{r['block_bytes'] >> 10} KiB, the row copier alone on the same rows (no tier"
+            f" around it): {r['copier_GBps']:.2f} GB/s, / copy_ {ratio(r, 'copier_vs_copy_')},"
+            f" / memcpy {ratio(r, 'copier_vs_memcpy')}"
         )
     h = bench_hashing(runs)
     print()
