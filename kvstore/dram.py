@@ -18,7 +18,7 @@ import math
 import threading
 import time
 from collections import Counter
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -83,8 +83,13 @@ class _ClassState:
 
 
 class DramTier(Tier):
-    def __init__(self, config: DramConfig) -> None:
+    def __init__(
+        self, config: DramConfig, *, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        """``clock`` (monotonic seconds) times pin leases; tests inject one to expire a
+        lease without sleeping."""
         self.config = config
+        self._clock = clock
         self.name = config.name
         pin = torch.cuda.is_available() if config.pin_memory is None else config.pin_memory
         self._pool = DramPool(config.capacity_bytes, config.resolved_chunk_bytes(), pin_memory=pin)
@@ -196,7 +201,7 @@ class DramTier(Tier):
         return sc.free.pop()
 
     def _expire_leases(self) -> None:
-        for lease in self._leases.expired(time.monotonic()):
+        for lease in self._leases.expired(self._clock()):
             self.counters["leases_expired_total"] += 1
             self._release_locked(lease)
 
@@ -357,7 +362,7 @@ class DramTier(Tier):
             slots = tuple(cs.slot[k] for k in held)
             ttl = self.config.lease_timeout_s if lease_s is None else lease_s
             lease = self._leases.add(
-                ns.block_bytes, held, slots, tuple(cs.csum[k] for k in held), time.monotonic() + ttl
+                ns.block_bytes, held, slots, tuple(cs.csum[k] for k in held), self._clock() + ttl
             )
             for key, slot in zip(held, slots, strict=True):
                 if self._leases.pin_count(ns.block_bytes, slot) == 1:

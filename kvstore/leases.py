@@ -26,7 +26,7 @@ class Lease:
     keys: tuple[Key, ...]
     slots: tuple[int, ...]  # slot of keys[i] when pinned; stays put while the lease lives
     checksums: tuple[int, ...]  # stored xxh3-64 of each pinned payload, for zero-copy readers
-    expires_at_s: float  # time.monotonic() deadline
+    expires_at_s: float  # deadline on the owner's monotonic clock
 
     @property
     def count(self) -> int:
