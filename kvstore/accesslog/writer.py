@@ -14,7 +14,7 @@ import os
 import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -82,8 +82,14 @@ class NullAccessLog(AccessLog):
 
 
 class ParquetAccessLog(AccessLog):
-    def __init__(self, config: AccessLogConfig) -> None:
+    def __init__(
+        self, config: AccessLogConfig, *, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        """``clock`` (monotonic seconds) decides when the open file is rotated; tests
+        inject one to rotate without sleeping. The writer still wakes every
+        ``min(flush_s, rotate_s)`` of real time."""
         self.config = config
+        self._clock = clock
         os.makedirs(config.dir, exist_ok=True)
         self._lock = threading.Lock()
         self._pending: list[LookupRecord] = []
@@ -112,7 +118,7 @@ class ParquetAccessLog(AccessLog):
                 self._write_pending()
                 if (
                     self._writer is not None
-                    and time.monotonic() - self._opened_at >= self.config.rotate_s
+                    and self._clock() - self._opened_at >= self.config.rotate_s
                 ):
                     self._close_file()
             except Exception:  # one bad batch or a full disk never stops the log for all
@@ -134,7 +140,7 @@ class ParquetAccessLog(AccessLog):
             name = f"access-{time.time_ns() // 1000:016d}-{os.getpid()}-{self._seq:06d}"
             self._open_path = os.path.join(self.config.dir, name + OPEN_SUFFIX)
             self._writer = pq.ParquetWriter(self._open_path, ACCESS_LOG_SCHEMA)
-            self._opened_at = time.monotonic()
+            self._opened_at = self._clock()
         self._writer.write_table(table)
         self.rows_written += len(rows)
 

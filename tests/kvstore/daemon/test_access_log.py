@@ -42,27 +42,42 @@ def record(i: int, keys: list[bytes]) -> LookupRecord:
     )
 
 
+def wait_until(cond, what: str, timeout_s: float = 30.0) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        assert time.monotonic() < deadline, f"never happened: {what}"
+        time.sleep(0.01)
+
+
 def test_rows_round_trip_through_rotated_files(tmp_path: Path) -> None:
-    log = ParquetAccessLog(AccessLogConfig(dir=str(tmp_path), rotate_s=0.3, flush_s=0.1))
+    now = [1000.0]
+    log = ParquetAccessLog(AccessLogConfig(dir=str(tmp_path), rotate_s=30, flush_s=0.02),
+                           clock=lambda: now[0])
     keys = make_chain(NS, 4, seed=1)
     for i in range(10):
         log.record(record(i, keys[: 1 + i % 4]))
-    time.sleep(0.8)  # at least one rotation happens in between
+    wait_until(lambda: log.rows_written == 10, "the first ten rows written")
+    assert log.files_closed == 0  # 30 s have not passed on the log's clock
+    now[0] += 30  # the open file's age reaches rotate_s: the writer closes it
+    wait_until(lambda: log.files_closed == 1, "the first file rotated")
     for i in range(10, 20):
         log.record(record(i, keys))
     log.check_integrity()
     log.close()
     files = sorted(glob.glob(str(tmp_path / "*.parquet")))
-    assert len(files) >= 2 and not glob.glob(str(tmp_path / "*.open"))
-    rows = []
+    assert len(files) == 2 and not glob.glob(str(tmp_path / "*.open"))
+    per_file = []
     for f in files:
         t = pq.read_table(f)
         assert t.schema.equals(ACCESS_LOG_SCHEMA)
-        rows.extend(t.to_pylist())
-    assert [r["prompt_tokens"] for r in rows] == list(range(20))
+        per_file.append(t.to_pylist())
+    assert [[r["prompt_tokens"] for r in rows] for rows in per_file] == [
+        list(range(10)), list(range(10, 20))
+    ]
+    rows = per_file[0] + per_file[1]
     assert rows[5]["keys"] == keys[:2] and rows[15]["keys"] == keys
     assert rows[4]["namespace"] == NS.fingerprint and rows[4]["hit_dram"] == 1
-    assert log.rows_written == 20 and log.rows_dropped == 0
+    assert (log.rows_written, log.rows_dropped, log.files_closed) == (20, 0, 2)
 
 
 def test_config_bounds_and_null_log(tmp_path: Path) -> None:
@@ -83,22 +98,23 @@ def test_daemon_log_survives_kill_9(spawn_daemon: SpawnDaemon, tmp_path: Path) -
         c.commit(NS, keys, payloads(NS, keys, idx=[0, 1, 2]))
         for i in range(30):
             c.lookup(NS, keys, prompt_tokens=6 * NS.block_tokens + i)
-        deadline = time.monotonic() + 30
-        while not glob.glob(str(logdir / "*.parquet")) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        c.lookup(NS, keys, prompt_tokens=1)  # likely lands in the open file
+
+        def closed_rows() -> list[dict]:  # type: ignore[type-arg]
+            done = sorted(glob.glob(str(logdir / "*.parquet")))
+            return [r for f in done for r in pq.read_table(f).to_pylist()]
+
+        wait_until(lambda: len(closed_rows()) == 30, "the 30 lookups in closed files")
+        # This one is written at the writer's next tick into a new file, which is closed
+        # a rotation (1 s) later: the kill comes first, so it is lost with that file.
+        c.lookup(NS, keys, prompt_tokens=1)
     d.kill()  # kill -9: no chance to close anything
     done = sorted(glob.glob(str(logdir / "*.parquet")))
-    assert done, f"no closed access-log file in {os.listdir(logdir)}"
-    rows = [r for f in done for r in pq.read_table(f).to_pylist()]
-    assert rows, "closed files hold the rows logged before them"
+    rows = closed_rows()
     for r in rows:
         assert r["tenant"] == "t1" and r["namespace"] == NS.fingerprint
         assert r["keys"] == keys and r["hit_blocks"] == 3 and r["hit_dram"] == 3
         assert r["block_tokens"] == NS.block_tokens
-    assert [r["prompt_tokens"] for r in rows] == sorted(
-        r["prompt_tokens"] for r in rows if r["prompt_tokens"] > 1
-    )
+    assert [r["prompt_tokens"] for r in rows] == [6 * NS.block_tokens + i for i in range(30)]
     # Whatever is left open is the only casualty, and readers can tell it apart by name.
     leftovers = set(os.listdir(logdir)) - {os.path.basename(f) for f in done}
     assert all(name.endswith(".parquet.open") for name in leftovers)
