@@ -87,13 +87,17 @@ def test_models_and_health(server: ServeProcess, alice: openai.OpenAI) -> None:
 def test_completion_of_text_and_of_its_token_ids_agree(alice: openai.OpenAI,
                                                       tiny_dir: Path) -> None:
     prompt = words(40, seed=1)
-    a = alice.completions.create(model=MODEL, prompt=prompt, max_tokens=8, temperature=0)
-    assert a.choices[0].finish_reason in ("length", "stop") and a.usage is not None
-    assert a.usage.completion_tokens == 8 or a.choices[0].finish_reason == "stop"
+    # ignore_eos: the random-weight model may sample an end token, so without it either
+    # finish reason could come; with it, and no stop strings, only the length can end it.
+    a = alice.completions.create(model=MODEL, prompt=prompt, max_tokens=8, temperature=0,
+                                 extra_body={"ignore_eos": True})
+    assert a.choices[0].finish_reason == "length" and a.usage is not None
+    assert a.usage.completion_tokens == 8
     ids = Tokenizer.from_dir(tiny_dir).encode(prompt)  # the server's tokenizer, read here
     b = alice.completions.create(model=MODEL, prompt=ids, max_tokens=8, temperature=0,
-                                 extra_body={"cache_salt": "ids"})
+                                 extra_body={"cache_salt": "ids", "ignore_eos": True})
     assert b.usage is not None and b.usage.prompt_tokens == a.usage.prompt_tokens == len(ids)
+    assert (b.usage.completion_tokens, b.choices[0].finish_reason) == (8, "length")
     assert b.choices[0].text == a.choices[0].text
 
 
@@ -297,15 +301,31 @@ def test_disconnect_of_an_unstreamed_request_frees_it(server: ServeProcess) -> N
 
 def test_metrics_count_tokens_by_source_and_latencies(server: ServeProcess,
                                                       alice: openai.OpenAI) -> None:
+    # The module's server has served other tests: compare counts before and after.
+    parts = ("queue", "store_lookup", "store_load", "compute")
+    watched = [("kvengine_prompt_tokens_total", 'source="hbm"'),
+               ("kvengine_prompt_tokens_total", 'source="computed"'),
+               ("kvengine_time_to_first_token_seconds_count", ""),
+               ("kvengine_time_per_output_token_seconds_count", ""),
+               *[("kvengine_ttft_part_seconds_count", f'part="{p}"') for p in parts]]
+    before = [server.metric(*w) for w in watched]
     prompt = words(100, seed=10)
-    for _ in range(2):
-        alice.completions.create(model=MODEL, prompt=prompt, max_tokens=3, temperature=0)
-    assert server.metric("kvengine_prompt_tokens_total", 'source="hbm"') > 0
-    assert server.metric("kvengine_prompt_tokens_total", 'source="computed"') > 0
-    assert server.metric("kvengine_time_to_first_token_seconds_count") >= 2
-    assert server.metric("kvengine_time_per_output_token_seconds_count") >= 2
-    for part in ("queue", "store_lookup", "store_load", "compute"):
-        assert server.metric("kvengine_ttft_part_seconds_count", f'part="{part}"') >= 2
+    usages = []
+    for _ in range(2):  # ignore_eos: 3 tokens each, so each request has a time per token
+        r = alice.completions.create(model=MODEL, prompt=prompt, max_tokens=3, temperature=0,
+                                     extra_body={"ignore_eos": True})
+        assert r.usage is not None and r.usage.completion_tokens == 3
+        usages.append(r.usage)
+    # Observed on the engine thread before each response is sent: no waiting needed.
+    delta = dict(zip(watched, (server.metric(*w) - b for w, b in zip(watched, before,
+                                                                       strict=True)),
+                     strict=True))
+    n = usages[0].prompt_tokens
+    hit = (n - 1) // 64 * 64  # the second request: the pool's full blocks of the first
+    assert (cached(usages[0]), cached(usages[1]), usages[1].prompt_tokens) == (0, hit, n)
+    assert delta[watched[0]] == hit
+    assert delta[watched[1]] == n + (n - hit)
+    assert all(delta[w] == 2 for w in watched[2:]), delta
     assert server.metric("kvengine_store_call_seconds_count", 'call="commit"') > 0
     assert server.metric("kvengine_pool_blocks") == 4096 // 64
 
