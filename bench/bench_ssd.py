@@ -8,13 +8,23 @@ For 64 KiB, 256 KiB and 2 MiB blocks at queue depth 1 and 32:
   ``fio --rw=randread --ioengine=io_uring --direct=1 --iodepth=qd``;
 * put: ``SSDTier.put`` of ``qd`` new blocks per call (one group commit: ``qd`` writes, one
   fdatasync per slab touched, one LMDB commit; the store is full, so each put also
-  evicts; the commit's checksums passed in, as the write-back does) vs
-  ``fio --rw=randwrite --direct=1 --iodepth=qd --fdatasync=qd`` (one fdatasync per
-  group-commit batch).
+  evicts; the commit's checksums passed in, as the write-back does) vs two fio figures:
+  ``fio_write`` = ``fio --rw=randwrite --direct=1 --iodepth=qd --fdatasync=qd`` (the
+  reference the issue names: one fdatasync per ``qd`` writes, but fio's io_uring engine
+  queues the sync like any write, without a drain, so the queue never empties and the
+  sync overlaps the next writes) and ``fio_write_batch`` = the same plus
+  ``--iodepth=qd+1 --iodepth_batch_submit=qd+1 --iodepth_batch_complete_min=qd+1``:
+  ``qd`` writes and their fdatasync submitted together and all completed before the next
+  batch — a put's own shape, since a put acknowledges only once its writes are durable
+  (fio still lets that sync run beside its batch's writes; a put orders it after them).
 
 Caller rows are page aligned (``--unaligned``: 64 bytes off, which forces a staging
 copy). Figures are MB/s of payload (our slots also carry a 4 KiB header page), medians
 of ``--runs`` interleaved rounds; latency is per call for us (``qd`` blocks) and per I/O for fio.
+Fairness: fio's file is laid out before the first round (not inside a measured one); the
+order of the cases is reversed every other round, so ours and fio's follow each other's
+writes equally often; and every case starts after a ``sync`` and ``--settle-s`` of quiet,
+so a write burst still draining in the virtual disk's host does not land on the next case.
 Run: ``.venv/bin/python -m bench.bench_ssd`` (``--quick``: one size, short runs).
 Needs ``fio`` (``apt-get install -y fio``); without it only our figures are printed.
 """
@@ -36,7 +46,7 @@ from pathlib import Path
 import numpy as np
 import xxhash
 
-from bench.harness import machine, median_interleaved
+from bench.harness import machine
 from kvstore.keys import Namespace
 from storage_nodes.ssd import SSDConfig, SSDTier
 
@@ -154,7 +164,12 @@ def _summary(nbytes: int, elapsed: float, lat: list[float]) -> dict[str, float]:
     }
 
 
-def fio(path: Path, rw: str, bs: int, qd: int, size: int, seconds: float) -> dict[str, float]:
+def fio(
+    path: Path, rw: str, bs: int, qd: int, size: int, seconds: float, *, batch: bool = False
+) -> dict[str, float]:
+    """fio on ``path``; ``batch``: ``qd`` writes and their fdatasync go in together and all
+    complete before the next batch (a group commit's shape)."""
+    depth = qd + 1 if batch else qd
     args = [
         "fio",
         "--name=b",
@@ -162,7 +177,7 @@ def fio(path: Path, rw: str, bs: int, qd: int, size: int, seconds: float) -> dic
         f"--size={size}",
         f"--rw={rw}",
         f"--bs={bs}",
-        f"--iodepth={qd}",
+        f"--iodepth={depth}",
         "--ioengine=io_uring",
         "--direct=1",
         f"--runtime={seconds}",
@@ -173,6 +188,8 @@ def fio(path: Path, rw: str, bs: int, qd: int, size: int, seconds: float) -> dic
     ]
     if rw == "randwrite":
         args.append(f"--fdatasync={qd}")
+    if batch:
+        args += [f"--iodepth_batch_submit={depth}", f"--iodepth_batch_complete_min={depth}"]
     out = subprocess.run(args, capture_output=True, text=True, check=True).stdout
     j = json.loads(out[out.index("{") :])["jobs"][0]["read" if rw == "randread" else "write"]
     pct = j["clat_ns"].get("percentile", {})
@@ -181,6 +198,36 @@ def fio(path: Path, rw: str, bs: int, qd: int, size: int, seconds: float) -> dic
         "p50_us": pct.get("50.000000", 0) / 1e3,
         "p99_us": pct.get("99.000000", 0) / 1e3,
     }
+
+
+def lay_out(path: Path, size: int) -> None:
+    """Have fio create its file now, so no measured round pays for the layout."""
+    subprocess.run(
+        ["fio", "--name=b", f"--filename={path}", f"--size={size}", "--create_only=1"],
+        capture_output=True,
+        check=True,
+    )
+
+
+def settle(seconds: float) -> None:
+    """Let the disk go quiet between cases: what the last case wrote is flushed first."""
+    os.sync()
+    time.sleep(seconds)
+
+
+def alternating_rounds(
+    cases: dict[str, Callable[[], float]], runs: int, settle_s: float
+) -> dict[str, float]:
+    """Each case once per round, rounds interleaved; odd rounds run the cases in reverse
+    order, so no case always follows the same neighbour (a write case leaves the disk
+    busier than a read). Returns each case's median."""
+    results: dict[str, list[float]] = {name: [] for name in cases}
+    order = list(cases)
+    for r in range(max(3, runs)):
+        for name in order if r % 2 == 0 else order[::-1]:
+            settle(settle_s)
+            results[name].append(cases[name]())
+    return {name: statistics.median(v) for name, v in results.items()}
 
 
 def _pairs(ours: list[dict[str, float]], peer: list[dict[str, float]]) -> list[float]:
@@ -212,13 +259,18 @@ def compare(
         cases["fio_write"] = case(
             "fio_write", lambda: fio(fio_file, "randwrite", bs, qd, a.ws, a.seconds)
         )
-    med = median_interleaved(cases, runs=a.runs)
+        cases["fio_write_batch"] = case(
+            "fio_write_batch",
+            lambda: fio(fio_file, "randwrite", bs, qd, a.ws, a.seconds, batch=True),
+        )
+    med = alternating_rounds(cases, a.runs, a.settle_s)
     lat = {
         k: {m: statistics.median(r[m] for r in v) for m in ("p50_us", "p99_us")}
         for k, v in runs.items()
     }
     rows = []
-    for op, peer in (("get", "fio_read"), ("put", "fio_write")):
+    pairs = [("get", "fio_read"), ("put", "fio_write"), ("put", "fio_write_batch")]
+    for op, peer in pairs if fio_file is not None else pairs[:2]:
         row = {
             "op": op,
             "block": f"{bs >> 10} KiB",
@@ -229,6 +281,7 @@ def compare(
         }
         if fio_file is not None:
             row.update(
+                vs=peer,
                 fio_MBps=round(med[peer], 1),
                 fio_p50_us=round(lat[peer]["p50_us"]),
                 fio_p99_us=round(lat[peer]["p99_us"]),
@@ -251,6 +304,9 @@ def main() -> int:
     ap.add_argument("--ws", type=int, default=1 << 30, help="bytes stored per size")
     ap.add_argument("--seconds", type=float, default=1.5)
     ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument(
+        "--settle-s", type=float, default=0.5, help="quiet time (after a sync) before each case"
+    )
     ap.add_argument("--backend", default="auto")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--sizes", default=None, help="block sizes in KiB, e.g. 256 or 64,2048")
@@ -287,6 +343,8 @@ def main() -> int:
         )
         ours.pass_checksums = not a.no_checksums
         fio_file = a.dir / f"fio-{bs >> 10}k" if have_fio else None
+        if fio_file is not None:
+            lay_out(fio_file, a.ws)
         for qd in qds:
             for row in compare(ours, fio_file, bs, qd, a):
                 rows.append(row)
@@ -297,14 +355,15 @@ def main() -> int:
             fio_file.unlink(missing_ok=True)
     shutil.rmtree(a.dir, ignore_errors=True)
     print(
-        "\n| op | block | qd | ours MB/s | p50/p99 µs (call) | fio MB/s "
+        "\n| op | block | qd | ours MB/s | p50/p99 µs (call) | vs | fio MB/s "
         "| fio p50/p99 µs (I/O) | ratio | per-round ratio, median [min–max] |"
     )
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(
             f"| {r['op']} | {r['block']} | {r['qd']} | {r['MBps']} | {r['p50_us']}/{r['p99_us']} "
-            f"| {r.get('fio_MBps', '—')} | {r.get('fio_p50_us', '—')}/{r.get('fio_p99_us', '—')} "
+            f"| {r.get('vs', '—')} | {r.get('fio_MBps', '—')} "
+            f"| {r.get('fio_p50_us', '—')}/{r.get('fio_p99_us', '—')} "
             f"| {r.get('ratio', '—')} | {r.get('round_ratio', '—')} "
             f"[{'–'.join(str(x) for x in r.get('round_range', ['—']))}] |"
         )
