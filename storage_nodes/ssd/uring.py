@@ -277,6 +277,7 @@ class _RawIovecs:
     ) -> None:
         """Point a free entry at request ``i``'s segments less their first ``skip`` bytes
         (a short transfer resumed) and prepare ``sqe`` with it."""
+        at = r.offset + skip
         segs = r.segments()
         while segs and skip >= len(segs[0]):
             skip -= len(segs.pop(0))
@@ -292,7 +293,7 @@ class _RawIovecs:
             arr[2 * j + 1] = len(seg)
         head[0] = len(segs)
         try:
-            prep_rw(sqe, r.fd, self._objs[k], r.offset + r.nbytes - sum(map(len, segs)))
+            prep_rw(sqe, r.fd, self._objs[k], at)
         finally:
             head[0] = 2  # what the binding frees the array with
 
