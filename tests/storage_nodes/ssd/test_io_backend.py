@@ -121,6 +121,73 @@ def test_uring_batch_is_one_submission(tmp_path: Path) -> None:
     t.close()
 
 
+def test_uring_syncs_each_file_once_its_own_writes_completed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A put touching k slab files syncs each one as soon as every write to that file
+    has completed — not behind a drain of the whole batch, which made it k device
+    flushes in a row after the last write — and never before its own writes completed."""
+    skip_without_uring()
+    import liburing as lu
+
+    from storage_nodes.ssd import uring
+
+    log: list[tuple[str, int]] = []
+    real_iter, real_prep_fsync = uring.lu.CqeIter, uring.lu.io_uring_prep_fsync
+
+    def cqe_iter(ring: object, cqe: lu.Cqe):  # type: ignore[no-untyped-def]
+        for x in real_iter(ring, cqe):
+            log.append(("done", cqe[0].user_data))
+            yield x
+
+    def prep_fsync(sqe: object, fd: int, flags: int) -> None:
+        log.append(("sync", fd))
+        real_prep_fsync(sqe, fd, flags)
+
+    drained: list[int] = []
+    real_flags = uring.lu.io_uring_sqe_set_flags
+    monkeypatch.setattr(uring.lu, "CqeIter", cqe_iter)
+    monkeypatch.setattr(uring.lu, "io_uring_prep_fsync", prep_fsync)
+    monkeypatch.setattr(
+        uring.lu,
+        "io_uring_sqe_set_flags",
+        lambda sqe, f: (drained.append(f), real_flags(sqe, f)),
+    )
+    b = make_backend("uring", 8)
+    sz = 8192
+    fds = [_direct_fd(tmp_path / f"f{i}", 8 * sz) for i in range(3)]
+    idle = _direct_fd(tmp_path / "idle", sz)  # synced, written by no request
+    try:
+        buf = mmap.mmap(-1, 20 * sz)
+        buf[:] = random.Random(2).randbytes(20 * sz)
+        w = memoryview(buf)
+        # file 0 gets 2 writes, file 1 gets 6, file 2 gets 12, shuffled
+        which = [0] * 2 + [1] * 6 + [2] * 12
+        random.Random(3).shuffle(which)
+        at = [0, 0, 0]
+        reqs = []
+        for i, f in enumerate(which):
+            reqs.append(IORequest(fds[f], at[f] * sz, w[i * sz : (i + 1) * sz]))
+            at[f] += 1
+        res, synced = b.write_and_sync(reqs, [*fds, idle])
+        assert res == [sz] * 20 and synced == [0, 0, 0, 0]
+        assert drained == []  # no drain: before, every sync was a drained SQE
+        syncs = [fd for kind, fd in log if kind == "sync"]
+        assert sorted(syncs) == sorted([*fds, idle])
+        for fd in fds:
+            own = {i for i, r in enumerate(reqs) if r.fd == fd}
+            before = {u for kind, u in log[: log.index(("sync", fd))] if kind == "done"}
+            assert own <= before, f"fd {fd} synced before its writes completed"
+        r = mmap.mmap(-1, sz)
+        for i, q in enumerate(reqs):
+            assert b.read_batch([IORequest(q.fd, q.offset, memoryview(r))]) == [sz]
+            assert r[:] == buf[i * sz : (i + 1) * sz]
+    finally:
+        for fd in [*fds, idle]:
+            os.close(fd)
+        b.close()
+
+
 def test_refused_direct_io_is_reported(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """This kernel's tmpfs accepts O_DIRECT, so the refusal is simulated at the probe;
     what is checked is the fallback and how stats() reports it."""
