@@ -146,13 +146,14 @@ def test_uring_syncs_each_file_once_its_own_writes_completed(
 
     drained: list[int] = []
     real_flags = uring.lu.io_uring_sqe_set_flags
+
+    def set_flags(sqe: object, f: int) -> None:
+        drained.append(f)
+        real_flags(sqe, f)
+
     monkeypatch.setattr(uring.lu, "CqeIter", cqe_iter)
     monkeypatch.setattr(uring.lu, "io_uring_prep_fsync", prep_fsync)
-    monkeypatch.setattr(
-        uring.lu,
-        "io_uring_sqe_set_flags",
-        lambda sqe, f: (drained.append(f), real_flags(sqe, f)),
-    )
+    monkeypatch.setattr(uring.lu, "io_uring_sqe_set_flags", set_flags)
     b = make_backend("uring", 8)
     sz = 8192
     fds = [_direct_fd(tmp_path / f"f{i}", 8 * sz) for i in range(3)]
