@@ -104,15 +104,31 @@ class OwnSpace:
             self.segments[b.seg].used -= 1
         return b
 
-    def evict_oldest(self) -> tuple[bytes, OwnBlock] | None:
-        """Take the least recently used block's slot (it stays reserved for a put)."""
-        if not self.lru:
-            return None
-        key, b = self.lru.popitem(last=False)
-        seg = self.segments[b.seg]
-        seg.used -= 1
-        seg.reserved += 1
-        return key, b
+    def evict_batch(self, n: int, window: int) -> list[tuple[bytes, OwnBlock]]:
+        """Take ``n`` slots (or fewer, if fewer blocks are held) among the ``window``
+        least recently used blocks, as few segments as possible: the oldest block's
+        segment first, then the segment of the oldest block left. A put syncs each
+        segment it wrote, so LRU victims spread over every segment cost one sync each;
+        this keeps eviction within the ``window`` oldest (approximate LRU) and the syncs
+        to one or two. Each taken slot stays reserved for the put (``unreserve`` releases it)."""
+        if n <= 0:
+            return []
+        cand: dict[int, list[bytes]] = {}  # segment -> keys, oldest first; dicts keep
+        for i, (key, b) in enumerate(self.lru.items()):  # the order of first appearance
+            if i >= max(window, n):
+                break
+            cand.setdefault(b.seg, []).append(key)
+        out: list[tuple[bytes, OwnBlock]] = []
+        for keys in cand.values():
+            for key in keys[: n - len(out)]:
+                b = self.lru.pop(key)
+                seg = self.segments[b.seg]
+                seg.used -= 1
+                seg.reserved += 1
+                out.append((key, b))
+            if len(out) == n:
+                break
+        return out
 
     def oldest_seq(self) -> int | None:
         if not self.lru:
