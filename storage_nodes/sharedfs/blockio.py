@@ -5,9 +5,10 @@ header is checked (magic, version, fingerprint, key, length) and the payload in 
 caller's row is checked against the header's checksum (DESIGN §4: the check reads what
 the caller gets), overlapping the reads still in flight; the first failure in key order
 ends the prefix. Where the backend takes any memory (``user_memory``: FUSE does, even
-with O_DIRECT) a slot is read scattered: its header and padding into staging, its
-payload straight into the caller's row, so no block is copied; elsewhere the whole slot
-lands in staging and the payload is copied out, then checked.
+with O_DIRECT) a slot is read scattered: its header into staging, its payload straight
+into the caller's row (the padding after it is neither read nor written: two segments a
+request, as io_uring's iovecs take them), so no block is copied; elsewhere the whole
+slot lands in staging and the payload is copied out, then checked.
 Writes: one batch of slot writes, each slot's header made just before it is issued (so
 hashing overlaps the writes in flight), gathered from the caller's row where the
 backend allows (else encoded into staging), one sync per segment touched.
@@ -55,7 +56,7 @@ def _read_part(ctx: Context, st: NsState, keys: Sequence[bytes], part: Sequence[
                start: int, out: memoryview, sums: list[int]) -> ReadFailure | None:
     sb, bb = st.slot_bytes, st.block_bytes
     scatter = ctx.io.user_memory
-    hb = sb - bb if scatter else sb  # staging per slot: header and padding, or all of it
+    hb = sb - bb if scatter else sb  # staging per slot: a page for the header, or all of it
     buf = ctx.io.alloc(len(part) * hb)
     fds: list[int] = []
     failure: ReadFailure | None = None
@@ -74,9 +75,7 @@ def _read_part(ctx: Context, st: NsState, keys: Sequence[bytes], part: Sequence[
             if scatter:
                 i = start + j
                 row = out[i * bb : (i + 1) * bb]
-                pad = stage[HEADER_BYTES:]
-                reqs.append(IORequest(fd, off, row, head=stage[:HEADER_BYTES],
-                                      more=(pad,) if len(pad) else ()))
+                reqs.append(IORequest(fd, off, row, head=stage[:HEADER_BYTES]))
             else:
                 reqs.append(IORequest(fd, off, stage))
         verdicts: list[ReadFailure | int] = [0] * len(reqs)  # a checksum or why not
@@ -132,7 +131,7 @@ def write_group(ctx: Context, st: NsState, keys: Sequence[bytes], rows: Sequence
     (made at commit) goes into the header as given; ``None``: computed from the row."""
     sb, bb = st.slot_bytes, st.block_bytes
     gather = ctx.io.user_memory
-    hb = sb - bb if gather else sb  # staging per slot: header and padding, or all of it
+    hb = sb - bb if gather else sb  # staging per slot: a page for the header, or all of it
     buf = ctx.io.alloc(len(keys) * hb)
     fds: dict[int, None] = {}
     acquired: list[int] = []
@@ -146,7 +145,6 @@ def write_group(ctx: Context, st: NsState, keys: Sequence[bytes], rows: Sequence
             if gather:
                 view[:HEADER_BYTES] = make_header(st.fingerprint, keys[j], rows[j],
                                                   created_us, csum).pack()
-                view[HEADER_BYTES:] = bytes(hb - HEADER_BYTES)
                 return
             n = encode_block_into(view, st.fingerprint, keys[j], rows[j], created_us, csum)
             view[n:] = bytes(sb - n)  # no stale bytes of an earlier block in the padding
@@ -160,9 +158,8 @@ def write_group(ctx: Context, st: NsState, keys: Sequence[bytes], rows: Sequence
             fds[fd] = None
             view = buf[j * hb : (j + 1) * hb]
             if gather:
-                pad = view[HEADER_BYTES:]
                 reqs.append(IORequest(fd, slot_offset(slot, sb), rows[j],
-                                      head=view[:HEADER_BYTES], more=(pad,) if len(pad) else ()))
+                                      head=view[:HEADER_BYTES]))
             else:
                 reqs.append(IORequest(fd, slot_offset(slot, sb), view))
         bad = [r for r in ctx.io.write_batch(reqs, encode) if r < 0]

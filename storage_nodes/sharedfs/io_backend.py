@@ -231,16 +231,17 @@ def probe_direct_io(directory: Path) -> bool:
 
 def probe_user_memory(directory: Path) -> bool:
     """Whether O_DIRECT moves a transfer whose memory is unaligned and scattered (a
-    64-byte header, then a row anywhere in the caller's memory) in ``directory``. FUSE
-    copies through its daemon and takes any memory, but splits a transfer at page
+    64-byte header, then a row anywhere in the caller's memory; a length that is not
+    whole pages, as a slot's header and payload without its padding) in ``directory``.
+    FUSE copies through its daemon and takes any memory, but splits a transfer at page
     boundaries of that memory: MooseFS takes the unaligned pieces, GlusterFS hands them
     to O_DIRECT on its bricks, which refuse them. So the probe is larger than any FUSE
     request (2 MiB), as a slot's transfer is."""
     path = directory / f".memory-probe-{os.getpid()}-{threading.get_ident()}"
-    head, body, tail = 64, 2 << 20, ALIGN_BYTES - 64  # whole pages in all
-    raw = bytearray(head + body + tail + 64)
+    head, body = 64, 2 << 20
+    raw = bytearray(head + body + 64)
     out = memoryview(raw)
-    src = [out[:head], out[head + 13 : head + 13 + body], out[-tail:]]
+    src = [out[:head], out[head + 13 : head + 13 + body]]
     for i, b in enumerate(src):
         b[:] = bytes([i + 1]) * len(b)
     try:

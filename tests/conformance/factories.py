@@ -185,8 +185,12 @@ def _sharedfs_tier(where: str, backend: str = "posix") -> TierFactory:
     return make
 
 
+# Locally on each POSIX backend (threads, io_uring); on the DFS mounts on the one
+# ``auto`` picks there (io_uring where the kernel allows it: CI's machines do).
 TIER_FACTORIES["sharedfs-local"] = _sharedfs_tier("local")
-TIER_FACTORIES["sharedfs-moosefs"] = _sharedfs_tier("moosefs")
-TIER_FACTORIES["sharedfs-glusterfs"] = _sharedfs_tier("glusterfs")
+if "uring" in _ssd_backends():
+    TIER_FACTORIES["sharedfs-local-uring"] = _sharedfs_tier("local", backend="uring")
+TIER_FACTORIES["sharedfs-moosefs"] = _sharedfs_tier("moosefs", backend="auto")
+TIER_FACTORIES["sharedfs-glusterfs"] = _sharedfs_tier("glusterfs", backend="auto")
 if __import__("os").environ.get("KVSTORE_3FS_MOUNT"):
     TIER_FACTORIES["sharedfs-usrbio"] = _sharedfs_tier("3fs", backend="usrbio")

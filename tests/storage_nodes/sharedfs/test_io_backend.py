@@ -1,5 +1,6 @@
 """The I/O backend contract's hooks (``prepare`` before a write, ``on_done`` after a read)
-on the POSIX backend, on a local directory, with and without O_DIRECT where it runs."""
+on the POSIX backends (threads, and io_uring where the kernel allows it), on a local
+directory, with and without O_DIRECT where it runs."""
 
 from __future__ import annotations
 
@@ -12,17 +13,27 @@ import pytest
 
 from storage_nodes.sharedfs.backends import make_backend
 from storage_nodes.sharedfs.io_backend import IORequest, probe_direct_io, probe_user_memory
+from tests.io_backends import skip_without_uring, uring_required
+from storage_nodes.ssd.backends import uring_available
 
 SLOT = 8 << 10
 N = 24
+BACKENDS = ["posix", "uring"] if uring_available() or uring_required() else ["posix"]
 
 
+def _backend(name: str, root, qd: int, direct: bool | None):  # type: ignore[no-untyped-def]
+    if name == "uring":
+        skip_without_uring()
+    return make_backend(name, root, qd, direct)
+
+
+@pytest.mark.parametrize("name", BACKENDS)
 @pytest.mark.parametrize("direct", [False, True])
 def test_prepare_fills_each_slot_before_it_is_written_and_on_done_sees_it_landed(
-        tmp_path, direct) -> None:
+        tmp_path, direct, name) -> None:
     if direct and not probe_direct_io(tmp_path):
         pytest.skip(f"O_DIRECT is refused under {tmp_path}")
-    io = make_backend("posix", tmp_path, 8, direct)
+    io = _backend(name, tmp_path, 8, direct)
     path = tmp_path / "seg"
     fd = io.open(path, write=True, create=True)
     os.ftruncate(fd, N * SLOT)
@@ -58,14 +69,17 @@ def test_prepare_fills_each_slot_before_it_is_written_and_on_done_sees_it_landed
         out = io.read_batch(rreqs, on_done)
         assert out == [SLOT] * N + [-errno.EIO]
         assert seen == {**{i: (SLOT, True) for i in range(N)}, N: (-errno.EIO, False)}
+        if name == "uring":  # on the ring, not on the threads it falls back to
+            assert io._ring.submissions >= 2
     finally:
         io.free(buf)
         io.close_fd(fd)
         io.close()
 
 
-def test_a_hook_that_raises_is_not_swallowed(tmp_path) -> None:
-    io = make_backend("posix", tmp_path, 4, False)
+@pytest.mark.parametrize("name", BACKENDS)
+def test_a_hook_that_raises_is_not_swallowed(tmp_path, name) -> None:
+    io = _backend(name, tmp_path, 4, False)
     fd = io.open(tmp_path / "seg", write=True, create=True)
     buf = io.alloc(4 * SLOT)
     try:
@@ -85,11 +99,14 @@ def test_a_hook_that_raises_is_not_swallowed(tmp_path) -> None:
         io.close()
 
 
-def test_where_user_memory_is_set_scattered_odd_addresses_move_whole(tmp_path) -> None:
-    io = make_backend("posix", tmp_path, 4, False)  # the page cache takes any memory
+@pytest.mark.parametrize("name", BACKENDS)
+@pytest.mark.parametrize("pad", [False, True], ids=["two-segments", "three-segments"])
+def test_where_user_memory_is_set_scattered_odd_addresses_move_whole(tmp_path, name,
+                                                                     pad) -> None:
+    io = _backend(name, tmp_path, 4, False)  # the page cache takes any memory
     assert io.user_memory
     if probe_direct_io(tmp_path):
-        direct = make_backend("posix", tmp_path, 4, True)
+        direct = _backend(name, tmp_path, 4, True)
         assert direct.user_memory == probe_user_memory(tmp_path)
         direct.close()
     fd = io.open(tmp_path / "seg", write=True, create=True)
@@ -99,38 +116,43 @@ def test_where_user_memory_is_set_scattered_odd_addresses_move_whole(tmp_path) -
     try:
         def req(mem: memoryview, i: int) -> IORequest:  # a 64-byte head, a row at +13, the rest
             b = 13 + i * SLOT
+            if not pad:  # io_uring takes two segments; three run on the posix threads
+                return IORequest(fd, i * SLOT, mem[b + 64 : b + SLOT], head=mem[b : b + 64])
             return IORequest(fd, i * SLOT, mem[b + 64 : b + SLOT - 100], head=mem[b : b + 64],
                              more=(mem[b + SLOT - 100 : b + SLOT],))
 
         assert io.write_batch([req(src, i) for i in range(N)]) == [SLOT] * N
         assert io.read_batch([req(back, i) for i in range(N)]) == [SLOT] * N
         assert bytes(back[13 : 13 + N * SLOT]) == bytes(src[13 : 13 + N * SLOT])
+        if name == "uring":
+            assert (io._ring.submissions > 0) == (not pad)
     finally:
         io.close_fd(fd)
         io.close()
 
 
+@pytest.mark.parametrize("name", BACKENDS)
 @pytest.mark.parametrize("where", ["moosefs", "glusterfs"])
-def test_the_probe_says_whether_a_slot_moves_scattered_on_a_fuse_mount(where) -> None:
-    """A slot's scattered transfer (64-byte header, 256 KiB row at an odd address,
-    padding) with O_DIRECT works exactly where the probe says so: MooseFS takes it,
-    GlusterFS's bricks refuse the unaligned pieces the FUSE client splits it into."""
+def test_the_probe_says_whether_a_slot_moves_scattered_on_a_fuse_mount(where, name) -> None:
+    """A slot's scattered transfer (64-byte header, then a 256 KiB row at an odd
+    address; its padding neither read nor written) with O_DIRECT works exactly where the
+    probe says so: MooseFS takes it, GlusterFS's bricks refuse the unaligned pieces the
+    FUSE client splits it into."""
     from tests.dfs.cluster import cluster_or_skip
 
     d = cluster_or_skip(where).scratch(f"probe-{os.getpid()}-{threading.get_ident()}")
     assert probe_direct_io(d)
     says = probe_user_memory(d)
     assert says == (where == "moosefs")
-    io = make_backend("posix", d, 4, None)
+    io = _backend(name, d, 4, None)
     assert io.direct and io.user_memory == says
-    row, head, pad = 256 << 10, 64, 4096 - 64
-    src = memoryview(bytearray(os.urandom(row + 4096 + 13)))
+    row, head = 256 << 10, 64
+    src = memoryview(bytearray(os.urandom(row + head + 13)))
     back = memoryview(bytearray(len(src)))
     fd = io.open(d / "seg", write=True, create=True)
     try:
         def req(m: memoryview) -> IORequest:
-            return IORequest(fd, 4096, m[head + 13 : head + 13 + row], head=m[:head],
-                             more=(m[head + 13 + row : head + 13 + row + pad],))
+            return IORequest(fd, 4096, m[head + 13 : head + 13 + row], head=m[:head])
 
         def moved(m: memoryview) -> bytes:
             q = req(m)
@@ -138,7 +160,7 @@ def test_the_probe_says_whether_a_slot_moves_scattered_on_a_fuse_mount(where) ->
 
         w = io.write_batch([req(src)])[0]
         r = io.read_batch([req(back)])[0] if w > 0 else w
-        works = r == w == row + 4096 and moved(back) == moved(src)
+        works = r == w == row + head and moved(back) == moved(src)
         assert works == says, (w, r)
     finally:
         with contextlib.suppress(OSError):

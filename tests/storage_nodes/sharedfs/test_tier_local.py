@@ -187,12 +187,16 @@ def test_a_daemons_files_keep_their_segment_size(daemons, tmp_path) -> None:
         auto.close()
 
 
-def test_usrbio_is_refused_off_3fs_and_auto_falls_back_to_posix(tmp_path) -> None:
+def test_usrbio_is_refused_off_3fs_and_auto_falls_back_to_io_uring_or_threads(
+        tmp_path) -> None:
+    from storage_nodes.ssd.backends import uring_available
+    from tests.io_backends import uring_required
+
     with pytest.raises(BackendUnavailable, match="not on a 3FS mount"):
         make_backend("usrbio", tmp_path, 4, None)
     io = make_backend("auto", tmp_path, 4, None)
     try:
-        assert io.name == "posix"
+        assert io.name == ("uring" if uring_available() or uring_required() else "posix")
     finally:
         io.close()
     with pytest.raises(SharedFSConfigError, match="unknown shared-fs io backend"):
