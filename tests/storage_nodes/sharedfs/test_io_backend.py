@@ -13,8 +13,8 @@ import pytest
 
 from storage_nodes.sharedfs.backends import make_backend
 from storage_nodes.sharedfs.io_backend import IORequest, probe_direct_io, probe_user_memory
-from tests.io_backends import skip_without_uring, uring_required
 from storage_nodes.ssd.backends import uring_available
+from tests.io_backends import skip_without_uring, uring_required
 
 SLOT = 8 << 10
 N = 24

@@ -59,7 +59,7 @@ def test_evict_batch_takes_the_oldest_segments_first_within_the_window(
         if len(expect) == n:
             break
     assert taken == expect
-    for k, b in got:  # reserved for the put, then released: the accounting holds
+    for _, b in got:  # reserved for the put, then released: the accounting holds
         own.unreserve(b.seg, b.slot, still_free=True)
     own.check()
 
