@@ -167,7 +167,7 @@ def compare_with_fio(c: DFSCluster, a: argparse.Namespace) -> list[dict]:
             "fio_best": best, "ratio": round(med[op] / med[peer], 2),
             "round_ratio": round(statistics.median(pairs), 2),
             "round_range": [round(min(pairs), 2), round(max(pairs), 2)],
-            "direct_io": info["direct_io"],
+            "direct_io": info["direct_io"], "io_backend": info["io_backend"],
         })
     shutil.rmtree(root, ignore_errors=True)
     fio_file.unlink(missing_ok=True)

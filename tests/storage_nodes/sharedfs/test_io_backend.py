@@ -140,7 +140,7 @@ def test_the_probe_says_whether_a_slot_moves_scattered_on_a_fuse_mount(where, na
     FUSE client splits it into."""
     from tests.dfs.cluster import cluster_or_skip
 
-    d = cluster_or_skip(where).scratch(f"probe-{os.getpid()}-{threading.get_ident()}")
+    d = cluster_or_skip(where).scratch(f"probe-{name}-{os.getpid()}-{threading.get_ident()}")
     assert probe_direct_io(d)
     says = probe_user_memory(d)
     assert says == (where == "moosefs")
