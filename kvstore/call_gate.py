@@ -9,7 +9,7 @@ admitted call has left. One implementation, so the tiers cannot drift apart on i
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from kvstore.errors import StoreUnavailable
@@ -50,4 +50,21 @@ class CallGate:
             self._closed = True
             while self._inflight:
                 self._cond.wait()
+        return True
+
+    def close_sequence(self, *, stop: Callable[[], None], release: Callable[[], None],
+                       flush: Callable[[], None] | None = None) -> bool:
+        """A tier's close, in the one order every tier needs: ``shut`` (no new calls;
+        those in flight finish), ``stop`` its background work, ``flush`` what must
+        outlive it (``None``: stop as a crash would, flushing nothing), then ``release``
+        what the calls used — even when the stop or the flush raises. Returns ``False``,
+        doing nothing, when the gate was already shut."""
+        if not self.shut():
+            return False
+        try:
+            stop()
+            if flush is not None:
+                flush()
+        finally:
+            release()
         return True

@@ -264,28 +264,25 @@ class SharedFSTier(Tier):
                     f"{ctx.segments_in_use()} segments exceed {self.config.chunks} chunks")
 
     def close(self) -> None:
-        if not self._shut():
-            return
+        self._gate.close_sequence(stop=self._stop_maintenance, flush=self._flush_at_close,
+                                  release=self._release)
+
+    def _stop_as_crashed(self) -> None:
+        """Protected test seam, not API (``storage_nodes.testing.crash.abandon``): stop as
+        a crash would (no flush) and release the daemon id."""
+        self._gate.close_sequence(stop=self._stop_maintenance, release=self._release)
+
+    def _stop_maintenance(self) -> None:
+        if self._maint is not None:
+            self._maint.stop()
+
+    def _flush_at_close(self) -> None:
         for st in list(self._ctx.spaces.values()):
             try:
                 flush_touches(self._ctx, st)
                 flush_deferred(self._ctx, st)
             except Exception as e:
                 log.error("shared-fs %s: touches lost at close: %s", self.config.root, e)
-        self._release()
-
-    def _stop_as_crashed(self) -> None:
-        """Protected test seam, not API (``storage_nodes.testing.crash.abandon``): stop as
-        a crash would (no flush) and release the daemon id."""
-        if self._shut():
-            self._release()
-
-    def _shut(self) -> bool:
-        if not self._gate.shut():
-            return False
-        if self._maint is not None:
-            self._maint.stop()
-        return True
 
     def _release(self) -> None:
         ctx = self._ctx

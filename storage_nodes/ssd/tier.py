@@ -405,8 +405,20 @@ class SSDTier(Tier):
                 self._alloc.check(txn)
 
     def close(self) -> None:
-        if not self._shut():
-            return
+        self._gate.close_sequence(stop=self._stop_maintenance, flush=self._flush_at_close,
+                                  release=self._release)
+
+    def _stop_as_crashed(self) -> None:
+        """Protected test seam, not API (``storage_nodes.testing.crash.abandon``): stop as
+        a crash would — no flush, no commit — and release the directory so the same process
+        can reopen it."""
+        self._gate.close_sequence(stop=self._stop_maintenance, release=self._release)
+
+    def _stop_maintenance(self) -> None:
+        if self._maint is not None:
+            self._maint.stop()
+
+    def _flush_at_close(self) -> None:
         try:
             if self._mode == "ok":
                 with self._index.write() as txn:
@@ -414,22 +426,6 @@ class SSDTier(Tier):
             self._life.close_clean(self._index)
         except _STORE_ERRORS as e:
             log.error("SSD tier %s: unclean close: %s", self.config.dir, e)
-        finally:
-            self._release()
-
-    def _stop_as_crashed(self) -> None:
-        """Protected test seam, not API (``storage_nodes.testing.crash.abandon``): stop as
-        a crash would — no flush, no commit — and release the directory so the same process
-        can reopen it."""
-        if self._shut():
-            self._release()
-
-    def _shut(self) -> bool:
-        if not self._gate.shut():
-            return False
-        if self._maint is not None:
-            self._maint.stop()
-        return True
 
     def _release(self) -> None:
         self._blocks.close()
