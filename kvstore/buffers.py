@@ -7,6 +7,7 @@ checked there so no tier ever sees a short buffer.
 
 from __future__ import annotations
 
+import ctypes
 from typing import Any
 
 import numpy as np
@@ -48,3 +49,15 @@ def rows_view(buf: Any, n_rows: int, row_bytes: int, *, writable: bool = False) 
 def block_view(buf: Any, block_bytes: int) -> memoryview:
     """One block's payload; must be exactly ``block_bytes``."""
     return rows_view(buf, 1, block_bytes)
+
+
+def buffer_address(buf: memoryview) -> int:
+    """Where ``buf``'s first byte lies in memory (read-only buffers too): what native
+    calls (memmove, io_uring iovecs) are given."""
+    try:
+        # ctypes' view of a writable buffer costs ~0.2 µs against ~1.7 µs for numpy's
+        # array interface, and a batch of 32 slots asks ~65 times; the view (and its
+        # export of ``buf``) is dropped before this returns
+        return ctypes.addressof(ctypes.c_char.from_buffer(buf))
+    except (TypeError, ValueError):  # read-only or empty
+        return int(np.frombuffer(buf, np.uint8).__array_interface__["data"][0])

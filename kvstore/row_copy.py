@@ -30,10 +30,10 @@ import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 
-import numpy as np
 import xxhash
 import xxhash._xxhash
 
+from kvstore.buffers import buffer_address
 from kvstore.errors import InvalidArgument
 
 try:
@@ -59,10 +59,6 @@ NATIVE_CHUNK_BYTES = 64 << 10
 NATIVE_UNIT_BYTES = 256 << 10
 NATIVE_SHARE_MIN_BYTES = 512 << 10
 NATIVE_SPIN_US = 100
-
-
-def _address(buf: memoryview) -> int:
-    return int(np.frombuffer(buf, np.uint8).ctypes.data) if len(buf) else 0
 
 
 class _Task:
@@ -105,7 +101,7 @@ class _Task:
         self.units = _units(src_offsets, row_bytes)  # (first row, rows, source offset)
         self.sums = sums
         self.row_bytes = row_bytes
-        self.src, self.dst, self.view = _address(src), _address(dst), dst
+        self.src, self.dst, self.view = buffer_address(src), buffer_address(dst), dst
         self.claim = itertools.count()
         self.bad: list[int | None] = [None] * len(self.units)
         self.done: queue.SimpleQueue[None] = queue.SimpleQueue()

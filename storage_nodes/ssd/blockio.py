@@ -24,13 +24,14 @@ from collections.abc import Callable, Sequence
 import xxhash
 
 from kvstore.block import FORMAT_VERSION, HEADER_BYTES, MAGIC, check_header_fields
+from kvstore.buffers import buffer_address
 from kvstore.errors import BlockChecksumError, BlockError
 from kvstore.slot_io import ReadFailure, ReadOutcome
 from storage_nodes.ssd.config import ALIGN_BYTES, SSDConfig, payload_offset_for, slot_bytes_for
 from storage_nodes.ssd.encoder import Encoder
 from storage_nodes.ssd.errors import SSDIOError
 from storage_nodes.ssd.index import Location
-from storage_nodes.ssd.io_backend import IOBackend, IORequest, buffer_address
+from storage_nodes.ssd.io_backend import IOBackend, IORequest
 from storage_nodes.ssd.slabs import SlabFiles, StagingPool
 
 # magic, version, flags, fingerprint, key, payload length, xxh3-64, created-at µs (§4)

@@ -26,7 +26,8 @@ from collections.abc import Callable, Sequence
 
 import liburing as lu
 
-from storage_nodes.ssd.io_backend import IOBackend, IORequest, OnDone, buffer_address
+from kvstore.buffers import buffer_address
+from storage_nodes.ssd.io_backend import IOBackend, IORequest, OnDone
 
 _READ, _WRITE = 0, 1
 _SUBMIT_EVERY = 4  # while encoding, hand the kernel writes this often
