@@ -239,14 +239,13 @@ class DramTier(Tier):
             cs = self._state(ns)
             fp = ns.fingerprint
             owner, slot_of, csum = cs.owner, cs.slot, cs.csum
-            spc, chunk_bytes = cs.sc.slots_per_chunk, self._pool.chunk_bytes
+            sc, slot_offset = cs.sc, self._pool.offset
             offsets: list[int] = []  # of each found block's slot in the pool
             sums: list[int] = []
             for k in keys:
                 if owner.get(k) != fp:
                     break
-                s = slot_of[k]
-                offsets.append((s // spc) * chunk_bytes + (s % spc) * bb)
+                offsets.append(slot_offset(sc, slot_of[k]))
                 sums.append(csum[k])
             n = len(offsets)
             # Each copy is checked against the checksum stored at commit, from the copy
