@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections import Counter
 from collections.abc import Mapping
@@ -21,7 +22,7 @@ from storage_nodes.sharedfs.own import OwnSpace
 from storage_nodes.sharedfs.segments import SegmentFiles
 from storage_nodes.sharedfs.tail import Tailer
 
-_PATHS_KEPT = 1 << 16  # segment paths memoized (then forgotten all at once)
+_PATHS_KEPT = 1 << 16  # segment paths memoized (least recently used forgotten first)
 
 COUNTERS = (
     "puts", "gets", "hits", "misses", "inserted", "present", "dropped", "evictions",
@@ -76,7 +77,9 @@ class Context:
         self.creating = 0  # segments being created (their chunks are taken)
         self._seq = 0
         self._seg_counter = 0
-        self._paths: dict[tuple[str, bytes, str, int], Path] = {}
+        # Memoized: building the Path costs more than the rest of a slot's read request
+        # (pathlib parses every part); ids are never reused, so an entry never goes stale.
+        self._segment_path = functools.lru_cache(maxsize=_PATHS_KEPT)(self.layout.segment_path)
 
     def next_seq(self) -> int:
         self._seq += 1
@@ -96,16 +99,7 @@ class Context:
         return sum(len(st.own.segments) for st in self.spaces.values()) + self.creating
 
     def segment_path(self, st: NsState, owner: str, seg: int) -> Path:
-        # Memoized: building the Path costs more than the rest of a slot's read request
-        # (pathlib parses every part); ids are never reused, so an entry never goes stale.
-        key = (st.tenant, st.fingerprint, owner, seg)
-        path = self._paths.get(key)
-        if path is None:
-            if len(self._paths) >= _PATHS_KEPT:
-                self._paths.clear()
-            path = self._paths[key] = self.layout.segment_path(st.tenant, st.fingerprint,
-                                                               owner, seg)
-        return path
+        return self._segment_path(st.tenant, st.fingerprint, owner, seg)
 
     def floor(self) -> float:
         return self.config.live_after(self.config.clock())
