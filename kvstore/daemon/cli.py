@@ -100,7 +100,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--stream-idle-timeout",
         default="30s",
-        help="cancel a Commit/Get stream that moves nothing for this long",
+        help="cancel a Commit/Get stream whose client moves nothing for this long",
     )
     p.add_argument(
         "--no-shm", dest="shm", action="store_false", help="do not offer the shared-memory path"

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
+from collections.abc import Callable
 
 from grpc_health.v1 import health_pb2
 
@@ -31,7 +33,15 @@ SERVICE_NAME = "kvstore.v1.KVStore"
 
 
 class Daemon:
-    def __init__(self, config: DaemonConfig, store: KVStore | None = None) -> None:
+    def __init__(
+        self,
+        config: DaemonConfig,
+        store: KVStore | None = None,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        """``clock`` (monotonic seconds) times the streams' idle deadline; tests inject
+        one (``kvstore.testing.file_clock``)."""
         self.config = config
         self.auth: Authenticator = (
             load_token_file(config.auth_token_file) if config.auth_token_file else OpenAuth()
@@ -67,6 +77,7 @@ class Daemon:
             self.staging,
             lim,
             open_catalog(config.ssd_dir),
+            clock=clock,
         )
         pb_grpc.add_KVStoreServicer_to_server(self.servicer, self.server)
         self.metrics_port: int | None = None
@@ -111,10 +122,10 @@ class Daemon:
         self._stopped.wait()
 
 
-def run_daemon(config: DaemonConfig) -> int:
+def run_daemon(config: DaemonConfig, *, clock: Callable[[], float] = time.monotonic) -> int:
     """Run until SIGTERM/SIGINT; print the bound addresses as the first lines."""
     return run_until_signalled(
-        Daemon(config),
+        Daemon(config, clock=clock),
         command="kvstore serve",
         host=config.host,
         listen=config.listen,

@@ -20,6 +20,7 @@ segment before they are checked and committed, so what is checked is what is sto
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -59,7 +60,11 @@ class KVStoreServicer(ControlRpcs, pb_grpc.KVStoreServicer):
         staging: StagingArea | None,
         limits: ServerLimits | None = None,
         catalog: MemoryCatalog | None = None,
+        *,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        """``clock`` (monotonic seconds) times the streams' idle deadline (tests inject
+        one: see ``IdleWatchdog``)."""
         self.store = store
         self.auth = auth
         self.access_log = access_log
@@ -69,7 +74,7 @@ class KVStoreServicer(ControlRpcs, pb_grpc.KVStoreServicer):
         self.catalog = catalog if catalog is not None else MemoryCatalog()
         self.ledger = TenantLedger()
         self.budget = ByteBudget(self.limits.max_inflight_bytes)
-        self.watchdog = IdleWatchdog(self.limits.stream_idle_timeout_s)
+        self.watchdog = IdleWatchdog(self.limits.stream_idle_timeout_s, clock=clock)
 
     def close(self) -> None:
         self.watchdog.close()
@@ -205,8 +210,8 @@ class KVStoreServicer(ControlRpcs, pb_grpc.KVStoreServicer):
             for i in range(hit):
                 row = buf[i * bb : (i + 1) * bb]
                 for chunk in codec.iter_chunks(i, fp, keys[i], row, checksum=sums[i]):
-                    yield pb.GetResponse(chunk=chunk)
-                    stream.moved()
+                    with stream.waiting():  # resumed once the reader has taken it
+                        yield pb.GetResponse(chunk=chunk)
 
     def Commit(self, it: Iterator[pb.CommitRequest], ctx: grpc.ServicerContext) -> Any:
         with self.metrics.timed("Commit"):
@@ -214,7 +219,7 @@ class KVStoreServicer(ControlRpcs, pb_grpc.KVStoreServicer):
             try:
                 with self.watchdog.watch("Commit", ctx) as stream:
                     msgs = self.metrics.counted("Commit", it)
-                    return self._commit(tenant, _moving(msgs, stream.moved), ctx)
+                    return self._commit(tenant, stream.reading(msgs), ctx)
             except Exception as e:
                 if isinstance(e, BlockError):
                     self.metrics.rejected_blocks.labels(type(e).__name__).inc()
@@ -370,11 +375,3 @@ class KVStoreServicer(ControlRpcs, pb_grpc.KVStoreServicer):
 
         return self._unary(ctx, "Prefetch", run)
 
-
-def _moving(
-    it: Iterator[pb.CommitRequest], moved: Callable[[], None]
-) -> Iterator[pb.CommitRequest]:
-    """``it``, telling the watchdog of every message."""
-    for msg in it:
-        moved()
-        yield msg

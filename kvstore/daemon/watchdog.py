@@ -1,10 +1,19 @@
-"""An idle deadline for streaming calls: a stream that moves nothing is cancelled.
+"""An idle deadline for streaming calls: a stream whose client moves nothing is cancelled.
 
 A client that opens a ``Commit`` and never finishes it would otherwise hold its
 buffer (and an RPC thread) for as long as it likes. Each stream registers with the
-watchdog and reports progress (every message); one background thread cancels the ones
-idle for longer than the deadline. A cancelled ``Commit`` keeps its complete, verified
-blocks, like any stream that ends early (DESIGN §7).
+watchdog; one background thread cancels the streams that have been waiting on their
+client for longer than the deadline. A stream waits on its client only while the servicer
+is blocked on it: reading the next message of a ``Commit`` or handing the next message
+of a ``Get`` to a reader that does not take it. Time the daemon spends on its own work
+(allocating the buffer, verifying, committing to a slow tier, or simply not scheduled)
+is never the client's idleness, so a stream is cut only after everything its client
+sent before going quiet has been read. A cancelled ``Commit`` keeps its complete,
+verified blocks, like any stream that ends early (DESIGN §7).
+
+``clock`` (monotonic seconds) measures the waits: tests inject one and move it past the
+deadline only once the daemon has read what they sent, so which blocks a cut stream
+keeps is decided by the test, not by the scheduler.
 """
 
 from __future__ import annotations
@@ -13,13 +22,14 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass, field
-from typing import Protocol
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Protocol, TypeVar
 
 from kvstore.errors import IntegrityError
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 class Cancellable(Protocol):
@@ -30,17 +40,44 @@ class Cancellable(Protocol):
 class Stream:
     method: str
     ctx: Cancellable
-    last_s: float = field(default_factory=time.monotonic)
+    clock: Callable[[], float]
+    # Since when the servicer has been blocked on the client; None while the daemon works.
+    waiting_since: float | None = None
     cancelled: bool = False
 
-    def moved(self) -> None:
-        self.last_s = time.monotonic()
+    @contextlib.contextmanager
+    def waiting(self) -> Iterator[None]:
+        """Around each blocking read from (or hand-over to) the client."""
+        self.waiting_since = self.clock()
+        try:
+            yield
+        finally:
+            self.waiting_since = None
+
+    def reading(self, it: Iterator[T]) -> Iterator[T]:
+        """``it``, each ``next`` counted as waiting on the client."""
+        while True:
+            with self.waiting():
+                msg = next(it, _END)
+            if msg is _END:
+                return
+            yield msg  # type: ignore[misc]
+
+
+_END: object = object()
 
 
 class IdleWatchdog:
-    def __init__(self, idle_timeout_s: float, tick_s: float | None = None) -> None:
+    def __init__(
+        self,
+        idle_timeout_s: float,
+        tick_s: float | None = None,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.idle_timeout_s = idle_timeout_s
         self._tick_s = tick_s if tick_s is not None else min(1.0, idle_timeout_s / 4)
+        self._clock = clock
         self._lock = threading.Lock()
         self._streams: dict[int, Stream] = {}
         self._next = 0
@@ -51,7 +88,7 @@ class IdleWatchdog:
 
     @contextlib.contextmanager
     def watch(self, method: str, ctx: Cancellable) -> Iterator[Stream]:
-        s = Stream(method, ctx)
+        s = Stream(method, ctx, self._clock)
         with self._lock:
             sid = self._next
             self._next += 1
@@ -62,21 +99,27 @@ class IdleWatchdog:
             with self._lock:
                 del self._streams[sid]
 
+    def sweep(self) -> int:
+        """Cancel the streams that have waited on their client past the deadline (the
+        background thread calls this every tick); returns how many it cancelled."""
+        now = self._clock()
+        with self._lock:
+            idle = []
+            for s in self._streams.values():
+                since = s.waiting_since  # read once: the stream's thread may clear it
+                if not s.cancelled and since is not None and now - since > self.idle_timeout_s:
+                    idle.append(s)
+            for s in idle:
+                s.cancelled = True
+            self.cancelled_total += len(idle)
+        for s in idle:
+            log.info("%s stream idle for %.0f s: cancelled", s.method, self.idle_timeout_s)
+            s.ctx.cancel()
+        return len(idle)
+
     def _run(self) -> None:
         while not self._stop.wait(self._tick_s):
-            now = time.monotonic()
-            with self._lock:
-                idle = [
-                    s
-                    for s in self._streams.values()
-                    if not s.cancelled and now - s.last_s > self.idle_timeout_s
-                ]
-                for s in idle:
-                    s.cancelled = True
-                self.cancelled_total += len(idle)
-            for s in idle:
-                log.info("%s stream idle for %.0f s: cancelled", s.method, self.idle_timeout_s)
-                s.ctx.cancel()
+            self.sweep()
 
     @property
     def open_streams(self) -> int:

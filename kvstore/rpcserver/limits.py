@@ -16,7 +16,8 @@ class ServerLimits:
     ``max_request_bytes`` bounds one call's payload buffer (more is misuse:
     INVALID_ARGUMENT); ``max_inflight_bytes`` bounds the buffers of all calls together
     (more waits for nobody: RESOURCE_EXHAUSTED, the client retries within its deadline);
-    a streaming call that moves nothing for ``stream_idle_timeout_s`` is cancelled."""
+    a streaming call whose client moves nothing for ``stream_idle_timeout_s`` (the time
+    the daemon waits on it, not the daemon's own work) is cancelled."""
 
     max_keys_per_request: int = MAX_KEYS_PER_REQUEST
     max_request_bytes: int = 256 << 20

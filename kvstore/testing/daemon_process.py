@@ -10,6 +10,7 @@ itself is ``ServerProcess``'s, shared with the node's harness.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 
 from kvstore.testing.server_process import REPO, ServerProcess
 
@@ -18,7 +19,8 @@ __all__ = ["REPO", "DaemonProcess"]
 
 class DaemonProcess(ServerProcess):
     """``kvstore serve --listen 127.0.0.1:0 ARGS...`` (a later ``--listen`` in ``args``
-    wins, as on any command line)."""
+    wins, as on any command line). With ``clock_file``, its stream idle deadline runs on
+    that ``FileClock`` (``kvstore.testing.file_clock``), which the test moves."""
 
     def __init__(
         self,
@@ -26,5 +28,16 @@ class DaemonProcess(ServerProcess):
         *,
         start_timeout_s: float = 60.0,
         env: dict[str, str] | None = None,
+        clock_file: Path | None = None,
     ) -> None:
-        super().__init__("serve", args, what="daemon", start_timeout_s=start_timeout_s, env=env)
+        launcher = ("-m", "kvstore") if clock_file is None else (
+            "-m", "kvstore.testing.file_clock", str(clock_file)
+        )
+        super().__init__(
+            "serve",
+            args,
+            what="daemon",
+            start_timeout_s=start_timeout_s,
+            env=env,
+            launcher=launcher,
+        )

@@ -30,7 +30,8 @@ class ServerProcess:
     """``python -m kvstore COMMAND --listen 127.0.0.1:PORT ARGS...`` in a child process.
 
     ``what`` names the server in errors (``daemon``, ``node``); ``preexec`` runs in the
-    child before it starts (e.g. to set a resource limit)."""
+    child before it starts (e.g. to set a resource limit); ``launcher`` replaces
+    ``-m kvstore`` (a test harness that runs the same command, e.g. on a test clock)."""
 
     proc: subprocess.Popen[str]  # the current child (set by every start)
 
@@ -44,8 +45,10 @@ class ServerProcess:
         start_timeout_s: float = 60.0,
         env: dict[str, str] | None = None,
         preexec: Callable[[], None] | None = None,
+        launcher: Sequence[str] = ("-m", "kvstore"),
     ) -> None:
         self.command = command
+        self.launcher = list(launcher)
         self.args = list(args)
         self.what = what
         self.port = port
@@ -74,7 +77,7 @@ class ServerProcess:
         return self.proc.poll() is None
 
     def _spawn(self) -> None:
-        cmd = [sys.executable, "-m", "kvstore", self.command,
+        cmd = [sys.executable, *self.launcher, self.command,
                "--listen", f"127.0.0.1:{self.port}", *self.args]
         proc = self.proc = subprocess.Popen(
             cmd,

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import secrets
+import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from kvstore.keys import Key, Namespace, chain_keys
 from kvstore.testing.daemon_process import DaemonProcess
@@ -18,14 +20,15 @@ SpawnDaemon = Callable[..., DaemonProcess]
 
 @pytest.fixture
 def spawn_daemon() -> Iterator[SpawnDaemon]:
-    """``spawn_daemon(*flags)`` starts ``kvstore serve`` (DRAM 16 MiB unless given)."""
+    """``spawn_daemon(*flags, clock_file=None)`` starts ``kvstore serve`` (DRAM 16 MiB
+    unless given; on a ``FileClock`` when ``clock_file`` is given)."""
     started: list[DaemonProcess] = []
 
-    def spawn(*flags: str) -> DaemonProcess:
+    def spawn(*flags: str, clock_file: Path | None = None) -> DaemonProcess:
         args = list(flags)
         if "--dram" not in args:
             args += ["--dram", "16MiB"]
-        d = DaemonProcess(args)
+        d = DaemonProcess(args, clock_file=clock_file)
         started.append(d)
         return d
 
@@ -58,3 +61,27 @@ def write_tokens(path: Path, tenants: list[str]) -> dict[str, str]:
     tokens = {tenant: secrets.token_hex(16) for tenant in tenants}
     path.write_text("# test tokens\n\n" + "".join(f"{tok} {t}\n" for t, tok in tokens.items()))
     return tokens
+
+
+def metric(d: DaemonProcess, name: str, labels: dict[str, str]) -> float:
+    """One sample of the daemon's metrics (it must serve them: ``--metrics-listen``)."""
+    assert d.metrics_port
+    url = f"http://127.0.0.1:{d.metrics_port}/metrics"
+    with urllib.request.urlopen(url, timeout=10) as r:
+        text = r.read().decode()
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            if s.name == name and s.labels == labels:
+                return s.value
+    # A labelled counter has no sample until its label is first used: that is zero.
+    return 0.0
+
+
+def stream_messages(d: DaemonProcess, method: str) -> float:
+    """Messages the daemon has read from ``method`` streams."""
+    return metric(d, "kvstore_stream_messages_total", {"method": method})
+
+
+def finished_calls(d: DaemonProcess, method: str) -> float:
+    """``method`` calls the daemon has finished (its store work done, answered or not)."""
+    return metric(d, "kvstore_rpc_seconds_count", {"method": method})

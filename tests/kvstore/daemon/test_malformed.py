@@ -6,14 +6,12 @@ from __future__ import annotations
 import itertools
 import threading
 import time
-import urllib.request
 from collections.abc import Iterator
 
 import grpc
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from prometheus_client.parser import text_string_to_metric_families
 
 from kvstore.block import HEADER_BYTES, make_header
 from kvstore.testing.daemon_process import DaemonProcess
@@ -21,7 +19,7 @@ from kvstore.wire import codec
 from kvstore.wire.proto import kvstore_pb2 as pb
 from kvstore.wire.proto import kvstore_pb2_grpc as pb_grpc
 from tests.conftest import payload_for, small_ns
-from tests.kvstore.daemon.conftest import make_chain
+from tests.kvstore.daemon.conftest import make_chain, stream_messages
 
 NS = small_ns(model_id="malformed")
 SPEC = codec.ns_to_proto(NS)
@@ -168,19 +166,6 @@ def test_stream_ending_mid_block_commits_only_complete_blocks(stub: pb_grpc.KVSt
     resp = stub.Commit(iter(msgs), timeout=10)
     assert (resp.inserted, resp.incomplete) == (2, 1)
     assert hits(stub, keys) == 2
-
-
-def stream_messages(d: DaemonProcess, method: str) -> float:
-    """Messages the daemon has read from ``method`` streams (its metrics)."""
-    assert d.metrics_port
-    url = f"http://127.0.0.1:{d.metrics_port}/metrics"
-    with urllib.request.urlopen(url, timeout=10) as r:
-        text = r.read().decode()
-    for fam in text_string_to_metric_families(text):
-        for s in fam.samples:
-            if s.name == "kvstore_stream_messages_total" and s.labels == {"method": method}:
-                return s.value
-    return 0.0  # the label appears with the first message read
 
 
 def test_cancelled_stream_commits_only_complete_blocks(
