@@ -25,7 +25,7 @@ from typing import Any
 
 from bench.bench_sharedfs import BLOCK, QD, Ours, fio
 from bench.harness import PhaseTimes
-from storage_nodes.sharedfs import alloc, io_backend, manifest_log, ops
+from storage_nodes.sharedfs import alloc, io_backend, manifest_log, ops, uring_io
 from tests.dfs.cluster import start
 
 _ACC = PhaseTimes()
@@ -37,6 +37,9 @@ def _instrument() -> None:
     for name in ("read_batch", "write_batch", "sync"):  # sync: timed inside the count
         setattr(io_backend.PosixBackend, name,
                 _timed(getattr(io_backend.PosixBackend, name), name))
+    for name in ("read_batch", "write_batch"):  # io_uring's own (it has no sync of its own)
+        setattr(uring_io.UringBackend, name,
+                _timed(getattr(uring_io.UringBackend, name), name))
     sync = io_backend.PosixBackend.sync
 
     def counted(self: Any, fds: Any) -> Any:

@@ -11,14 +11,17 @@ request, as io_uring's iovecs take them), so no block is copied; elsewhere the w
 slot lands in staging and the payload is copied out, then checked.
 Writes: one batch of slot writes, each slot's header made just before it is issued (so
 hashing overlaps the writes in flight), gathered from the caller's row where the
-backend allows (else encoded into staging), one sync per segment touched.
+backend allows (else encoded into staging); the caller syncs the segments touched,
+alongside the manifest frame that names the slots.
 Both split work into batches of at most ``staging_max_bytes``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 
 import xxhash
 
@@ -124,17 +127,39 @@ def _read_part(ctx: Context, st: NsState, keys: Sequence[bytes], part: Sequence[
         ctx.io.free(buf)
 
 
+@dataclass
+class Written:
+    """What ``write_group`` wrote: 0 or a negative errno (nothing of the group may be
+    published then), and the segments written, open until the block exits, to sync."""
+
+    err: int
+    fds: list[int]
+
+
+@contextlib.contextmanager
 def write_group(ctx: Context, st: NsState, keys: Sequence[bytes], rows: Sequence[memoryview],
-                slots: Sequence[tuple[int, int]], checksums: Sequence[int] | None) -> int:
-    """Write ``rows[i]`` encoded for ``keys[i]`` into ``slots[i]`` and sync; returns 0 or
-    a negative errno (nothing of the group may be published then). ``checksums[i]``
-    (made at commit) goes into the header as given; ``None``: computed from the row."""
+                slots: Sequence[tuple[int, int]], checksums: Sequence[int] | None
+                ) -> Iterator[Written]:
+    """Write ``rows[i]`` encoded for ``keys[i]`` into ``slots[i]``, not yet durable: the
+    caller syncs ``fds`` inside the block, together with the manifest frame that names
+    the slots (multi-host rule 3). ``checksums[i]`` (made at commit) goes into the
+    header as given; ``None``: computed from the row."""
+    acquired: list[int] = []
+    try:
+        err = _write(ctx, st, keys, rows, slots, checksums, acquired)
+        yield Written(err, list(dict.fromkeys(acquired)))
+    finally:
+        for fd in acquired:
+            ctx.files.release(fd)
+
+
+def _write(ctx: Context, st: NsState, keys: Sequence[bytes], rows: Sequence[memoryview],
+           slots: Sequence[tuple[int, int]], checksums: Sequence[int] | None,
+           acquired: list[int]) -> int:
     sb, bb = st.slot_bytes, st.block_bytes
     gather = ctx.io.user_memory
     hb = sb - bb if gather else sb  # staging per slot: a page for the header, or all of it
     buf = ctx.io.alloc(len(keys) * hb)
-    fds: dict[int, None] = {}
-    acquired: list[int] = []
     try:
         created_us = int(ctx.config.clock() * 1_000_000)
         reqs = []
@@ -155,7 +180,6 @@ def write_group(ctx: Context, st: NsState, keys: Sequence[bytes], rows: Sequence
             except OSError as e:
                 return -(e.errno or errno.EIO)
             acquired.append(fd)
-            fds[fd] = None
             view = buf[j * hb : (j + 1) * hb]
             if gather:
                 reqs.append(IORequest(fd, slot_offset(slot, sb), rows[j],
@@ -165,14 +189,9 @@ def write_group(ctx: Context, st: NsState, keys: Sequence[bytes], rows: Sequence
         bad = [r for r in ctx.io.write_batch(reqs, encode) if r < 0]
         if gather and -errno.EINVAL in bad:  # the slots are still only reserved: redo
             ctx.io.refuse_user_memory()
-            return write_group(ctx, st, keys, rows, slots, checksums)
-        if bad:
-            return bad[0]
-        bad = [r for r in ctx.io.sync(list(fds)) if r < 0]
+            return _write(ctx, st, keys, rows, slots, checksums, acquired)
         return bad[0] if bad else 0
     finally:
-        for fd in acquired:
-            ctx.files.release(fd)
         ctx.io.free(buf)
 
 

@@ -1,10 +1,13 @@
 """This daemon's manifest of one namespace: appends, generations, compaction.
 
-Appends are written at the end the writer knows and made durable (fsync, which on a
-FUSE file system also pushes the bytes to the servers) before the call returns, so a
-record is visible to peers only after the data it names. A failed or short append
-leaves a frame no reader will accept, and a writer never appends after such a frame:
-the log is marked broken and the next write starts a new generation from a snapshot.
+Frames are written at the end the writer knows (``write``) and made durable by
+``sync`` (fdatasync, which on a FUSE file system also pushes the bytes to the servers);
+``append`` is both. A put writes its frame once its slots are written and syncs it
+while the slots' own sync runs (multi-host rule 3 in the README). One fdatasync makes
+every frame written before it durable, so concurrent puts share syncs (a group commit).
+A failed or short write or sync leaves a frame no reader may trust, and a writer never
+appends after such a frame: the log is marked broken and the next write starts a new
+generation from a snapshot.
 
 A new generation is written under a temporary name, synced and renamed into place, so
 a reader never sees half a snapshot. The old file then gets a SEALED record naming its
@@ -21,11 +24,19 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
 from storage_nodes.sharedfs import manifest as mf
 from storage_nodes.sharedfs.layout import manifest_name, manifests_in
 
 log = logging.getLogger("storage_nodes.sharedfs")
+
+
+class Ticket(NamedTuple):
+    """Where a written frame ends: what ``ManifestLog.sync`` has to make durable."""
+
+    generation: int
+    end: int
 
 
 class ManifestLog:
@@ -37,6 +48,7 @@ class ManifestLog:
         self.broken = True  # until a generation is written
         self.snapshot_bytes = 0
         self.appended_records = 0
+        self.synced = 0  # bytes of this generation known durable
         self._fd: int | None = None
         self._retired: list[tuple[float, int]] = []  # (delete after, generation)
         self._lock = threading.Lock()  # one append or roll at a time
@@ -51,23 +63,47 @@ class ManifestLog:
 
     def append(self, data: bytes) -> bool:
         """Append whole frames durably; False (and broken) on any failure."""
-        if not data:
-            return True
+        ticket = self.write(data)
+        return ticket is not None and self.sync(ticket)
+
+    def write(self, data: bytes) -> Ticket | None:
+        """Append whole frames, not yet durable: the ticket for ``sync``, or None (and
+        broken) on any failure."""
         with self._lock:
             if self.broken or self._fd is None:
-                return False
+                return None
             try:
                 n = os.pwrite(self._fd, data, self.size)
                 if n != len(data):
                     raise OSError(f"short manifest write ({n} of {len(data)} bytes)")
-                os.fdatasync(self._fd)  # the new length included: it is needed to read
             except OSError as e:
                 log.error("manifest %s: append failed, a new generation follows: %s",
                           self.path, e)
                 self.broken = True
-                return False
+                return None
             self.size += len(data)
             self.appended_records += 1
+            return Ticket(self.generation, self.size)
+
+    def sync(self, ticket: Ticket) -> bool:
+        """Make the frames written up to ``ticket`` durable; False (and broken) if they
+        may not be. A ticket of an earlier generation is durable already: the roll that
+        replaced it synced a snapshot of a state that includes it (frames are applied
+        before they are written, and a roll snapshots under the same publish lock)."""
+        with self._lock:
+            if ticket.generation != self.generation or self.synced >= ticket.end:
+                return True
+            if self.broken or self._fd is None:
+                return False
+            target = self.size  # frames written by others so far ride along
+            try:
+                os.fdatasync(self._fd)  # the new length included: it is needed to read
+            except OSError as e:
+                log.error("manifest %s: sync failed, a new generation follows: %s",
+                          self.path, e)
+                self.broken = True
+                return False
+            self.synced = target
             return True
 
     def roll(self, snapshot: Callable[[int], bytes]) -> bool:
@@ -109,7 +145,7 @@ class ManifestLog:
             if old_gen and old_gen not in existing:
                 self._retired.append((now + self.grace_s, old_gen))
             self._fd, self.generation = fd, gen
-            self.size = self.snapshot_bytes = len(data)
+            self.size = self.snapshot_bytes = self.synced = len(data)
             self.broken = False
             self.appended_records = 0
             return True

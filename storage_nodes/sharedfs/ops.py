@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 from collections.abc import Sequence
@@ -9,11 +10,12 @@ from collections.abc import Sequence
 from kvstore.errors import InvalidArgument
 from kvstore.tier import PutResult
 from storage_nodes.sharedfs import manifest as mf
-from storage_nodes.sharedfs.alloc import reserve
-from storage_nodes.sharedfs.blockio import ReadFailure, per_batch, read_prefix, write_group
+from storage_nodes.sharedfs.alloc import Reservation, reserve
+from storage_nodes.sharedfs.blockio import ReadFailure, Written, per_batch, read_prefix, write_group
 from storage_nodes.sharedfs.catalog import Loc
+from storage_nodes.sharedfs.manifest_log import Ticket
 from storage_nodes.sharedfs.own import OwnBlock
-from storage_nodes.sharedfs.publish import append
+from storage_nodes.sharedfs.publish import append, sync_written, write
 from storage_nodes.sharedfs.state import Context, NsState
 
 log = logging.getLogger("storage_nodes.sharedfs")
@@ -129,11 +131,28 @@ def _put_group(ctx: Context, st: NsState, keys: list[bytes], data: memoryview,
                ) -> tuple[int, int, bool]:
     res = reserve(ctx, st, len(group))
     take = group[: len(res.slots)]
-    err = 0
-    if take:
-        err = write_group(ctx, st, [keys[i] for i in take],
-                          [data[i * bb : (i + 1) * bb] for i in take], res.slots[: len(take)],
-                          None if checksums is None else [checksums[i] for i in take])
+    writing = write_group(
+        ctx, st, [keys[i] for i in take], [data[i * bb : (i + 1) * bb] for i in take],
+        res.slots[: len(take)], None if checksums is None else [checksums[i] for i in take],
+    ) if take else contextlib.nullcontext(Written(0, []))
+    with writing as w:
+        published, raced, ticket = _publish(ctx, st, keys, take, res, w.err)
+        err = _sync(ctx, st, w.fds if published else [], ticket)  # the DROPs, at least
+        err = w.err or err
+    if err:
+        log.warning("shared-fs put of %d blocks dropped: %s", len(take), errno.errorcode.get(
+            -err, str(err)))
+        if not w.err:  # written but not durable: take back what was published
+            _unpublish(ctx, st, published)
+            published = []
+    return len(published), raced, not err and len(take) == len(group)
+
+
+def _publish(ctx: Context, st: NsState, keys: list[bytes], take: list[int],
+             res: Reservation, err: int) -> tuple[list[mf.PutEntry], int, Ticket | None]:
+    """The written slots into the catalog and the manifest frame (with the DROPs of the
+    victims) written, not yet synced; returns what was published, how many keys were
+    published meanwhile by someone else, and the frame's ticket."""
     published: list[mf.PutEntry] = []
     raced = 0
     with st.publish:
@@ -155,13 +174,43 @@ def _put_group(ctx: Context, st: NsState, keys: list[bytes], data: memoryview,
                 st.own.unreserve(seg, slot, still_free=True)
             if err:
                 ctx.counts["io_errors_total"] += 1
-        data_out = (mf.drops(res.victims) if res.victims else b"") + (
+        frame = (mf.drops(res.victims) if res.victims else b"") + (
             mf.puts(published) if published else b"")
-        append(ctx, st, data_out)
-    if err:
-        log.warning("shared-fs put of %d blocks dropped: %s", len(take), errno.errorcode.get(
-            -err, str(err)))
-    return len(published), raced, not err and len(take) == len(group)
+        ticket = write(ctx, st, frame)
+    return published, raced, ticket
+
+
+def _sync(ctx: Context, st: NsState, fds: list[int], ticket: Ticket | None) -> int:
+    """The slots and the frame naming them made durable together (multi-host rule 3):
+    the segments' fdatasync on a helper thread while this one syncs the manifest, so a
+    put waits for the longer of the two, not their sum. A crash between them can leave
+    the frame durable and a slot not: every read checks key and checksum, so that slot
+    is a miss for anyone, never wrong bytes. 0 or the data sync's negative errno."""
+    data = ctx.syncs.submit(ctx.io.sync, fds) if fds else None
+    try:
+        sync_written(ctx, st, ticket)
+    finally:
+        bad = [r for r in data.result() if r < 0] if data is not None else []
+    return bad[0] if bad else 0
+
+
+def _unpublish(ctx: Context, st: NsState, published: list[mf.PutEntry]) -> None:
+    """Blocks published but not made durable (their segment's sync failed): forgotten
+    and DROPped, as a failed read of an own block would be."""
+    with st.publish:
+        drops: list[mf.DropEntry] = []
+        with ctx.lock:
+            for e in published:
+                b = st.own.lru.get(e.key)
+                if b is None or (b.seg, b.slot) != (e.seg, e.slot):
+                    continue  # evicted meanwhile, and recorded so
+                st.own.remove(e.key)
+                st.own.free.append((e.seg, e.slot))
+                st.catalog.drop(e.key, ctx.me, e.seg, e.slot)
+                drops.append(mf.DropEntry(e.key, e.seg, e.slot))
+            ctx.counts["io_errors_total"] += 1
+        if drops:
+            append(ctx, st, mf.drops(drops))
 
 
 def delete_namespace(ctx: Context, st: NsState) -> int:

@@ -4,12 +4,15 @@ Own changes are applied to the catalog first (under ``ctx.lock``) and then appen
 the namespace's manifest (under its ``publish`` lock, taken first), so a snapshot taken
 by a compaction always includes everything appended after it or before it. A failed
 append rolls the manifest to a new generation, whose snapshot already says it.
+A put splits its append: ``write`` under the publish lock, ``sync_written`` after it
+(while its slots' sync runs, and sharing fdatasyncs with concurrent puts).
 """
 
 from __future__ import annotations
 
 from storage_nodes.sharedfs import manifest as mf
 from storage_nodes.sharedfs.catalog import Loc
+from storage_nodes.sharedfs.manifest_log import Ticket
 from storage_nodes.sharedfs.state import Context, NsState, snapshot
 
 
@@ -21,6 +24,31 @@ def append(ctx: Context, st: NsState, data: bytes) -> None:
         ctx.add({"manifest_appends": 1})
     else:
         roll(ctx, st)
+
+
+def write(ctx: Context, st: NsState, data: bytes) -> Ticket | None:
+    """``append``'s first half (caller holds ``st.publish``): ``data`` is written, and
+    durable once ``sync_written`` returns. None when there is nothing left to sync
+    (no data, or the write failed and a roll's snapshot says it instead)."""
+    if not data:
+        return None
+    ticket = st.log.write(data)
+    if ticket is None:
+        roll(ctx, st)
+    return ticket
+
+
+def sync_written(ctx: Context, st: NsState, ticket: Ticket | None) -> None:
+    """``append``'s second half, without ``st.publish``: the frames up to ``ticket``
+    durable, or a new generation whose snapshot says them."""
+    if ticket is None:
+        return
+    if st.log.sync(ticket):
+        ctx.add({"manifest_appends": 1})
+        return
+    with st.publish:
+        if st.log.generation == ticket.generation:  # nobody rolled since: we do
+            roll(ctx, st)
 
 
 def roll(ctx: Context, st: NsState) -> bool:

@@ -6,6 +6,7 @@ import functools
 import threading
 from collections import Counter
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -75,6 +76,9 @@ class Context:
         self.spaces: dict[bytes, NsState] = {}
         self.counts: Counter[str] = Counter(dict.fromkeys(COUNTERS, 0))
         self.creating = 0  # segments being created (their chunks are taken)
+        # A put's data sync runs here while its own thread syncs the manifest frame.
+        self.syncs = ThreadPoolExecutor(max(1, config.queue_depth),
+                                        thread_name_prefix="sharedfs-sync")
         self._seq = 0
         self._seg_counter = 0
         # Memoized: building the Path costs more than the rest of a slot's read request

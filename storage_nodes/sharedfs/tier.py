@@ -72,6 +72,7 @@ class SharedFSTier(Tier):
             ctx = getattr(self, "_ctx", None)
             if ctx is not None:
                 ctx.files.close()
+                ctx.syncs.shutdown()
                 ctx.io.close()
             self._presence.release()
             raise
@@ -290,6 +291,7 @@ class SharedFSTier(Tier):
             if st.tailer is not None:
                 st.tailer.close()
             st.log.close()
+        ctx.syncs.shutdown()
         ctx.files.close()
         ctx.io.close()
         self._presence.release()
