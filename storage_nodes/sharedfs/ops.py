@@ -136,9 +136,18 @@ def _put_group(ctx: Context, st: NsState, keys: list[bytes], data: memoryview,
         res.slots[: len(take)], None if checksums is None else [checksums[i] for i in take],
     ) if take else contextlib.nullcontext(Written(0, []))
     with writing as w:
-        published, raced, ticket = _publish(ctx, st, keys, take, res, w.err)
-        err = _sync(ctx, st, w.fds if published else [], ticket)  # the DROPs, at least
-        err = w.err or err
+        # The segments' sync starts at once, on a helper thread; this one publishes and
+        # syncs the frame meanwhile (multi-host rule 3: the put waits for the longer of
+        # the two syncs, not their sum). A crash between them can leave the frame durable
+        # and a slot not: every read checks key and checksum, so that slot is a miss for
+        # anyone, never wrong bytes.
+        syncing = ctx.syncs.submit(ctx.io.sync, w.fds) if w.fds and not w.err else None
+        try:
+            published, raced, ticket = _publish(ctx, st, keys, take, res, w.err)
+            sync_written(ctx, st, ticket)  # the DROPs of the victims, at least
+        finally:
+            bad = [r for r in syncing.result() if r < 0] if syncing is not None else []
+        err = w.err or (bad[0] if bad else 0)
     if err:
         log.warning("shared-fs put of %d blocks dropped: %s", len(take), errno.errorcode.get(
             -err, str(err)))
@@ -150,9 +159,10 @@ def _put_group(ctx: Context, st: NsState, keys: list[bytes], data: memoryview,
 
 def _publish(ctx: Context, st: NsState, keys: list[bytes], take: list[int],
              res: Reservation, err: int) -> tuple[list[mf.PutEntry], int, Ticket | None]:
-    """The written slots into the catalog and the manifest frame (with the DROPs of the
-    victims) written, not yet synced; returns what was published, how many keys were
-    published meanwhile by someone else, and the frame's ticket."""
+    """The written slots into the catalog (after their writes completed: a local read
+    then finds their bytes) and the manifest frame (with the DROPs of the victims)
+    written, not yet synced; returns what was published, how many keys were published
+    meanwhile by someone else, and the frame's ticket."""
     published: list[mf.PutEntry] = []
     raced = 0
     with st.publish:
@@ -178,20 +188,6 @@ def _publish(ctx: Context, st: NsState, keys: list[bytes], take: list[int],
             mf.puts(published) if published else b"")
         ticket = write(ctx, st, frame)
     return published, raced, ticket
-
-
-def _sync(ctx: Context, st: NsState, fds: list[int], ticket: Ticket | None) -> int:
-    """The slots and the frame naming them made durable together (multi-host rule 3):
-    the segments' fdatasync on a helper thread while this one syncs the manifest, so a
-    put waits for the longer of the two, not their sum. A crash between them can leave
-    the frame durable and a slot not: every read checks key and checksum, so that slot
-    is a miss for anyone, never wrong bytes. 0 or the data sync's negative errno."""
-    data = ctx.syncs.submit(ctx.io.sync, fds) if fds else None
-    try:
-        sync_written(ctx, st, ticket)
-    finally:
-        bad = [r for r in data.result() if r < 0] if data is not None else []
-    return bad[0] if bad else 0
 
 
 def _unpublish(ctx: Context, st: NsState, published: list[mf.PutEntry]) -> None:
