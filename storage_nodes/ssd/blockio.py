@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import errno
 import struct
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import xxhash
 
@@ -211,15 +211,12 @@ class BlockIO:
         rows: Sequence[int],
         slots: Sequence[tuple[int, int]],
         checksums: Sequence[int] | None = None,
-        *,
-        while_busy: Callable[[], None] | None = None,
     ) -> None:
         """Encode row ``rows[j]`` of ``data`` for ``keys[j]`` into ``slots[j]``, write them
         and sync the data. ``checksums[j]`` (made at commit) goes into the header as
-        given; ``None``: the checksum of the copy being written. ``while_busy()`` runs
-        once every write and the sync are submitted (before they complete); an exception
-        from it is raised once the device is done. Raises ``SSDIOError`` on any
-        failure."""
+        given; ``None``: the checksum of the copy being written. Raises ``SSDIOError``
+        on any failure. Safe to call from several threads at once (each call has its
+        own staging buffer and, with io_uring, its own ring)."""
         sb = slot_bytes_for(block_bytes)
         bb = block_bytes
         po = payload_offset_for(bb)
@@ -262,8 +259,6 @@ class BlockIO:
 
             def between() -> None:
                 crash("before_data_sync")
-                if while_busy is not None:
-                    while_busy()
 
             try:
                 res, synced = self._io.write_and_sync(

@@ -141,8 +141,8 @@ class Index:
     @contextmanager
     def write(self) -> Iterator[Txn]:
         """A write transaction, committed when the block exits (aborted on an exception).
-        Held across device I/O only by the group commit's publish (``writer.py``): LMDB
-        has one writer at a time."""
+        Never held across device I/O: LMDB has one writer at a time, and a put's
+        reservation needs it while other puts' writes are in flight (``writer.py``)."""
         txn = self.begin_write()
         try:
             yield txn

@@ -2,11 +2,14 @@
 
 The order is the crash-safety argument: a block is named by the index only after its
 bytes are durable, and the slots it lands in were free in a committed transaction. The
-publishing transaction is filled while the device works (once every write and the data
-sync are submitted) and committed only after the sync completed: its records cost no
-time on the critical path, and a failed write or sync aborts it, so nothing of the group
-is ever published without its data. Other writers wait for LMDB's writer lock meanwhile
-(one device round at most); readers never wait.
+publishing transaction begins only once the data sync completed and is short (the
+records of one group, no sync of its own in the default durability mode): LMDB has one
+writer at a time, so a transaction held across the device round would make every other
+put's reservation (its eviction transaction) wait for this put's writes and sync. With
+the writer lock free during I/O, two group commits overlap — the second reserves,
+encodes and submits while the first's writes and sync are in flight — which is what
+keeps the device's queue from draining between puts. A failed write or sync publishes
+nothing of the group. Readers never wait.
 """
 
 from __future__ import annotations
@@ -56,34 +59,26 @@ class GroupCommit:
         idx = idx[: len(slots)]
         if not idx:
             return 0, 0
-        bb = block_bytes
-        txn: Txn | None = None
-        published: set[int] = set()
-        raced = 0
-
-        def while_busy() -> None:  # the device writes the group meanwhile
-            nonlocal txn, published, raced
-            txn = self._index.begin_write()
-            published, raced = self._publish(txn, idx, fkeys, slots, stamps)
-            self._index.set_seq_high_water(txn, self._recency.high_water)
-
         try:
             self._blocks.write_durable(
                 fingerprint,
-                bb,
+                block_bytes,
                 [fkeys[i][16:] for i in idx],
                 data,
                 idx,
                 slots,
                 None if checksums is None else [checksums[i] for i in idx],
-                while_busy=while_busy,
             )
-            assert txn is not None  # while_busy ran, or write_durable raised
-            self._config.crash_point("inside_index_commit")
+            txn = self._index.begin_write()
+            try:
+                published, raced = self._publish(txn, idx, fkeys, slots, stamps)
+                self._index.set_seq_high_water(txn, self._recency.high_water)
+                self._config.crash_point("inside_index_commit")
+            except BaseException:
+                txn.abort()
+                raise
             self._index.commit(txn)
         except BaseException:
-            if txn is not None:
-                txn.abort()
             self._alloc.release(slots, still_free=True)
             raise
         self._alloc.release([slots[j] for j in published], still_free=False)

@@ -60,3 +60,50 @@ def test_threads_with_eviction_and_handover(open_tier, clock) -> None:
     t.check_integrity()
     verify_all(t, small)
     verify_all(t, big)
+
+
+def test_a_second_put_reserves_and_writes_before_the_first_publishes(open_tier) -> None:
+    """Two group commits overlap: while put A's data is durable but not yet published,
+    put B gets through its reservation — an eviction transaction, so it needs LMDB's
+    writer lock — and submits its writes. (With A's publishing transaction open across
+    its device round, B waited for A's commit and the gate below never opened.)"""
+    a_reserved, b_submitted = threading.Event(), threading.Event()
+    events: list[str] = []
+
+    def gate(point: str) -> None:
+        me = threading.current_thread().name
+        if me == "put-a" and point == "before_data_sync":
+            a_reserved.set()
+        elif me == "put-a" and point == "after_data_sync":
+            opened = b_submitted.wait(timeout=60)  # only a failing run ever waits long
+            events.append("a durable, b submitted" if opened else "b held back by a")
+        elif me == "put-b" and point == "before_data_sync":
+            events.append("b submitted")
+            b_submitted.set()
+
+    ns = small_ns()
+    t = open_tier(capacity_bytes=2 * SLAB, crash_hook=lambda point: gate(point))
+    t.register(ns)
+    full = chain(ns, 2 * SLAB // 4096, salt=1)  # 4 KiB slots: exactly the capacity
+    assert t.put(ns, full, rows(ns, full)).inserted == len(full)
+
+    keys_a, keys_b = chain(ns, 8, salt=2), chain(ns, 8, salt=3)
+    results = {}
+
+    def put(name: str, keys: list[bytes]) -> None:
+        results[name] = t.put(ns, keys, rows(ns, keys))
+
+    a = threading.Thread(target=put, args=("a", keys_a), name="put-a")
+    a.start()
+    assert a_reserved.wait(timeout=60)
+    b = threading.Thread(target=put, args=("b", keys_b), name="put-b")
+    b.start()
+    a.join()
+    b.join()
+    assert events == ["b submitted", "a durable, b submitted"]
+    assert results["a"].inserted == 8 and results["b"].inserted == 8
+    cnt = t.stats().counters
+    assert cnt["evictions"] == 16 and cnt["corrupt_blocks_total"] == 0
+    t.check_integrity()
+    assert t.contains(ns, keys_a) == 8 and t.contains(ns, keys_b) == 8
+    assert verify_all(t, ns) == len(full)
