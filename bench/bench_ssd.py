@@ -18,6 +18,12 @@ For 64 KiB, 256 KiB and 2 MiB blocks at queue depth 1 and 32:
   batch — a put's own shape, since a put acknowledges only once its writes are durable
   (fio still lets that sync run beside its batch's writes; a put orders it after them).
 
+``--callers N`` (e.g. ``1,2``): N threads each issue calls of ``qd/N`` blocks, so at most
+``qd`` I/Os are in flight — what fio's ``--iodepth`` means; with one caller of ``qd``
+blocks the device's queue drains at the end of every call by construction (fio's never
+drains), with two a call's writes and sync overlap the other caller's. fio runs once per
+round either way; each row says which caller count it is.
+
 Caller rows are page aligned (``--unaligned``: 64 bytes off, which forces a staging
 copy). Figures are MB/s of payload (our slots also carry a 4 KiB header page), medians
 of ``--runs`` interleaved rounds; latency is per call for us (``qd`` blocks) and per I/O for fio.
@@ -41,6 +47,7 @@ import statistics
 import subprocess
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -120,34 +127,63 @@ class Ours:
     def checksums(self, qd: int) -> list[int] | None:
         return self.sums[:qd] if self.pass_checksums else None
 
-    def get(self, qd: int, seconds: float) -> dict[str, float]:
-        lat, done, view = [], 0, self.dst[: qd * self.bb]
-        t0 = time.perf_counter()
-        while time.perf_counter() - t0 < seconds:
-            keys = self.rng.sample(self.keys, qd)
-            s = time.perf_counter()
-            got = self.tier.get_into(self.ns, keys, view)
-            lat.append(time.perf_counter() - s)
-            if got != qd:
-                raise RuntimeError(f"bench get returned {got} of {qd} blocks")
-            done += got
-        return _summary(done * self.bb, time.perf_counter() - t0, lat)
+    def get(self, qd: int, seconds: float, callers: int = 1) -> dict[str, float]:
+        """``callers`` threads, each calling ``get_into`` of ``qd // callers`` random blocks
+        in a loop: at most ``qd`` reads in flight, as fio's ``--iodepth``."""
+        per = qd // callers
 
-    def put(self, qd: int, seconds: float) -> dict[str, float]:
-        lat, done, src = [], 0, self.src[: qd * self.bb]
+        def loop(k: int, lat: list[float]) -> int:
+            rng, done = random.Random(k + 100 * callers), 0
+            view = self.dst[k * per * self.bb : (k + 1) * per * self.bb]
+            t0 = time.perf_counter()
+            while time.perf_counter() - t0 < seconds:
+                keys = rng.sample(self.keys, per)
+                s = time.perf_counter()
+                got = self.tier.get_into(self.ns, keys, view)
+                lat.append(time.perf_counter() - s)
+                if got != per:
+                    raise RuntimeError(f"bench get returned {got} of {per} blocks")
+                done += got
+            return done
+
+        return self._run(loop, callers)
+
+    def put(self, qd: int, seconds: float, callers: int = 1) -> dict[str, float]:
+        """``callers`` threads, each putting ``qd // callers`` new blocks per call (its own
+        rows of the source): at most ``qd`` writes in flight."""
+        per = qd // callers
         sums = self.checksums(qd)
-        t0 = time.perf_counter()
-        while time.perf_counter() - t0 < seconds:
-            keys = [self.rng.randbytes(16) for _ in range(qd)]
-            s = time.perf_counter()
-            r = self.tier.put(self.ns, keys, src, checksums=sums)
-            lat.append(time.perf_counter() - s)
-            if r.inserted != qd:
-                raise RuntimeError(f"bench put stored {r.inserted} of {qd} blocks: {r}")
-            done += qd
-        elapsed = time.perf_counter() - t0
+
+        def loop(k: int, lat: list[float]) -> int:
+            rng, done = random.Random(k + 1000 * callers + len(self.keys)), 0
+            src = self.src[k * per * self.bb : (k + 1) * per * self.bb]
+            mine = None if sums is None else sums[k * per : (k + 1) * per]
+            t0 = time.perf_counter()
+            while time.perf_counter() - t0 < seconds:
+                keys = [rng.randbytes(16) for _ in range(per)]
+                s = time.perf_counter()
+                r = self.tier.put(self.ns, keys, src, checksums=mine)
+                lat.append(time.perf_counter() - s)
+                if r.inserted != per:
+                    raise RuntimeError(f"bench put stored {r.inserted} of {per} blocks: {r}")
+                done += per
+            return done
+
+        out = self._run(loop, callers)
         self.keys = self.tier.iter_keys(self.ns)  # puts evicted the least recent blocks
-        return _summary(done * self.bb, elapsed, lat)
+        return out
+
+    def _run(self, loop: Callable[[int, list[float]], int], callers: int) -> dict[str, float]:
+        """``loop(k, lat)`` on ``callers`` threads at once; MB/s over the slowest one."""
+        lats: list[list[float]] = [[] for _ in range(callers)]
+        t0 = time.perf_counter()
+        if callers == 1:
+            done = loop(0, lats[0])
+        else:
+            with ThreadPoolExecutor(callers) as pool:
+                done = sum(pool.map(loop, range(callers), lats))
+        elapsed = time.perf_counter() - t0
+        return _summary(done * self.bb, elapsed, [x for lat in lats for x in lat])
 
     def close(self) -> dict[str, str]:
         info = dict(self.tier.stats().info)
@@ -248,10 +284,10 @@ def compare(
 
         return run
 
-    cases = {
-        "get": case("get", lambda: ours.get(qd, a.seconds)),
-        "put": case("put", lambda: ours.put(qd, a.seconds)),
-    }
+    cases: dict[str, Callable[[], float]] = {}
+    for c in a.callers:
+        cases[f"get{c}"] = case(f"get{c}", lambda c=c: ours.get(qd, a.seconds, c))
+        cases[f"put{c}"] = case(f"put{c}", lambda c=c: ours.put(qd, a.seconds, c))
     if fio_file is not None:
         cases["fio_read"] = case(
             "fio_read", lambda: fio(fio_file, "randread", bs, qd, a.ws, a.seconds)
@@ -269,10 +305,17 @@ def compare(
         for k, v in runs.items()
     }
     rows = []
-    pairs = [("get", "fio_read"), ("put", "fio_write"), ("put", "fio_write_batch")]
-    for op, peer in pairs if fio_file is not None else pairs[:2]:
+    pairs = [
+        (kind, c, peer)
+        for c in a.callers
+        for kind, peer in [("get", "fio_read"), ("put", "fio_write"), ("put", "fio_write_batch")]
+        if fio_file is not None or peer != "fio_write_batch"
+    ]
+    for kind, c, peer in pairs:
+        op = f"{kind}{c}"
         row = {
-            "op": op,
+            "op": kind,
+            "callers": c,
             "block": f"{bs >> 10} KiB",
             "qd": qd,
             "MBps": round(med[op], 1),
@@ -324,11 +367,25 @@ def main() -> int:
         action="store_true",
         help="put without the commit's checksums (the tier hashes the payloads)",
     )
+    ap.add_argument(
+        "--callers",
+        default="1",
+        help="caller threads, e.g. 1,2: each of N callers issues calls of qd/N blocks, so "
+        "at most qd I/Os are in flight (fio's --iodepth); 1 drains its queue every call",
+    )
     a = ap.parse_args()
+    try:
+        a.callers = sorted({int(x) for x in a.callers.split(",")})
+        if min(a.callers) < 1:
+            raise ValueError
+    except ValueError:
+        ap.exit(2, f"bench_ssd: error: --callers wants positive integers, got {a.callers!r}\n")
     sizes: tuple[int, ...] = (256 << 10,) if a.quick else SIZES
     if a.sizes:
         sizes = tuple(int(x) << 10 for x in a.sizes.split(","))
     qds = tuple(int(x) for x in a.qds.split(",")) if a.qds else QDS
+    if any(qd % c for qd in qds for c in a.callers):
+        ap.exit(2, "bench_ssd: error: every queue depth must divide by every --callers\n")
     if a.quick:
         a.seconds, a.ws = 0.5, 256 << 20
     have_fio = shutil.which("fio") is not None
@@ -355,13 +412,14 @@ def main() -> int:
             fio_file.unlink(missing_ok=True)
     shutil.rmtree(a.dir, ignore_errors=True)
     print(
-        "\n| op | block | qd | ours MB/s | p50/p99 µs (call) | vs | fio MB/s "
+        "\n| op | callers | block | qd | ours MB/s | p50/p99 µs (call) | vs | fio MB/s "
         "| fio p50/p99 µs (I/O) | ratio | per-round ratio, median [min–max] |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(
-            f"| {r['op']} | {r['block']} | {r['qd']} | {r['MBps']} | {r['p50_us']}/{r['p99_us']} "
+            f"| {r['op']} | {r['callers']} | {r['block']} | {r['qd']} | {r['MBps']} "
+            f"| {r['p50_us']}/{r['p99_us']} "
             f"| {r.get('vs', '—')} | {r.get('fio_MBps', '—')} "
             f"| {r.get('fio_p50_us', '—')}/{r.get('fio_p99_us', '—')} "
             f"| {r.get('ratio', '—')} | {r.get('round_ratio', '—')} "
