@@ -64,6 +64,7 @@ class ManagerConfig:
     commit_wait_s: float = 5.0  # back-pressure wait when the call gives no deadline
     close_flush_s: float = 60.0
     writeback_batch_blocks: int = 32
+    writeback_inflight: int = 2  # batches written to the lower tiers at once (flushers)
     retention_touch_interval_s: float = 30.0  # DESIGN §6: SSD copies refreshed within a minute
     prefetch_workers: int = 2
 
@@ -95,6 +96,7 @@ class TierManager(KVStore):
                 self.tiers[1:],
                 max_dirty_bytes=max_dirty,
                 batch_blocks=config.writeback_batch_blocks,
+                inflight=config.writeback_inflight,
                 touch_interval_s=config.retention_touch_interval_s,
             )
             if len(self.tiers) > 1

@@ -14,6 +14,13 @@ asked for ``durability="ssd"`` learns it did not get it) and kept in a refusal l
 Blocks travel with the checksums made at commit, so the lower tiers store those and
 not a checksum of the write-back copy (DESIGN §4).
 
+Two batches are in flight at once (``inflight``): a lower tier's put acknowledges only
+once its data is durable, so one flusher leaves the SSD's queue empty between puts (its
+sync, its publish, the next batch's reservation); with two, one batch's writes overlap
+the other's sync. Batches may then finish out of order; a ticket counts as done only
+when every earlier batch is done too, so ``wait(seq)`` and the refusal log keep their
+in-order meaning.
+
 ``NullWriteBack`` is the single-tier case: nothing below, so nothing is ever dirty.
 """
 
@@ -158,7 +165,8 @@ def _remaining(deadline_s: float | None) -> float | None:
 
 
 class ThreadWriteBack(WriteBack):
-    """One flusher thread draining a FIFO of committed batches into the lower tiers."""
+    """``inflight`` flusher threads draining one FIFO of committed batches into the lower
+    tiers (each takes the next batches in order; they complete in any order)."""
 
     def __init__(
         self,
@@ -168,7 +176,10 @@ class ThreadWriteBack(WriteBack):
         batch_blocks: int = 32,
         touch_interval_s: float = 30.0,
         max_pending_touches: int = 1 << 20,
+        inflight: int = 2,
     ) -> None:
+        if inflight < 1:
+            raise ValueError(f"write-back needs at least one flusher, not {inflight}")
         self._lower = list(lower)
         self._max_dirty = max_dirty_bytes
         self._batch_blocks = batch_blocks
@@ -179,17 +190,24 @@ class ThreadWriteBack(WriteBack):
         self._reserved = 0
         self._next_seq = 1
         self._done_seq = 0  # every batch with seq <= this is done (durable or refused)
+        # Batches done while an earlier one is still in flight: seq -> refused blocks.
+        self._done_early: dict[int, int] = {}
         # (seq, refused blocks) of done batches with refusals not yet claimed by a flush,
-        # in seq order (the flusher completes batches in order).
+        # in seq order (logged as ``_done_seq`` passes them).
         self._refusals: deque[tuple[int, int]] = deque()
         # Hits per namespace, in the order they happened (each a chain prefix).
         self._touches: dict[bytes, tuple[Namespace, list[tuple[Key, ...]]]] = {}
         self._touch_keys = 0
         self._cond = threading.Condition()
         self._stop = False
+        self._last_touch = time.monotonic()
         self.counters = Counter(dict.fromkeys(_COUNTERS, 0))
-        self._thread = threading.Thread(target=self._run, name="kvstore-writeback", daemon=True)
-        self._thread.start()
+        self._threads = [
+            threading.Thread(target=self._run, name=f"kvstore-writeback-{i}", daemon=True)
+            for i in range(inflight)
+        ]
+        for t in self._threads:
+            t.start()
 
     def reserve(self, n_blocks: int, block_bytes: int, deadline_s: float | None) -> int:
         with self._cond:
@@ -247,6 +265,8 @@ class ThreadWriteBack(WriteBack):
                 raise IntegrityError("write-back: refusal log out of order or ahead of done")
             if any(n <= 0 for _, n in self._refusals):
                 raise IntegrityError("write-back: empty refusal record")
+            if any(s <= self._done_seq or s >= self._next_seq for s in self._done_early):
+                raise IntegrityError("write-back: a batch done early is not after the done mark")
 
     def note_hits(self, ns: Namespace, keys: Sequence[Key]) -> None:
         with self._cond:
@@ -265,7 +285,8 @@ class ThreadWriteBack(WriteBack):
         with self._cond:
             self._stop = True
             self._cond.notify_all()
-        self._thread.join(timeout=_remaining(deadline_s))
+        for t in self._threads:
+            t.join(timeout=_remaining(deadline_s))
 
     # -- flusher ------------------------------------------------------------------
     def _take(self) -> list[_Batch]:
@@ -278,7 +299,6 @@ class ThreadWriteBack(WriteBack):
         return out
 
     def _run(self) -> None:
-        last_touch = time.monotonic()
         while True:
             with self._cond:
                 self._cond.wait_for(
@@ -288,19 +308,23 @@ class ThreadWriteBack(WriteBack):
                     return
                 batches = self._take()
                 touches = None
-                if time.monotonic() - last_touch >= self._touch_interval_s and self._touches:
+                now = time.monotonic()
+                if now - self._last_touch >= self._touch_interval_s and self._touches:
                     touches, self._touches, self._touch_keys = self._touches, {}, 0
+                    self._last_touch = now
             refused = [self._write(b) for b in batches]
             if touches is not None:
-                last_touch = time.monotonic()
                 self._refresh(touches)
             with self._cond:
                 for b, n in zip(batches, refused, strict=True):
                     self._dirty -= len(b.data)
                     b.ticket.refused = n
-                    self._done_seq = max(self._done_seq, b.ticket.seq)
+                    self._done_early[b.ticket.seq] = n
+                while self._done_seq + 1 in self._done_early:
+                    self._done_seq += 1
+                    n = self._done_early.pop(self._done_seq)
                     if n:
-                        self._log_refusal(b.ticket.seq, n)
+                        self._log_refusal(self._done_seq, n)
                 self._cond.notify_all()
 
     def _log_refusal(self, seq: int, n: int) -> None:

@@ -9,6 +9,8 @@ counters say the same.
 from __future__ import annotations
 
 import errno
+import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -22,6 +24,7 @@ from kvstore.dram import DramConfig, DramTier
 from kvstore.errors import NotDurable
 from kvstore.keys import chain_keys
 from kvstore.manager import ManagerConfig, TierManager
+from kvstore.writeback import ThreadWriteBack
 from storage_nodes.ssd import SSDTier
 from tests.conftest import payload_for, small_ns
 from tests.storage_nodes.ssd.helpers import make_config
@@ -36,11 +39,12 @@ def store(tmp_path: Path) -> Iterator[Opened]:
     """``store(**ssd_config)``: DRAM (32 blocks) over a real SSD engine; closed at the end."""
     made: list[TierManager] = []
 
-    def make(**kw: Any) -> tuple[TierManager, SSDTier]:
+    def make(batch_blocks: int = 32, **kw: Any) -> tuple[TierManager, SSDTier]:
         kw.setdefault("io_backend", "faulty")
         ssd = SSDTier(make_config(tmp_path / f"ssd{len(made)}", **kw))
         top = DramTier(DramConfig(32 * BB, chunk_bytes=8 * BB))
-        m = TierManager([top, ssd], ManagerConfig(max_dirty_bytes=16 * BB))
+        config = ManagerConfig(max_dirty_bytes=16 * BB, writeback_batch_blocks=batch_blocks)
+        m = TierManager([top, ssd], config)
         m.register(NS)
         made.append(m)
         return m, ssd
@@ -212,3 +216,90 @@ def test_every_refused_block_is_reported_once_and_every_ssd_ack_holds(
         m.check_integrity()
     finally:
         m.close()
+
+
+def test_write_back_keeps_two_ssd_group_commits_in_flight(store: Opened) -> None:
+    # The first batch's SSD put stops once its data is durable, before it publishes, and
+    # goes on only when another put has submitted its writes: only a second flusher can
+    # (with one, the gate stays shut and the first put reports it).
+    submitted: set[str] = set()  # threads whose SSD put has submitted its writes
+    cond = threading.Condition()
+    seen: list[str] = []
+
+    def gate(point: str) -> None:
+        me = threading.current_thread().name
+        if point == "before_data_sync":
+            with cond:
+                submitted.add(me)
+                cond.notify_all()
+        elif point == "after_data_sync" and not seen:
+            with cond:  # only a failing run waits long
+                opened = cond.wait_for(lambda: submitted - {me}, timeout=60)
+            seen.append("overlapped" if opened else "one group commit at a time")
+
+    m, ssd = store(batch_blocks=8, io_backend="uring", crash_hook=gate)
+    a, b = chain(8, seed=21), chain(8, seed=22)
+    m.commit(NS, a, pl(a))
+    m.commit(NS, b, pl(b))
+    m.flush(timeout_s=60)
+    assert seen == ["overlapped"]
+    assert ssd.contains(NS, a) == 8 and ssd.contains(NS, b) == 8
+    c = m.stats().counters
+    assert c["writeback_refused_total"] == 0 and c["writeback_blocks_total"] == 16
+    m.check_integrity()
+    ssd.check_integrity()
+
+
+class OrderedTier(DramTier):
+    """A lower tier that holds the put of ``held`` keys until ``go`` is set and refuses
+    (raises on) puts of ``bad`` keys: batches then finish out of order."""
+
+    def __init__(self) -> None:
+        super().__init__(DramConfig(64 * BB, chunk_bytes=8 * BB, name="ssd"))
+        self.held: set[bytes] = set()
+        self.bad: set[bytes] = set()
+        self.go = threading.Event()
+        self.finished: list[bytes] = []
+
+    def put(self, ns, keys, src, **kw):  # type: ignore[no-untyped-def]
+        if keys[0] in self.held:
+            assert self.go.wait(timeout=60), "the test never let the held put go"
+        if keys[0] in self.bad:
+            self.finished.append(keys[0])
+            raise OSError(errno.EIO, "refused by the test")
+        res = super().put(ns, keys, src, **kw)
+        self.finished.append(keys[0])
+        return res
+
+
+def test_batches_finishing_out_of_order_are_done_only_in_order() -> None:
+    low = OrderedTier()
+    low.register(NS)
+    wb = ThreadWriteBack([low], max_dirty_bytes=64 * BB, batch_blocks=4)
+    try:
+        a, b = chain(4, seed=31), chain(4, seed=32)
+        low.held.add(a[0])
+        low.bad.add(b[0])
+        tickets = []
+        for keys in (a, b):
+            assert wb.reserve(4, BB, None) == 4
+            tickets.append(wb.submit(NS, keys, b"".join(pl(keys).values()), [0] * 4))
+        # Batch 2 (refused) finishes while batch 1 is held: its bytes leave the dirty
+        # count, but neither batch is done, and its refusal is not claimable yet.
+        give_up = time.monotonic() + 60
+        while wb.dirty_bytes() != 4 * BB and time.monotonic() < give_up:
+            time.sleep(0.01)
+        assert low.finished == [b[0]] and wb.dirty_bytes() == 4 * BB
+        assert wb.wait(1, deadline_s=time.monotonic()) is False
+        assert wb.wait(2, deadline_s=time.monotonic()) is False
+        assert wb.claim_refused(2) == 0
+        wb.check_integrity()
+        low.go.set()
+        assert wb.wait(2, deadline_s=None)
+        assert low.finished == [b[0], a[0]]
+        assert [t.refused for t in tickets] == [0, 4]
+        assert wb.claim_refused(1) == 0 and wb.claim_refused(2) == 4
+        wb.check_integrity()
+    finally:
+        low.go.set()
+        wb.close(deadline_s=None)
