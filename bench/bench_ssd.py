@@ -131,9 +131,10 @@ class Ours:
         """``callers`` threads, each calling ``get_into`` of ``qd // callers`` random blocks
         in a loop: at most ``qd`` reads in flight, as fio's ``--iodepth``."""
         per = qd // callers
+        seeds = [self.rng.randrange(1 << 62) for _ in range(callers)]
 
         def loop(k: int, lat: list[float]) -> int:
-            rng, done = random.Random(k + 100 * callers), 0
+            rng, done = random.Random(seeds[k]), 0
             view = self.dst[k * per * self.bb : (k + 1) * per * self.bb]
             t0 = time.perf_counter()
             while time.perf_counter() - t0 < seconds:
@@ -153,9 +154,10 @@ class Ours:
         rows of the source): at most ``qd`` writes in flight."""
         per = qd // callers
         sums = self.checksums(qd)
+        seeds = [self.rng.randrange(1 << 62) for _ in range(callers)]  # new keys every run
 
         def loop(k: int, lat: list[float]) -> int:
-            rng, done = random.Random(k + 1000 * callers + len(self.keys)), 0
+            rng, done = random.Random(seeds[k]), 0
             src = self.src[k * per * self.bb : (k + 1) * per * self.bb]
             mine = None if sums is None else sums[k * per : (k + 1) * per]
             t0 = time.perf_counter()

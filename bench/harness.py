@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import platform
 import statistics
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -37,16 +38,23 @@ def machine() -> str:
     return f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"
 
 
+_PHASE_LOCK = threading.Lock()
+
+
 class PhaseTimes(dict[str, float]):
     """Wall seconds per label, summed over the calls of the functions ``wrap`` timed
     (the profiles: where a call's time goes, phase by phase)."""
 
     def wrap(self, fn: Callable[..., Any], label: str) -> Callable[..., Any]:
+        lock = _PHASE_LOCK  # timed calls may run on several threads at once
+
         def run(*a: Any, **k: Any) -> Any:
             t = time.perf_counter()
             try:
                 return fn(*a, **k)
             finally:
-                self[label] = self.get(label, 0.0) + time.perf_counter() - t
+                dt = time.perf_counter() - t
+                with lock:
+                    self[label] = self.get(label, 0.0) + dt
 
         return run

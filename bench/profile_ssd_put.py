@@ -5,7 +5,11 @@ as in ``bench.bench_ssd``, with wall-clock timers around the phases of the write
 ``present_set`` (index look-up), ``reserve`` (free slots, evicting), ``write_durable``
 (encode, submit, wait for the writes and the data sync; the publishing transaction is
 filled inside it while the device works), ``groupcommit`` (all of it plus the commit),
-and the io_uring calls (``submit``, ``wait_cqe``: time blocked on the device).
+the io_uring calls (``submit``, ``wait_cqe``: time blocked on the device) and
+``lmdb_write_begin`` (waiting for LMDB's writer lock). ``--callers N``: N threads put
+``qd/N`` blocks per call each (two group commits in flight); phases are then summed over
+the threads, per call of the whole (``qd`` blocks), so they can add up to more than the
+wall time per call.
 Run alone: ``/work/bin/cpu-exclusive .venv/bin/python -m bench.profile_ssd_put``.
 """
 
@@ -15,11 +19,12 @@ import argparse
 import resource
 import shutil
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from bench.bench_ssd import Ours
 from bench.harness import PhaseTimes
-from storage_nodes.ssd import allocator, blockio, lookup, writer
+from storage_nodes.ssd import allocator, blockio, index, lookup, writer
 
 _ACC = PhaseTimes()
 _timed = _ACC.wrap
@@ -33,8 +38,9 @@ def _instrument() -> None:
         (blockio.BlockIO, "write_durable"),
         (lookup.LiveIndex, "present_set"),
         (writer.GroupCommit, "write"),
+        (index.Index, "begin_write"),
     ):
-        label = "groupcommit" if name == "write" else name
+        label = {"write": "groupcommit", "begin_write": "lmdb_write_begin"}.get(name, name)
         setattr(cls, name, _timed(getattr(cls, name), label))
     from storage_nodes.ssd import uring
 
@@ -49,6 +55,7 @@ def main() -> int:
     ap.add_argument("--qd", type=int, default=32, help="blocks per put")
     ap.add_argument("--calls", type=int, default=300, help="puts per round")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--callers", type=int, default=1, help="threads putting at once")
     ap.add_argument(
         "--no-checksums",
         action="store_true",
@@ -57,16 +64,25 @@ def main() -> int:
     a = ap.parse_args()
     _instrument()
     ours = Ours(a.dir, 256 << 10, a.ws, "auto", "fast")
-    src = ours.src[: a.qd * ours.bb]
+    if a.callers < 1 or a.qd % a.callers:
+        ap.exit(2, "profile_ssd_put: error: --callers must divide --qd\n")
+    per = a.qd // a.callers
     sums = None if a.no_checksums else ours.checksums(a.qd)
+
+    def loop(k: int) -> None:
+        src = ours.src[k * per * ours.bb : (k + 1) * per * ours.bb]
+        mine = None if sums is None else sums[k * per : (k + 1) * per]
+        for _ in range(a.calls):
+            keys = [ours.rng.randbytes(16) for _ in range(per)]
+            ours.tier.put(ours.ns, keys, src, checksums=mine)
+
     try:
         for r in range(a.rounds):
             _ACC.clear()
             t0 = time.perf_counter()
             r0 = resource.getrusage(resource.RUSAGE_SELF)
-            for _ in range(a.calls):
-                keys = [ours.rng.randbytes(16) for _ in range(a.qd)]
-                ours.tier.put(ours.ns, keys, src, checksums=sums)
+            with ThreadPoolExecutor(a.callers) as pool:
+                list(pool.map(loop, range(a.callers)))
             wall = time.perf_counter() - t0
             r1 = resource.getrusage(resource.RUSAGE_SELF)
             n = a.calls
