@@ -20,6 +20,7 @@ is the reboot.
 from __future__ import annotations
 
 import random
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -33,10 +34,35 @@ class PowerCut:
     def __init__(self, directory: Path, then: Callable[[str], None] | None = None) -> None:
         self.dir = Path(directory)
         self.then = then  # a further crash hook (e.g. a random cut), called after ours
-        self.tier: SSDTier | None = None
+        self._tier: SSDTier | None = None
+        # Held by every index commit of the attached tier and by each snapshot of the
+        # index file, so a snapshot never reads a commit half written by another thread
+        # (pages of it, not its meta page: a state no disk is ever in).
+        self._commits = threading.RLock()
         self._durable_index = b""
         self._at_cut: tuple[bytes, float, int] = (b"", 0.0, 0)
         self.index_pages_mixed = 0
+        self.is_cut = False  # after the cut nothing becomes durable (other threads go on)
+
+    @property
+    def tier(self) -> SSDTier | None:
+        return self._tier
+
+    @tier.setter
+    def tier(self, tier: SSDTier | None) -> None:
+        """Attach the opened tier (its index commits then take ``_commits``)."""
+        self._tier = tier
+        if tier is None:
+            return
+        index = tier._index
+        inner = index.commit
+        lock = self._commits
+
+        def commit(txn) -> None:  # type: ignore[no-untyped-def]
+            with lock:
+                inner(txn)
+
+        index.commit = commit  # type: ignore[method-assign]
 
     @property
     def data_mdb(self) -> Path:
@@ -46,25 +72,32 @@ class PowerCut:
         """The crash hook: install with ``storage_nodes.testing.crash.with_crash_hook``
         (``make_config(crash_hook=...)``)."""
         if point == "index_synced":
-            self._durable_index = self.data_mdb.read_bytes()
+            with self._commits:
+                if not self.is_cut:
+                    self._durable_index = self.data_mdb.read_bytes()
         if self.then is not None:
             self.then(point)
 
     def cut(self, *, keep_fraction: float = 0.0, seed: int = 0) -> None:
         """Cut the power now (also from inside a crash hook): unsynced slab writes are
         dropped and the index file is captured as it is at this instant. Raise
-        ``SimulatedCrash`` after it inside a hook; then call ``settle()``."""
+        ``SimulatedCrash`` after it inside a hook; then call ``settle()``. Only the first
+        cut counts (with several threads, others may reach a crash point after it)."""
         tier = self.tier
         assert tier is not None, "attach the tier first: cut.tier = tier"
-        tier.io_backend.crash(keep_fraction=keep_fraction, seed=seed)  # type: ignore[attr-defined]
-        self._at_cut = (self.data_mdb.read_bytes(), keep_fraction, seed)
+        with self._commits:
+            if self.is_cut:
+                return
+            self.is_cut = True
+            tier.io_backend.crash(keep_fraction=keep_fraction, seed=seed)  # type: ignore[attr-defined]
+            self._at_cut = (self.data_mdb.read_bytes(), keep_fraction, seed)
 
     def settle(self) -> None:
         """After the cut unwound: stop the tier as a crash would, and leave the index file
         as a disk would after losing its unsynced pages."""
-        if self.tier is not None:
-            abandon(self.tier)
-            self.tier = None
+        if self._tier is not None:
+            abandon(self._tier)
+            self._tier = None
         now, keep_fraction, seed = self._at_cut
         rng = random.Random(seed)
         old = self._durable_index

@@ -14,6 +14,7 @@ capacity that never evicts).
 from __future__ import annotations
 
 import random
+import threading
 from pathlib import Path
 
 import lmdb
@@ -37,6 +38,17 @@ from tests.storage_nodes.ssd.helpers import (
 from tests.storage_nodes.ssd.powercut import PowerCut
 
 MODES = ["fast", "strict"]
+
+
+class Acks(set[bytes]):
+    """Keys acknowledged as stored before the power went: a put that returns after the
+    cut (on a thread that ran on) was acknowledged to no one."""
+
+    power: PowerCut | None = None
+
+    def update(self, *keys) -> None:  # type: ignore[no-untyped-def, override]
+        if self.power is None or not self.power.is_cut:
+            super().update(*keys)
 
 
 class RandomCut:
@@ -90,19 +102,43 @@ def test_random_power_cuts_zero_copy(tmp_path: Path, mode: str, seed: int) -> No
     _power_cuts(tmp_path, paged_ns(), mode, seed, 0.5)
 
 
-def _power_cuts(tmp_path: Path, ns: Namespace, mode: str, seed: int, keep: float) -> None:
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("seed", range(4))
+def test_random_power_cuts_two_putters(tmp_path: Path, mode: str, seed: int) -> None:
+    """The same with a second thread putting all along, so group commits overlap (one's
+    reservation and writes while the other's writes, sync or publish are in flight) when
+    the power goes; the cut comes from whichever thread reaches the crash point."""
+    _power_cuts(tmp_path, small_ns(), mode, seed + 100, 0.5, putters=2)
+
+
+def _putter(t: SSDTier, ns: Namespace, seed: int, acked: set[bytes], stop: threading.Event) -> None:
+    """Puts until ``stop`` (or until this thread's crash point cuts the power)."""
+    rng = random.Random(seed)
+    try:
+        while not stop.is_set():
+            keys = chain(ns, rng.randint(1, 24), salt=rng.randrange(12))
+            r = t.put(ns, keys, rows(ns, keys))
+            if r.inserted + r.present == len(keys):
+                acked.update(keys)
+    except SimulatedCrash:
+        pass
+
+
+def _power_cuts(
+    tmp_path: Path, ns: Namespace, mode: str, seed: int, keep: float, putters: int = 1
+) -> None:
     rng = random.Random(seed * 7919 + int(keep * 10) + (mode == "strict"))
     # 2 slabs: evictions all the time; 8 (24 for 12 KiB slots): none
     per_slot = slot_bytes_for(ns.block_bytes) // 4096
     cap = rng.choice([2, 8 * per_slot]) * SLAB
     clock = FakeClock()
     d = tmp_path / "ssd"
-    acked: set[bytes] = set()
+    acked = Acks()
     rebuilt = 0
     for boot in ("1", "2", "3"):
         cut = RandomCut(rng, p=0.12, keep=keep)
         power = PowerCut(d, then=cut)
-        cut.power = power
+        cut.power = acked.power = power
         cfg = dict(capacity_bytes=cap, clock=clock, index_durability=mode)
         t = SSDTier(
             make_config(
@@ -112,11 +148,22 @@ def _power_cuts(tmp_path: Path, ns: Namespace, mode: str, seed: int, keep: float
         rebuilt += t.rebuild_report is not None
         t.register(ns)
         power.tier = t
+        stop = threading.Event()
+        others = [
+            threading.Thread(target=_putter, args=(t, ns, rng.randrange(1 << 30), acked, stop))
+            for _ in range(putters - 1)
+        ]
+        for th in others:
+            th.start()
         try:
             _workload(t, ns, rng, acked, steps=40)
             power.cut(keep_fraction=keep, seed=seed)  # cut between operations
         except SimulatedCrash:
             pass
+        finally:
+            stop.set()
+            for th in others:
+                th.join()
         power.settle()
         t = SSDTier(make_config(d, io_backend="pread", boot_id=f"r{boot}".strip, **cfg))
         assert (t.rebuild_report is not None) == (mode == "fast")

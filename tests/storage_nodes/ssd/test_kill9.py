@@ -1,4 +1,5 @@
-"""Crash safety (c): >= 20 seeded SIGKILLs of a writer subprocess at random moments.
+"""Crash safety (c): >= 20 seeded SIGKILLs of a writer subprocess at random moments
+(half of them with a second thread putting, so group commits overlap at the kill).
 
 The same directory survives every kill. After each, the directory is reopened (the
 kernel dropped the dead writer's flock) — every other time as after a reboot, which
@@ -52,6 +53,7 @@ def test_sigkill_writer(tmp_path: Path, evicting: bool, layout: str) -> None:
             str(cap),
             str(acked_path),
             layout,
+            str(1 + (i // 2) % 2),  # putters: kills 2, 3, 6, 7, ... with two at once
         ]
         p = subprocess.Popen(
             args, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
