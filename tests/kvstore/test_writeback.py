@@ -237,7 +237,7 @@ def test_write_back_keeps_two_ssd_group_commits_in_flight(store: Opened) -> None
                 opened = cond.wait_for(lambda: submitted - {me}, timeout=60)
             seen.append("overlapped" if opened else "one group commit at a time")
 
-    m, ssd = store(batch_blocks=8, io_backend="uring", crash_hook=gate)
+    m, ssd = store(batch_blocks=8, crash_hook=gate)
     a, b = chain(8, seed=21), chain(8, seed=22)
     m.commit(NS, a, pl(a))
     m.commit(NS, b, pl(b))
