@@ -245,64 +245,62 @@ static int read_ints(PyObject *seq, size_t n, void *out, int is_unsigned, PyObje
     return 0;
 }
 
-static PyObject *Copier_copy_verified(Copier *c, PyObject *args) {
-    PyObject *src_obj, *offsets_obj, *dst_obj, *sums_obj, *during = Py_None;
-    Py_ssize_t row_bytes_arg;
-    if (!PyArg_ParseTuple(args, "OOOnO|O", &src_obj, &offsets_obj, &dst_obj, &row_bytes_arg,
-                          &sums_obj, &during))
-        return NULL;
-    if (c->state == NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "copier is not initialised");
-        return NULL;
+/* Row arrays of one call: on the stack for the common case, else on the heap. */
+#define SMALL_ROWS 64
+typedef struct {
+    int64_t small_off[SMALL_ROWS];
+    uint64_t small_sum[SMALL_ROWS];
+    int64_t *offsets;
+    uint64_t *sums;
+} rows_t;
+
+static int rows_alloc(rows_t *r, size_t n) {
+    if (n <= SMALL_ROWS) {
+        r->offsets = r->small_off;
+        r->sums = r->small_sum;
+        return 0;
     }
-    if (row_bytes_arg <= 0) {
-        PyErr_Format(c->error, "row size must be positive, got %zd", row_bytes_arg);
-        return NULL;
-    }
-    size_t bb = (size_t)row_bytes_arg;
-    Py_ssize_t n_arg = PyObject_Length(offsets_obj);
-    if (n_arg < 0)
-        return NULL;
-    size_t n = (size_t)n_arg;
-    Py_buffer src, dst;
-    if (PyObject_GetBuffer(src_obj, &src, PyBUF_SIMPLE) < 0)
-        return NULL;
-    if (PyObject_GetBuffer(dst_obj, &dst, PyBUF_SIMPLE | PyBUF_WRITABLE) < 0) {
-        PyBuffer_Release(&src);
-        PyErr_Clear();
-        PyErr_SetString(c->error, "destination buffer is read-only or not contiguous");
-        return NULL;
-    }
-    PyObject *result = NULL;
-    int64_t *offsets = PyMem_Malloc((n ? n : 1) * sizeof(int64_t));
-    uint64_t *sums = PyMem_Malloc((n ? n : 1) * sizeof(uint64_t));
-    if (offsets == NULL || sums == NULL) {
+    r->offsets = PyMem_Malloc(n * sizeof(int64_t));
+    r->sums = PyMem_Malloc(n * sizeof(uint64_t));
+    if (r->offsets == NULL || r->sums == NULL) {
         PyErr_NoMemory();
-        goto out;
+        return -1;
     }
-    if (read_ints(offsets_obj, n, offsets, 0, c->error, "offsets") < 0 ||
-        read_ints(sums_obj, n, sums, 1, c->error, "checksums") < 0)
-        goto out;
+    return 0;
+}
+
+static void rows_free(rows_t *r) {
+    if (r->offsets != r->small_off) {
+        PyMem_Free(r->offsets);
+        PyMem_Free(r->sums);
+    }
+}
+
+/* The copy and check of `n` rows whose offsets and checksums are filled in; `during` is
+ * called (with `during_arg`, or none when NULL) on the caller's thread while the helper
+ * copies. Returns -1 with an exception set, else stores the passing prefix in `*got`. */
+static int run_copy(Copier *c, const Py_buffer *src, const Py_buffer *dst,
+                    const int64_t *offsets, const uint64_t *sums, size_t n, size_t bb,
+                    PyObject *during, PyObject *during_arg, size_t *got) {
     /* memcpy takes raw addresses: prove every row lies inside both buffers first. */
-    if (n > (size_t)dst.len / bb) {
-        PyErr_Format(c->error, "destination of %zd bytes for %zu rows", dst.len, n);
-        goto out;
+    if (n > (size_t)dst->len / bb) {
+        PyErr_Format(c->error, "destination of %zd bytes for %zu rows", dst->len, n);
+        return -1;
     }
     for (size_t i = 0; i < n; i++) {
-        if (offsets[i] < 0 || (uint64_t)offsets[i] > (uint64_t)src.len ||
-            (uint64_t)src.len - (uint64_t)offsets[i] < bb) {
+        if (offsets[i] < 0 || (uint64_t)offsets[i] > (uint64_t)src->len ||
+            (uint64_t)src->len - (uint64_t)offsets[i] < bb) {
             PyErr_SetString(c->error, "a source row lies outside the source buffer");
-            goto out;
+            return -1;
         }
     }
     job_t *j = &c->job;
-    size_t got;
     int share;
     uint64_t gen = 0;
     Py_BEGIN_ALLOW_THREADS
     pthread_mutex_lock(&c->call_mu); /* held until the copy is over, across `during` */
-    j->src = src.buf;
-    j->dst = dst.buf;
+    j->src = src->buf;
+    j->dst = dst->buf;
     j->offsets = offsets;
     j->sums = sums;
     j->rows = n;
@@ -323,7 +321,13 @@ static PyObject *Copier_copy_verified(Copier *c, PyObject *args) {
     Py_END_ALLOW_THREADS
     /* The caller's own bookkeeping runs while the helper copies; whatever it raises is
      * raised after the copy is over (the helper must be out of `dst` first). */
-    PyObject *ran = during == Py_None ? Py_NewRef(Py_None) : PyObject_CallNoArgs(during);
+    PyObject *ran;
+    if (during == Py_None)
+        ran = Py_NewRef(Py_None);
+    else if (during_arg == NULL)
+        ran = PyObject_CallNoArgs(during);
+    else
+        ran = PyObject_CallOneArg(during, during_arg);
     PyObject *et = NULL, *ev = NULL, *tb = NULL;
     if (ran == NULL)
         PyErr_Fetch(&et, &ev, &tb);
@@ -339,20 +343,156 @@ static PyObject *Copier_copy_verified(Copier *c, PyObject *args) {
         c->shared_calls++;
         c->helper_rows += atomic_load(&j->helper_rows);
     }
-    got = atomic_load(&j->first_bad);
+    *got = atomic_load(&j->first_bad);
     pthread_mutex_unlock(&c->call_mu);
     Py_END_ALLOW_THREADS
     if (ran == NULL) {
         PyErr_Restore(et, ev, tb);
-        goto out;
+        return -1;
     }
     Py_DECREF(ran);
-    result = PyLong_FromSize_t(got);
+    return 0;
+}
+
+/* Source and (writable) destination buffers of a call; -1 with an error set. */
+static int get_buffers(Copier *c, PyObject *src_obj, PyObject *dst_obj, Py_buffer *src,
+                       Py_buffer *dst) {
+    if (c->state == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "copier is not initialised");
+        return -1;
+    }
+    if (PyObject_GetBuffer(src_obj, src, PyBUF_SIMPLE) < 0)
+        return -1;
+    if (PyObject_GetBuffer(dst_obj, dst, PyBUF_SIMPLE | PyBUF_WRITABLE) < 0) {
+        PyBuffer_Release(src);
+        PyErr_Clear();
+        PyErr_SetString(c->error, "destination buffer is read-only or not contiguous");
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *Copier_copy_verified(Copier *c, PyObject *args) {
+    PyObject *src_obj, *offsets_obj, *dst_obj, *sums_obj, *during = Py_None;
+    Py_ssize_t row_bytes_arg;
+    if (!PyArg_ParseTuple(args, "OOOnO|O", &src_obj, &offsets_obj, &dst_obj, &row_bytes_arg,
+                          &sums_obj, &during))
+        return NULL;
+    if (row_bytes_arg <= 0) {
+        PyErr_Format(c->error, "row size must be positive, got %zd", row_bytes_arg);
+        return NULL;
+    }
+    size_t bb = (size_t)row_bytes_arg;
+    Py_ssize_t n_arg = PyObject_Length(offsets_obj);
+    if (n_arg < 0)
+        return NULL;
+    size_t n = (size_t)n_arg, got;
+    Py_buffer src, dst;
+    if (get_buffers(c, src_obj, dst_obj, &src, &dst) < 0)
+        return NULL;
+    PyObject *result = NULL;
+    rows_t rows;
+    if (rows_alloc(&rows, n) < 0)
+        goto out;
+    if (read_ints(offsets_obj, n, rows.offsets, 0, c->error, "offsets") < 0 ||
+        read_ints(sums_obj, n, rows.sums, 1, c->error, "checksums") < 0)
+        goto out;
+    if (run_copy(c, &src, &dst, rows.offsets, rows.sums, n, bb, during, NULL, &got) == 0)
+        result = PyLong_FromSize_t(got);
 out:
-    PyMem_Free(offsets);
-    PyMem_Free(sums);
+    rows_free(&rows);
     PyBuffer_Release(&src);
     PyBuffer_Release(&dst);
+    return result;
+}
+
+/* A DRAM tier's read in one call: the index look-up (which leading keys are held for
+ * this namespace, their slots, offsets and checksums) with the GIL held, then the copy
+ * and check without it. `index` = (owner, slots, sums, slots_per_chunk, chunk_bytes):
+ * dicts key -> namespace fingerprint / slot id / xxh3-64, and the pool's layout (slot
+ * s lies at (s // slots_per_chunk) * chunk_bytes + (s % slots_per_chunk) * row_bytes,
+ * as in kvstore/dram_pool.py). Returns (found, got). */
+static PyObject *Copier_copy_found(Copier *c, PyObject *args) {
+    PyObject *src_obj, *index, *keys_obj, *fp, *dst_obj, *during = Py_None;
+    Py_ssize_t row_bytes_arg, spc, chunk;
+    if (!PyArg_ParseTuple(args, "OO!OOOn|O", &src_obj, &PyTuple_Type, &index, &keys_obj, &fp,
+                          &dst_obj, &row_bytes_arg, &during))
+        return NULL;
+    if (row_bytes_arg <= 0) {
+        PyErr_Format(c->error, "row size must be positive, got %zd", row_bytes_arg);
+        return NULL;
+    }
+    if (PyTuple_GET_SIZE(index) != 5 || !PyDict_Check(PyTuple_GET_ITEM(index, 0)) ||
+        !PyDict_Check(PyTuple_GET_ITEM(index, 1)) || !PyDict_Check(PyTuple_GET_ITEM(index, 2))) {
+        PyErr_SetString(c->error, "index must be (owner, slots, sums, slots_per_chunk, "
+                                  "chunk_bytes) with three dicts");
+        return NULL;
+    }
+    PyObject *owner = PyTuple_GET_ITEM(index, 0), *slots = PyTuple_GET_ITEM(index, 1),
+             *sums_of = PyTuple_GET_ITEM(index, 2);
+    spc = PyLong_AsSsize_t(PyTuple_GET_ITEM(index, 3));
+    chunk = PyLong_AsSsize_t(PyTuple_GET_ITEM(index, 4));
+    if ((spc == -1 || chunk == -1) && PyErr_Occurred())
+        return NULL;
+    size_t bb = (size_t)row_bytes_arg;
+    if (spc <= 0 || chunk <= 0 || (size_t)spc > (size_t)chunk / bb) {
+        PyErr_SetString(c->error, "slots_per_chunk rows must fit a chunk");
+        return NULL;
+    }
+    PyObject *keys = PySequence_Fast(keys_obj, "keys must be a sequence");
+    if (keys == NULL)
+        return NULL;
+    size_t n = (size_t)PySequence_Fast_GET_SIZE(keys), found = 0, got = 0;
+    PyObject **items = PySequence_Fast_ITEMS(keys);
+    Py_buffer src, dst;
+    if (get_buffers(c, src_obj, dst_obj, &src, &dst) < 0) {
+        Py_DECREF(keys);
+        return NULL;
+    }
+    PyObject *result = NULL, *arg = NULL;
+    rows_t rows;
+    if (rows_alloc(&rows, n) < 0)
+        goto out;
+    for (; found < n; found++) {
+        PyObject *k = items[found];
+        PyObject *o = PyDict_GetItemWithError(owner, k); /* borrowed */
+        if (o == NULL) {
+            if (PyErr_Occurred())
+                goto out;
+            break; /* not held: the found prefix ends here */
+        }
+        int same = PyObject_RichCompareBool(o, fp, Py_EQ);
+        if (same < 0)
+            goto out;
+        if (!same)
+            break; /* held for another namespace */
+        PyObject *s = PyDict_GetItemWithError(slots, k), *h = PyDict_GetItemWithError(sums_of, k);
+        if (s == NULL || h == NULL) {
+            if (!PyErr_Occurred())
+                PyErr_SetObject(PyExc_KeyError, k); /* the index disagrees with itself */
+            goto out;
+        }
+        Py_ssize_t slot = PyLong_AsSsize_t(s);
+        uint64_t want = PyLong_AsUnsignedLongLong(h);
+        if ((slot == -1 || want == (uint64_t)-1) && PyErr_Occurred())
+            goto out;
+        if (slot < 0 || (size_t)(slot / spc) > (size_t)src.len / (size_t)chunk) {
+            PyErr_SetString(c->error, "a source row lies outside the source buffer");
+            goto out;
+        }
+        rows.offsets[found] = (int64_t)((slot / spc) * chunk + (slot % spc) * (Py_ssize_t)bb);
+        rows.sums[found] = want;
+    }
+    arg = PyLong_FromSize_t(found);
+    if (arg != NULL &&
+        run_copy(c, &src, &dst, rows.offsets, rows.sums, found, bb, during, arg, &got) == 0)
+        result = Py_BuildValue("nn", (Py_ssize_t)found, (Py_ssize_t)got);
+out:
+    Py_XDECREF(arg);
+    rows_free(&rows);
+    PyBuffer_Release(&src);
+    PyBuffer_Release(&dst);
+    Py_DECREF(keys);
     return result;
 }
 
@@ -453,6 +593,8 @@ static void Copier_dealloc(Copier *c) {
 static PyMethodDef Copier_methods[] = {
     {"copy_verified", (PyCFunction)Copier_copy_verified, METH_VARARGS,
      "copy_verified(src, offsets, dst, row_bytes, sums, during=None) -> rows that passed"},
+    {"copy_found", (PyCFunction)Copier_copy_found, METH_VARARGS,
+     "copy_found(src, index, keys, fingerprint, dst, row_bytes, during=None) -> (found, got)"},
     {"close", (PyCFunction)Copier_close, METH_NOARGS, "stop the helper thread"},
     {"stats", (PyCFunction)Copier_stats, METH_NOARGS, "counters"},
     {NULL, NULL, 0, NULL},

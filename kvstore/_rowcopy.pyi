@@ -22,5 +22,15 @@ class Copier:
         sums: Sequence[int],
         during: Callable[[], object] | None = None,
     ) -> int: ...
+    def copy_found(
+        self,
+        src: memoryview,
+        index: tuple[dict[bytes, bytes], dict[bytes, int], dict[bytes, int], int, int],
+        keys: Sequence[bytes],
+        fingerprint: bytes,
+        dst: memoryview,
+        row_bytes: int,
+        during: Callable[[int], object] | None = None,
+    ) -> tuple[int, int]: ...
     def close(self) -> None: ...
     def stats(self) -> dict[str, int]: ...

@@ -26,9 +26,10 @@ import torch
 import xxhash
 
 from kvstore.buffers import rows_view
-from kvstore.dram_pool import DramPool, SizeClass
+from kvstore.dram_index import ClassIndex
+from kvstore.dram_pool import DramPool
 from kvstore.errors import IntegrityError, InvalidArgument, StoreUnavailable, UnknownNamespace
-from kvstore.eviction import EvictionPolicy, make_policy
+from kvstore.eviction import make_policy
 from kvstore.keys import Key, Namespace
 from kvstore.leases import Lease, LeaseTable
 from kvstore.row_copy import make_row_copier
@@ -69,19 +70,6 @@ class DramConfig:
         return max(4096, min(_DEFAULT_CHUNK_BYTES, self.capacity_bytes // 8))
 
 
-class _ClassState:
-    """Index and recency of one size class."""
-
-    def __init__(self, sc: SizeClass, policy: EvictionPolicy) -> None:
-        self.sc = sc
-        self.policy = policy
-        self.slot: dict[Key, int] = {}
-        self.owner: dict[Key, bytes] = {}  # key -> namespace fingerprint
-        self.stamp: dict[Key, int] = {}  # logical clock of last access, for cross-class choice
-        self.csum: dict[Key, int] = {}  # xxh3-64 of the payload as committed
-        self.retired: set[int] = set()  # slots of dropped blocks still held by a lease
-
-
 class DramTier(Tier):
     def __init__(
         self, config: DramConfig, *, clock: Callable[[], float] = time.monotonic
@@ -93,7 +81,7 @@ class DramTier(Tier):
         self.name = config.name
         pin = torch.cuda.is_available() if config.pin_memory is None else config.pin_memory
         self._pool = DramPool(config.capacity_bytes, config.resolved_chunk_bytes(), pin_memory=pin)
-        self._classes: dict[int, _ClassState] = {}
+        self._classes: dict[int, ClassIndex] = {}
         self._namespaces: dict[bytes, Namespace] = {}
         self._leases = LeaseTable()
         self._copier = make_row_copier(config.copy_threads)
@@ -103,29 +91,30 @@ class DramTier(Tier):
         self.counters: Counter[str] = Counter(dict.fromkeys(_COUNTERS, 0))
 
     # -- helpers --------------------------------------------------------------------
-    def _state(self, ns: Namespace) -> _ClassState:
+    def _state(self, ns: Namespace) -> ClassIndex:
         if self._closed:
             raise StoreUnavailable(f"{self.name} tier is closed")
-        if self._namespaces.get(ns.fingerprint) != ns:
+        held = self._namespaces.get(ns.fingerprint)
+        if held is not ns and held != ns:  # `is`: most calls pass the registered object
             raise UnknownNamespace(f"namespace {ns.model_id!r} is not registered with {self.name}")
         return self._classes[ns.block_bytes]
 
     @staticmethod
-    def _held(cs: _ClassState, key: Key, fp: bytes) -> bool:
+    def _held(cs: ClassIndex, key: Key, fp: bytes) -> bool:
         # Keys of different namespaces never collide by construction, but a tenant that
         # learned another's keys must still not read its blocks: check the owner.
         return cs.owner.get(key) == fp
 
-    def _touch_locked(self, cs: _ClassState, fp: bytes, keys: Sequence[Key]) -> None:
+    def _touch_locked(self, cs: ClassIndex, fp: bytes, keys: Sequence[Key]) -> None:
         for key in reversed(keys):
             if cs.owner.get(key) == fp and cs.policy.touch(key):
                 self._tick += 1
                 cs.stamp[key] = self._tick
 
-    def _pinned(self, cs: _ClassState, slot: int) -> bool:
+    def _pinned(self, cs: ClassIndex, slot: int) -> bool:
         return self._leases.pin_count(cs.sc.block_bytes, slot) > 0
 
-    def _evict(self, cs: _ClassState) -> bool:
+    def _evict(self, cs: ClassIndex) -> bool:
         victim = cast(Key | None, cs.policy.pop_victim())
         if victim is None:
             return False
@@ -134,7 +123,7 @@ class DramTier(Tier):
         self.counters["evictions"] += 1
         return True
 
-    def _drop(self, cs: _ClassState, key: Key) -> None:
+    def _drop(self, cs: ClassIndex, key: Key) -> None:
         """Remove a held block from the index. A pinned one keeps its slot, retired, until
         its last lease ends: a lease holder may still be reading that memory."""
         slot = cs.slot.pop(key)
@@ -145,7 +134,7 @@ class DramTier(Tier):
             cs.policy.remove(key)
             cs.sc.free.append(slot)
 
-    def _oldest_class(self) -> _ClassState | None:
+    def _oldest_class(self) -> ClassIndex | None:
         best, best_stamp = None, math.inf
         for cs in self._classes.values():
             victim = cast(Key | None, cs.policy.peek_victim())
@@ -153,7 +142,7 @@ class DramTier(Tier):
                 best, best_stamp = cs, cs.stamp[victim]
         return best
 
-    def _shrink(self, cs: _ClassState) -> bool:
+    def _shrink(self, cs: ClassIndex) -> bool:
         """Give one whole chunk of ``cs`` back to the pool, evicting and compacting; a chunk
         holding a pinned slot never moves. False (nothing evicted) when impossible."""
         sc = cs.sc
@@ -178,13 +167,13 @@ class DramTier(Tier):
         self.counters["chunk_moves"] += 1
         return True
 
-    def _grow(self, cs: _ClassState) -> bool:
+    def _grow(self, cs: ClassIndex) -> bool:
         if not self._pool.grant_chunk(cs.sc):
             return False
         cs.policy.resize(cs.policy.capacity + cs.sc.slots_per_chunk)
         return True
 
-    def _alloc(self, cs: _ClassState) -> int | None:
+    def _alloc(self, cs: ClassIndex) -> int | None:
         sc = cs.sc
         while not sc.free:
             if self._grow(cs):
@@ -212,7 +201,8 @@ class DramTier(Tier):
                 raise StoreUnavailable(f"{self.name} tier is closed")
             sc = self._pool.size_class(ns.block_bytes)
             if ns.block_bytes not in self._classes:
-                self._classes[ns.block_bytes] = _ClassState(sc, make_policy(self.config.policy, 0))
+                policy = make_policy(self.config.policy, 0)
+                self._classes[ns.block_bytes] = ClassIndex(sc, policy, self._pool.chunk_bytes)
             self._namespaces[ns.fingerprint] = ns
 
     def contains(self, ns: Namespace, keys: Sequence[Key]) -> int:
@@ -237,38 +227,28 @@ class DramTier(Tier):
         out = rows_view(dst, len(keys), bb, writable=True)
         with self._lock:
             cs = self._state(ns)
-            fp = ns.fingerprint
-            owner, slot_of, csum = cs.owner, cs.slot, cs.csum
-            sc, slot_offset = cs.sc, self._pool.offset
-            offsets: list[int] = []  # of each found block's slot in the pool
-            sums: list[int] = []
-            for k in keys:
-                if owner.get(k) != fp:
-                    break
-                offsets.append(slot_offset(sc, slot_of[k]))
-                sums.append(csum[k])
-            n = len(offsets)
-            # Each copy is checked against the checksum stored at commit, from the copy
-            # (RowCopier). Recency is refreshed while the copy runs (the helper thread
-            # copies meanwhile), for every block found; a block whose copy then fails is
-            # dropped below if its stored copy is bad, or was read like any other.
-            got = self._copier.copy_verified(
-                self._pool.view,
-                offsets,
-                out,
-                bb,
-                sums,
-                lambda: self._touch_locked(cs, fp, keys[:n]),
+
+            def touch(n: int) -> None:
+                self._tick = cs.touch_found(keys, n, self._tick)
+
+            # One call finds the held prefix of ``keys`` (``found``), copies it and checks
+            # each copy against the checksum stored at commit, from the copy (RowCopier).
+            # Recency is refreshed while the copy runs (the helper thread copies
+            # meanwhile), for every block found; a block whose copy then fails is dropped
+            # below if its stored copy is bad, or was read like any other.
+            found, got = self._copier.copy_found(
+                self._pool.view, cs.rows, keys, ns.fingerprint, out, bb, touch
             )
-            if got < n:
-                self._corrupt(cs, keys[got], slot_of[keys[got]], out[got * bb : (got + 1) * bb])
+            if got < found:
+                key = keys[got]
+                self._corrupt(cs, key, cs.slot[key], out[got * bb : (got + 1) * bb])
             if checksums is not None:
-                checksums.extend(sums[:got])
+                checksums.extend(cs.csum[k] for k in keys[:got])
             self.counters["get_blocks"] += got
             self.counters["get_misses"] += len(keys) - got
             return got
 
-    def _corrupt(self, cs: _ClassState, key: Key, slot: int, copy: memoryview) -> None:
+    def _corrupt(self, cs: ClassIndex, key: Key, slot: int, copy: memoryview) -> None:
         """A copy failed its check. If the stored payload fails too, the block is bad and
         is dropped; otherwise the damage happened in the copy or the destination (memory
         the caller can write, such as a staging segment) and the block stays."""
@@ -429,14 +409,9 @@ class DramTier(Tier):
         with self._lock:
             live: dict[int, set[int]] = {}
             for bb, cs in self._classes.items():
-                slots = list(cs.slot.values())
-                if len(set(slots)) != len(slots):
-                    raise IntegrityError(f"class {bb}: two keys share a slot")
+                cs.check_maps()
+                slots = cs.slot.values()
                 live[bb] = set(slots) | cs.retired
-                if set(cs.owner) != set(cs.slot) or set(cs.stamp) != set(cs.slot):
-                    raise IntegrityError(f"class {bb}: owner/stamp maps disagree with the index")
-                if set(cs.csum) != set(cs.slot):
-                    raise IntegrityError(f"class {bb}: checksums disagree with the index")
                 pinned = self._leases.pinned_slots(bb)
                 if cs.retired & set(slots) or not cs.retired <= pinned:
                     raise IntegrityError(f"class {bb}: a retired slot is live or unpinned")

@@ -19,6 +19,13 @@ import torch
 from kvstore.errors import IntegrityError, InvalidArgument
 
 
+def slot_offset(slot: int, slots_per_chunk: int, chunk_bytes: int, block_bytes: int) -> int:
+    """Where slot ``slot`` of a class lies in the buffer (``kvstore/_rowcopy.c`` computes
+    the same in its index look-up)."""
+    chunk, idx = divmod(slot, slots_per_chunk)
+    return chunk * chunk_bytes + idx * block_bytes
+
+
 @dataclass
 class SizeClass:
     """The slots of one block size. A slot id encodes ``chunk * slots_per_chunk + index``,
@@ -72,8 +79,7 @@ class DramPool:
         return sc
 
     def offset(self, sc: SizeClass, slot: int) -> int:
-        chunk, idx = divmod(slot, sc.slots_per_chunk)
-        return chunk * self.chunk_bytes + idx * sc.block_bytes
+        return slot_offset(slot, sc.slots_per_chunk, self.chunk_bytes, sc.block_bytes)
 
     def slot_view(self, sc: SizeClass, slot: int) -> memoryview:
         off = self.offset(sc, slot)

@@ -29,11 +29,13 @@ import queue
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 import xxhash
 import xxhash._xxhash
 
 from kvstore.buffers import buffer_address
+from kvstore.dram_pool import slot_offset
 from kvstore.errors import InvalidArgument
 
 try:
@@ -141,6 +143,18 @@ class _Task:
         return len(self.sums)
 
 
+class KeyIndex(NamedTuple):
+    """Where a DRAM size class keeps its rows, as ``RowCopier.copy_found`` reads them: the
+    tier's own dicts (changed in place, never replaced) from key to namespace fingerprint,
+    slot id and xxh3-64 at commit, and the pool's layout (``dram_pool.slot_offset``)."""
+
+    owner: dict[bytes, bytes]
+    slots: dict[bytes, int]
+    sums: dict[bytes, int]
+    slots_per_chunk: int
+    chunk_bytes: int
+
+
 class RowCopier(ABC):
     """Copies rows of a source buffer into consecutive rows of a destination and checks
     each copy against its checksum.
@@ -167,6 +181,32 @@ class RowCopier(ABC):
         during: Callable[[], object] | None = None,
     ) -> int:
         """Row ``r`` = ``src[src_offsets[r] : + row_bytes]`` goes to ``dst[r * row_bytes :]``."""
+
+    def copy_found(
+        self,
+        src: memoryview,
+        index: KeyIndex,
+        keys: Sequence[bytes],
+        fingerprint: bytes,
+        dst: memoryview,
+        row_bytes: int,
+        during: Callable[[int], object] | None = None,
+    ) -> tuple[int, int]:
+        """A read by key: the leading ``keys`` held for ``fingerprint`` in ``index``
+        (``found`` of them) are copied from their slots of ``src`` into consecutive rows of
+        ``dst`` and checked as by ``copy_verified``; returns ``(found, got)``, ``got <=
+        found``. ``during`` is called with ``found``, as ``copy_verified`` calls it. The
+        native copier does the look-up too in its one call; this is the fallback's."""
+        owner, slots, sums, per_chunk, chunk_bytes = index
+        offsets, want = [], []
+        for k in keys:
+            if owner.get(k) != fingerprint:
+                break
+            offsets.append(slot_offset(slots[k], per_chunk, chunk_bytes, row_bytes))
+            want.append(sums[k])
+        n = len(offsets)
+        then = None if during is None else lambda: during(n)
+        return n, self.copy_verified(src, offsets, dst, row_bytes, want, then)
 
     def close(self) -> None:  # noqa: B027 - most copiers hold nothing to stop
         """Stop any helper thread; later calls still work (on the caller's thread)."""
@@ -309,6 +349,19 @@ class NativeRowCopier(RowCopier):
         during: Callable[[], object] | None = None,
     ) -> int:
         return int(self._c.copy_verified(src, src_offsets, dst, row_bytes, sums, during))
+
+    def copy_found(
+        self,
+        src: memoryview,
+        index: KeyIndex,
+        keys: Sequence[bytes],
+        fingerprint: bytes,
+        dst: memoryview,
+        row_bytes: int,
+        during: Callable[[int], object] | None = None,
+    ) -> tuple[int, int]:
+        found, got = self._c.copy_found(src, index, keys, fingerprint, dst, row_bytes, during)
+        return int(found), int(got)
 
     def stats(self) -> dict[str, int]:
         """``shared_calls``: calls offered to the helper; ``helper_rows``: rows it did."""

@@ -9,9 +9,9 @@ from hypothesis import strategies as st
 
 from kvstore.block import payload_checksum
 from kvstore.dram import DramConfig, DramTier
-from kvstore.errors import InvalidArgument
+from kvstore.errors import IntegrityError, InvalidArgument
 from kvstore.keys import chain_keys
-from kvstore.row_copy import NativeRowCopier
+from kvstore.row_copy import NativeRowCopier, make_row_copier
 from tests.conftest import payload_for, small_ns
 
 SMALL = small_ns()  # 2 KiB blocks
@@ -320,3 +320,49 @@ def test_random_ops_never_move_or_reuse_pinned_memory(ops) -> None:
         t.check_integrity()
         for lns, lease in leases:
             assert _views_intact(t, lns, lease)
+
+
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 7), st.sampled_from(["put", "get", "pin", "unpin", "flip"])),
+        max_size=40,
+    )
+)
+def test_the_native_read_by_key_and_the_python_fallback_keep_the_same_books(ops) -> None:
+    # The native copier looks keys up itself (RowCopier.copy_found); the fallback does it
+    # in Python. Same reads, recency, pins and counters, op after op.
+    tiers = [make(chunks=2), make(chunks=2)]
+    tiers[1]._copier = make_row_copier(1, kind="python")
+    chains = [chain(SMALL, 1 + s % 5, seed=40 + s) for s in range(8)]
+    leases: list[list] = [[], []]
+    for s, op in ops:
+        keys = chains[s]
+        out = []
+        for i, t in enumerate(tiers):
+            if op == "put":
+                put(t, SMALL, keys)
+            elif op == "get":
+                dst = bytearray(len(keys) * SMALL.block_bytes)
+                out.append((t.get_into(SMALL, keys, dst), bytes(dst)))
+            elif op == "pin":
+                leases[i].append(t.pin(SMALL, keys, lease_s=60))
+            elif op == "unpin" and leases[i]:
+                t.unpin(leases[i].pop(0))
+            elif op == "flip" and t.contains(SMALL, keys[-1:]):
+                _flip_stored(t, SMALL, keys[-1])
+            t.check_integrity()
+        if out:
+            assert out[0] == out[1]
+        a, b = (t._classes[SMALL.block_bytes] for t in tiers)
+        assert a.slot == b.slot and a.stamp == b.stamp and list(a.policy) == list(b.policy)
+        assert tiers[0].counters == tiers[1].counters
+
+
+def test_check_integrity_notices_a_copier_index_that_is_not_the_tiers() -> None:
+    t = make()
+    put(t, SMALL, chain(SMALL, 2, seed=50))
+    cs = t._classes[SMALL.block_bytes]
+    t.check_integrity()
+    cs.rows = cs.rows._replace(owner=dict(cs.owner))  # a copy: reads would go stale
+    with pytest.raises(IntegrityError, match="copier's index"):
+        t.check_integrity()
