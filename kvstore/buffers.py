@@ -18,13 +18,19 @@ from kvstore.errors import BufferSizeError, InvalidArgument
 def byte_view(buf: Any, *, writable: bool = False) -> memoryview:
     """A flat ``memoryview`` of unsigned bytes over ``buf`` (no copy)."""
     if hasattr(buf, "detach") and hasattr(buf, "is_contiguous"):  # torch.Tensor
-        if buf.device.type != "cpu":
+        if not buf.is_cpu:
             raise InvalidArgument("the store reads and writes host memory: pass a CPU tensor")
         if not buf.is_contiguous():
             raise InvalidArgument("tensor buffers must be contiguous")
         import torch
 
-        buf = buf.detach().view(torch.uint8).numpy() if buf.numel() else np.empty(0, np.uint8)
+        # Each step only where needed: on a DRAM read this view is a part of the tier's
+        # per-call Python (detach and view cost ~1 µs together).
+        if buf.requires_grad:
+            buf = buf.detach()
+        if buf.dtype is not torch.uint8:
+            buf = buf.view(torch.uint8)
+        buf = buf.numpy() if buf.numel() else np.empty(0, np.uint8)
     try:
         mv = memoryview(buf)
     except TypeError:

@@ -66,6 +66,7 @@ class Namespace:
     tenant: str = ""
     # Derived once; excluded from equality so two equal field sets compare equal.
     _fingerprint: bytes = field(init=False, repr=False, compare=False, default=b"")
+    _block_bytes: int = field(init=False, repr=False, compare=False, default=0)
 
     def __post_init__(self) -> None:
         layers = self.cached_layers
@@ -75,6 +76,11 @@ class Namespace:
             object.__setattr__(self, "cached_layers", tuple(layers))
         _check_namespace(self)
         object.__setattr__(self, "_fingerprint", fingerprint_of(self))
+        # Asked on every read and write; computing it each time was ~0.3 µs of a read.
+        n = DTYPE_BYTES[self.kv_dtype]
+        for dim in self.payload_shape:
+            n *= dim
+        object.__setattr__(self, "_block_bytes", n)
 
     @property
     def fingerprint(self) -> bytes:
@@ -92,10 +98,7 @@ class Namespace:
     @property
     def block_bytes(self) -> int:
         """Payload bytes of one block (the header is not included)."""
-        n = DTYPE_BYTES[self.kv_dtype]
-        for dim in self.payload_shape:
-            n *= dim
-        return n
+        return self._block_bytes
 
     def field_values(self) -> list[Any]:
         """The fields in their normative order (what the fingerprint hashes)."""
