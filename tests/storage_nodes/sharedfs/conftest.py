@@ -54,6 +54,18 @@ def read(tier: SharedFSTier, keys: list[bytes], ns=NS) -> tuple[int, bytes]:
     return n, bytes(dst[: n * ns.block_bytes])
 
 
+def right_or_missed(tiers: list[SharedFSTier], chains: list[list[bytes]], ns=NS) -> int:
+    """Read every chain through every tier: each gives the right bytes or a miss, never
+    wrong ones. Returns the blocks served."""
+    served = 0
+    for keys in chains:
+        for t in tiers:
+            n, data = read(t, keys, ns)
+            assert data == rows(keys[:n], ns), f"wrong bytes through {t.config.daemon_id}"
+            served += n
+    return served
+
+
 @pytest.fixture
 def daemons(tmp_path) -> Iterator[Callable[..., SharedFSTier]]:
     """``daemons("a", clock=...)`` opens a daemon on one shared root; all are closed."""

@@ -19,7 +19,15 @@ from storage_nodes.sharedfs.layout import segments_in
 from storage_nodes.sharedfs.presence import Presence
 from storage_nodes.testing.crash import abandon
 from tests.conftest import REPO, small_ns
-from tests.storage_nodes.sharedfs.conftest import NS, FakeClock, chain, config, read, rows
+from tests.storage_nodes.sharedfs.conftest import (
+    NS,
+    FakeClock,
+    chain,
+    config,
+    read,
+    right_or_missed,
+    rows,
+)
 
 
 def test_a_restarted_daemon_adopts_its_blocks_and_their_order(daemons) -> None:
@@ -93,14 +101,7 @@ def test_sigkill_mid_write_leaves_nothing_readable_that_is_wrong(tmp_path, daemo
     reader = daemons("r")
     w = daemons("w")  # restarted: adopts what it published
     reader.poll()
-    served = 0
-    for i in range(done + 2):
-        keys = chain(16, seed=100_000 + i)
-        for t in (w, reader):
-            n, data = read(t, keys)
-            assert data == rows(keys[:n])
-            served += n
-    assert served > 0
+    assert right_or_missed([w, reader], [chain(16, seed=100_000 + i) for i in range(done + 2)]) > 0
     w.check_integrity()
     reader.check_integrity()
 
