@@ -46,6 +46,7 @@ def test_every_rpc_concurrently(shared_daemon: DaemonProcess, shm: str) -> None:
                 await s.lookup(small_ns(model_id="never"), make_chain(NS, 1, seed=1))
             await s.flush()
             st = await s.stats()
+            # Bounds by nature: the module's daemon is shared with the other tests.
             assert st.tiers[0].used_bytes >= 16 * 3 * NS.block_bytes
             assert await s.delete_namespace(NS) >= 16 * 3
         finally:

@@ -52,7 +52,7 @@ def test_a_class_takes_chunks_from_another_when_its_blocks_are_older() -> None:
     held = t.contains(SMALL, old)
     assert 0 < held < len(old)
     assert verify(t, SMALL, old) == held  # compacted blocks kept their bytes
-    assert t.stats().counters["chunk_moves"] >= 2
+    assert t.stats().counters["chunk_moves"] == 2  # one per chunk the big class took
     t.check_integrity()
 
 

@@ -128,6 +128,8 @@ def test_commit_waits_for_room_within_its_deadline() -> None:
     keys = chain(16, seed=6)
     res = m.commit(NS, keys, pl(keys), durability="ssd", timeout_s=30)
     assert (res.inserted, res.dropped, res.durability) == (16, 0, "ssd")
+    # A bound by nature: how often the commit waits depends on how fast the flusher
+    # drains (16 blocks through a 2-block bound wait at least once).
     assert m.stats().counters["backpressure_waits_total"] >= 1
     assert low.contains(NS, keys) == 16
     m.close()
@@ -141,7 +143,7 @@ def test_a_failing_lower_tier_is_a_miss_not_an_error() -> None:
     low.close()
     assert m.lookup(NS, keys).hit_blocks == 0
     assert m.get_into(NS, keys, bytearray(4 * BB)) == 0
-    assert m.stats().counters["tier_errors_total"] >= 2
+    assert m.stats().counters["tier_errors_total"] == 2  # one per call that asked the low tier
     m.close()
 
 

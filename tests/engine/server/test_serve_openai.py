@@ -14,6 +14,7 @@ import httpx2 as httpx
 import openai
 import pytest
 
+from engine.config import EngineConfig
 from engine.model.tokenizer import Tokenizer
 from kvstore.testing.daemon_process import DaemonProcess
 from tests.engine.server.serve_process import ServeProcess
@@ -73,8 +74,27 @@ def bob(server: ServeProcess) -> openai.OpenAI:
     return client(server, TOKENS["bob"])
 
 
+BLOCK = EngineConfig().block_tokens  # the servers here run the default block size
+
+
 def cached(usage: object) -> int:
     return usage.prompt_tokens_details.cached_tokens  # type: ignore[attr-defined]
+
+
+@pytest.fixture(scope="module")
+def tok(tiny_dir: Path) -> Tokenizer:
+    """The server's tokenizer and chat template, read here."""
+    return Tokenizer.from_dir(tiny_dir)
+
+
+def prefix_hit(prompt: list[int], held: list[int]) -> int:
+    """Tokens of ``prompt`` the engine serves from cache when ``held`` (tokens whose KV is
+    in whole cached blocks) is all it has: their longest common prefix in whole blocks,
+    short of the prompt's last token (computed for the logits of the first new token)."""
+    common = next((i for i, (a, b) in enumerate(zip(prompt, held, strict=False))
+                   if a != b),
+                  min(len(prompt), len(held)))
+    return min(common, len(held), len(prompt) - 1) // BLOCK * BLOCK
 
 
 # -- completions and chat ---------------------------------------------------------------
@@ -122,12 +142,18 @@ def test_streamed_chat_equals_unstreamed_and_reports_usage(alice: openai.OpenAI)
 
 
 def test_second_turn_is_cached_and_says_what_an_uncached_server_says(
-        alice: openai.OpenAI, plain: ServeProcess) -> None:
+        alice: openai.OpenAI, plain: ServeProcess, tok: Tokenizer) -> None:
     messages = [{"role": "system", "content": words(150, seed=3)},
                 {"role": "user", "content": words(20, seed=4)}]
     first = alice.chat.completions.create(model=MODEL, messages=messages, max_tokens=8,
                                           temperature=0)
     assert first.usage is not None and cached(first.usage) == 0
+    p1 = tok.encode_chat(messages)
+    assert first.usage.prompt_tokens == len(p1)
+    # The first turn left in the pool its prompt's whole blocks and any block its answer's
+    # computed tokens (all but the last of at most 8) complete: none here, so what the
+    # answer's text re-tokenises to in the second prompt cannot change the hit.
+    assert (len(p1) + 7) // BLOCK == len(p1) // BLOCK
     messages += [{"role": "assistant", "content": first.choices[0].message.content or ""},
                  {"role": "user", "content": words(15, seed=5)}]
     second = alice.chat.completions.create(model=MODEL, messages=messages, max_tokens=8,
@@ -135,7 +161,11 @@ def test_second_turn_is_cached_and_says_what_an_uncached_server_says(
                                            stream_options={"include_usage": True})
     chunks = list(second)
     usage = chunks[-1].usage
-    assert usage is not None and cached(usage) >= 128  # the system prompt's blocks
+    p2 = tok.encode_chat(messages)
+    assert usage is not None and usage.prompt_tokens == len(p2)
+    # The template renders the first turn's prompt as the second's prefix (the answer's
+    # header ends both), so every whole block of the first prompt is a hit.
+    assert cached(usage) == prefix_hit(p2, p1) == len(p1) // BLOCK * BLOCK
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     ref = client(plain).chat.completions.create(
         model=MODEL, messages=messages, max_tokens=8, temperature=0,
@@ -145,8 +175,12 @@ def test_second_turn_is_cached_and_says_what_an_uncached_server_says(
     assert text == ref.choices[0].message.content
 
 
-def test_tenants_and_salts_never_share_hits(alice: openai.OpenAI, bob: openai.OpenAI) -> None:
+def test_tenants_and_salts_never_share_hits(alice: openai.OpenAI, bob: openai.OpenAI,
+                                            tok: Tokenizer) -> None:
     prompt = words(120, seed=6)
+    ids = tok.encode(prompt)
+    hit = prefix_hit(ids, ids)  # the prompt's whole blocks, short of its last token
+    assert hit > 0
 
     def ask(c: openai.OpenAI, **extra: str) -> int:
         r = c.completions.create(model=MODEL, prompt=prompt, max_tokens=2, temperature=0,
@@ -155,10 +189,10 @@ def test_tenants_and_salts_never_share_hits(alice: openai.OpenAI, bob: openai.Op
         return cached(r.usage)
 
     assert ask(alice) == 0
-    assert ask(alice) > 0
+    assert ask(alice) == hit
     assert ask(bob) == 0
     assert ask(alice, cache_salt="x") == 0
-    assert ask(alice, cache_salt="x") > 0
+    assert ask(alice, cache_salt="x") == hit
 
 
 def test_seed_reproduces_a_sampled_answer(alice: openai.OpenAI) -> None:
@@ -333,7 +367,8 @@ def test_metrics_count_tokens_by_source_and_latencies(server: ServeProcess,
 # -- a store daemon behind the server, killed under it ---------------------------------
 
 def test_daemon_dies_under_a_running_server(tiny_dir: Path, token_file: Path,
-                                            env: dict[str, str], tmp_path: Path) -> None:
+                                            env: dict[str, str], tmp_path: Path,
+                                            tok: Tokenizer) -> None:
     store_tokens = tmp_path / "store-tokens"
     engine_token = "e" * 32
     store_tokens.write_text(f"{engine_token} engine-1/*\n")
@@ -360,9 +395,10 @@ def test_daemon_dies_under_a_running_server(tiny_dir: Path, token_file: Path,
                                            'call="commit"') >= 1)
         assert not any("kv store" in line for line in srv.stderr_lines), srv.stderr_lines
         daemon.kill()
+        ids = tok.encode(prompt)
         for _ in range(3):
             again, hit = ask()
-            assert again == text and hit > 0  # the pool still serves it
+            assert again == text and hit == prefix_hit(ids, ids)  # the pool still serves it
         other = c.completions.create(model=MODEL, prompt=words(90, seed=12),
                                      max_tokens=4, temperature=0)
         assert other.usage is not None and cached(other.usage) == 0

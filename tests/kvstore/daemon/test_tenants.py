@@ -11,6 +11,7 @@ from clients.config import ClientConfig
 from clients.errors import NotAdmin
 from clients.sync_client import GrpcStore
 from kvstore.rpcserver.auth import load_token_file
+from storage_nodes.ssd.config import slot_bytes_for
 from tests.conftest import small_ns
 from tests.kvstore.daemon.conftest import SpawnDaemon, make_chain, payloads, write_tokens
 
@@ -116,7 +117,8 @@ def test_stats_and_flush_are_scoped_to_the_tenant(
         whole = o.stats()  # the admin sees the whole daemon, the store's own counters
         by_name = {t.name: t for t in whole.tiers}
         assert by_name["dram"].used_bytes == 8 * BB
-        assert by_name["ssd"].used_bytes >= 8 * BB  # both tenants' flushes reached SSD
+        # Both tenants' flushes reached SSD: 8 slots, each a block with its header.
+        assert by_name["ssd"].used_bytes == 8 * slot_bytes_for(BB)
         assert whole.counters["commits_total"] == 2
         assert by_name["dram"].counters["put_blocks"] == 8
 
