@@ -7,9 +7,8 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import grpc
 import pytest
@@ -17,43 +16,34 @@ import pytest
 from kvstore.daemon.config import DaemonConfig
 from kvstore.daemon.server import Daemon
 from kvstore.dram import DramConfig, DramTier
-from kvstore.keys import Key, Namespace
+from kvstore.keys import Key
 from kvstore.manager import ManagerConfig, TierManager
 from kvstore.rpcserver.limits import ServerLimits
 from kvstore.testing.file_clock import FileClock
-from kvstore.tier import CommitResult, Durability
 from kvstore.wire import codec
 from kvstore.wire.proto import kvstore_pb2 as pb
 from kvstore.wire.proto import kvstore_pb2_grpc as pb_grpc
 from tests.conftest import small_ns
-from tests.delegating import DelegatingStore
 from tests.kvstore.daemon.conftest import make_chain, payloads
+from tests.kvstore.daemon.test_checksums import Meddling
 
 NS = small_ns()
 BB = NS.block_bytes
 IDLE_S = 5.0
 
 
-class GatedCommits(DelegatingStore):
+class GatedCommits(Meddling):
     """The real store; each commit signals ``entered`` and waits for ``gate``."""
 
     def __init__(self, inner: TierManager) -> None:
         super().__init__(inner)
         self.entered = threading.Event()
         self.gate = threading.Event()
+        self.before_commit = self._hold
 
-    def commit(
-        self,
-        ns: Namespace,
-        keys: Sequence[Key],
-        payloads: Mapping[int, Any],
-        *,
-        durability: Durability = "dram",
-        timeout_s: float | None = None,
-    ) -> CommitResult:
+    def _hold(self) -> None:
         self.entered.set()
         assert self.gate.wait(60)
-        return super().commit(ns, keys, payloads, durability=durability, timeout_s=timeout_s)
 
 
 @pytest.fixture
