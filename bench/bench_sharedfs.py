@@ -15,6 +15,10 @@ node`` processes, R = 2, on local disk), and the cross-host hit: a block put thr
 daemon A is looked up and read through daemon B on another mount (time until visible
 with the default poll, then lookup + get latency). Medians of interleaved rounds.
 
+``--callers N``: N threads each issue calls of 32/N blocks, so at most 32 I/Os are in
+flight, as fio's ``--iodepth=32`` means (fio's queue never drains; one caller of 32 drains
+its queue every call, and the tier manager's write-back keeps two puts in flight).
+
 Run: ``/work/bin/cpu-exclusive .venv/bin/python -m bench.bench_sharedfs`` (needs root and
 /dev/fuse; installs MooseFS/GlusterFS and fio from Debian when absent). ``--quick``:
 shorter runs, smaller working set.
@@ -32,6 +36,7 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -76,35 +81,67 @@ class Ours:
         for _ in range(ws_bytes // BLOCK // QD):
             self._put_batch()
 
-    def _put_batch(self) -> float:
-        keys = [self.rng.randbytes(16) for _ in range(QD)]
+    def _put_batch(self, rng: random.Random | None = None, n: int = QD,
+                   src: np.ndarray | None = None) -> float:
+        keys = [(rng or self.rng).randbytes(16) for _ in range(n)]
         t = time.perf_counter()
-        r = self.tier.put(self.ns, keys, self.src)
-        if r.inserted != QD:
-            raise RuntimeError(f"bench put stored {r.inserted} of {QD}: {r}")
+        r = self.tier.put(self.ns, keys, self.src[: n * BLOCK] if src is None else src)
+        if r.inserted != n:
+            raise RuntimeError(f"bench put stored {r.inserted} of {n}: {r}")
         return time.perf_counter() - t
 
-    def get(self, seconds: float) -> dict[str, float]:
+    def get(self, seconds: float, callers: int = 1) -> dict[str, float]:
+        """``callers`` threads, each reading ``QD // callers`` random blocks per call: at
+        most ``QD`` reads in flight, as fio's ``--iodepth``."""
         keys = self.tier.iter_keys(self.ns)
-        lat, t0 = [], time.perf_counter()
-        while time.perf_counter() - t0 < seconds:
-            batch = self.rng.sample(keys, QD)
-            s = time.perf_counter()
-            if self.tier.get_into(self.ns, batch, self.dst) != QD:
-                raise RuntimeError("bench get returned a short prefix")
-            lat.append(time.perf_counter() - s)
-        return _summary(len(lat) * QD * BLOCK, time.perf_counter() - t0, lat)
+        per = QD // callers
+        seeds = [self.rng.randrange(1 << 62) for _ in range(callers)]
 
-    def put(self, seconds: float) -> dict[str, float]:
-        lat, t0 = [], time.perf_counter()
-        while time.perf_counter() - t0 < seconds:
-            lat.append(self._put_batch())
-        return _summary(len(lat) * QD * BLOCK, time.perf_counter() - t0, lat)
+        def loop(k: int, lat: list[float]) -> int:
+            rng, done = random.Random(seeds[k]), 0
+            view = memoryview(self.dst)[k * per * BLOCK : (k + 1) * per * BLOCK]
+            t0 = time.perf_counter()
+            while time.perf_counter() - t0 < seconds:
+                batch = rng.sample(keys, per)
+                s = time.perf_counter()
+                if self.tier.get_into(self.ns, batch, view) != per:
+                    raise RuntimeError("bench get returned a short prefix")
+                lat.append(time.perf_counter() - s)
+                done += per
+            return done
+
+        return _threads(loop, callers)
+
+    def put(self, seconds: float, callers: int = 1) -> dict[str, float]:
+        """``callers`` threads, each putting ``QD // callers`` new blocks per call (its own
+        rows of the source): at most ``QD`` writes in flight."""
+        per = QD // callers
+        seeds = [self.rng.randrange(1 << 62) for _ in range(callers)]  # new keys every run
+
+        def loop(k: int, lat: list[float]) -> int:
+            rng, done = random.Random(seeds[k]), 0
+            src = self.src[k * per * BLOCK : (k + 1) * per * BLOCK]
+            t0 = time.perf_counter()
+            while time.perf_counter() - t0 < seconds:
+                lat.append(self._put_batch(rng, per, src))
+                done += per
+            return done
+
+        return _threads(loop, callers)
 
     def close(self) -> dict[str, str]:
         info = dict(self.tier.stats().info)
         self.tier.close()
         return info
+
+
+def _threads(loop: Callable[[int, list[float]], int], callers: int) -> dict[str, float]:
+    """``loop(k, lat)`` on ``callers`` threads at once; MB/s over the whole run."""
+    lats: list[list[float]] = [[] for _ in range(callers)]
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(callers) as pool:
+        done = sum(pool.map(loop, range(callers), lats))
+    return _summary(done * BLOCK, time.perf_counter() - t0, [x for lat in lats for x in lat])
 
 
 def fio(path: Path, rw: str, engine: str, size: int, seconds: float, *,
@@ -143,8 +180,8 @@ def compare_with_fio(c: DFSCluster, a: argparse.Namespace) -> list[dict]:
             return r["MBps"]
         return run
 
-    cases = {"get": case("get", lambda: ours.get(a.seconds)),
-             "put": case("put", lambda: ours.put(a.seconds))}
+    cases = {"get": case("get", lambda: ours.get(a.seconds, a.callers)),
+             "put": case("put", lambda: ours.put(a.seconds, a.callers))}
     for eng in ENGINES:
         cases[f"fio_read_{eng}"] = case(f"fio_read_{eng}", lambda e=eng: fio(  # type: ignore[misc]
             fio_file, "randread", e, a.ws, a.seconds))
@@ -159,7 +196,7 @@ def compare_with_fio(c: DFSCluster, a: argparse.Namespace) -> list[dict]:
         peer = f"fio_{kind}_{best}"
         pairs = [o["MBps"] / p["MBps"] for o, p in zip(runs[op], runs[peer], strict=True)]
         rows.append({
-            "fs": c.profile, "op": op, "MBps": round(med[op], 1),
+            "fs": c.profile, "op": op, "callers": a.callers, "MBps": round(med[op], 1),
             "p50_ms": round(statistics.median(r["p50_ms"] for r in runs[op]), 1),
             "p99_ms": round(statistics.median(r["p99_ms"] for r in runs[op]), 1),
             "fio": {e: round(med[f"fio_{kind}_{e}"], 1) if e in engines else "—"
@@ -280,6 +317,10 @@ def main() -> int:
                     "(of 32 blocks; 16 make the 512-block prompt that contains is timed on)")
     ap.add_argument("--no-cluster", action="store_true", help="skip the node cluster")
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--callers", type=int, default=1, choices=(1, 2, 4, 8),
+                    help="threads sharing the depth of 32: each call moves 32/N blocks, so "
+                    "at most 32 I/Os are in flight, as fio's --iodepth=32 (default 1: one "
+                    "call of 32 at a time, whose queue drains before the next)")
     a = ap.parse_args()
     if a.quick:
         a.ws, a.seconds, a.xruns = 128 << 20, 1.0, 3
@@ -304,7 +345,8 @@ def main() -> int:
     nodes = None if a.no_cluster else node_cluster(a)
     if nodes:
         print(json.dumps(nodes), flush=True)
-    print("\n| fs | op | ours MB/s | p50/p99 ms (call of 32) | fio MB/s io_uring / libaio / "
+    print(f"\ncallers: {a.callers} (each call {QD // a.callers} blocks)")
+    print("\n| fs | op | ours MB/s | p50/p99 ms (call) | fio MB/s io_uring / libaio / "
           "psync×32 | ratio to best fio | per-round ratio median [min–max] |")
     print("|---|---|---|---|---|---|---|")
     for r in rows:
