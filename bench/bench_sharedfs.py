@@ -36,12 +36,11 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
 
-from bench.harness import machine, median_interleaved
+from bench.harness import machine, median_interleaved, on_callers
 from kvstore.keys import Namespace
 from storage_nodes.sharedfs import SharedFSConfig, SharedFSTier
 from tests.dfs.cluster import DFSCluster, start
@@ -137,11 +136,8 @@ class Ours:
 
 def _threads(loop: Callable[[int, list[float]], int], callers: int) -> dict[str, float]:
     """``loop(k, lat)`` on ``callers`` threads at once; MB/s over the whole run."""
-    lats: list[list[float]] = [[] for _ in range(callers)]
-    t0 = time.perf_counter()
-    with ThreadPoolExecutor(callers) as pool:
-        done = sum(pool.map(loop, range(callers), lats))
-    return _summary(done * BLOCK, time.perf_counter() - t0, [x for lat in lats for x in lat])
+    done, elapsed, lat = on_callers(loop, callers)
+    return _summary(done * BLOCK, elapsed, lat)
 
 
 def fio(path: Path, rw: str, engine: str, size: int, seconds: float, *,

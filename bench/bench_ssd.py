@@ -47,13 +47,12 @@ import statistics
 import subprocess
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
 import xxhash
 
-from bench.harness import machine
+from bench.harness import machine, on_callers
 from kvstore.keys import Namespace
 from storage_nodes.ssd import SSDConfig, SSDTier
 
@@ -176,16 +175,9 @@ class Ours:
         return out
 
     def _run(self, loop: Callable[[int, list[float]], int], callers: int) -> dict[str, float]:
-        """``loop(k, lat)`` on ``callers`` threads at once; MB/s over the slowest one."""
-        lats: list[list[float]] = [[] for _ in range(callers)]
-        t0 = time.perf_counter()
-        if callers == 1:
-            done = loop(0, lats[0])
-        else:
-            with ThreadPoolExecutor(callers) as pool:
-                done = sum(pool.map(loop, range(callers), lats))
-        elapsed = time.perf_counter() - t0
-        return _summary(done * self.bb, elapsed, [x for lat in lats for x in lat])
+        """``loop(k, lat)`` on ``callers`` threads at once; MB/s over the whole run."""
+        done, elapsed, lat = on_callers(loop, callers)
+        return _summary(done * self.bb, elapsed, lat)
 
     def close(self) -> dict[str, str]:
         info = dict(self.tier.stats().info)

@@ -9,6 +9,7 @@ import statistics
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 
@@ -24,6 +25,22 @@ def median_interleaved(cases: dict[str, Callable[[], float]], runs: int = 5) -> 
         for name, fn in cases.items():
             results[name].append(fn())
     return {name: statistics.median(v) for name, v in results.items()}
+
+
+def on_callers(
+    loop: Callable[[int, list[float]], int], callers: int
+) -> tuple[int, float, list[float]]:
+    """``loop(k, lat)`` on ``callers`` threads at once (inline for one), each appending its
+    calls' latencies to ``lat`` and returning the units it moved; returns (units, seconds
+    of the whole run, every latency). Benches use it for depth shared by N callers."""
+    lats: list[list[float]] = [[] for _ in range(callers)]
+    t0 = time.perf_counter()
+    if callers == 1:
+        done = loop(0, lats[0])
+    else:
+        with ThreadPoolExecutor(callers) as pool:
+            done = sum(pool.map(loop, range(callers), lats))
+    return done, time.perf_counter() - t0, [x for lat in lats for x in lat]
 
 
 def timed(fn: Callable[[], object], repeat: int = 1) -> float:
