@@ -106,10 +106,7 @@ class DramTier(Tier):
         return cs.owner.get(key) == fp
 
     def _touch_locked(self, cs: ClassIndex, fp: bytes, keys: Sequence[Key]) -> None:
-        for key in reversed(keys):
-            if cs.owner.get(key) == fp and cs.policy.touch(key):
-                self._tick += 1
-                cs.stamp[key] = self._tick
+        self._tick = cs.touch_held(keys, fp, self._tick)
 
     def _pinned(self, cs: ClassIndex, slot: int) -> bool:
         return self._leases.pin_count(cs.sc.block_bytes, slot) > 0

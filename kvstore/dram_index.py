@@ -30,10 +30,21 @@ class ClassIndex:
         self.retired: set[int] = set()  # slots of dropped blocks still held by a lease
         self.rows = KeyIndex(self.owner, self.slot, self.csum, sc.slots_per_chunk, chunk_bytes)
 
+    def touch_held(self, keys: Sequence[Key], fingerprint: bytes, tick: int) -> int:
+        """Refresh the recency of those ``keys`` held for ``fingerprint`` (others are
+        skipped), as ``touch_found`` does; returns the logical clock after the last stamp."""
+        touch, stamp, owner = self.policy.touch, self.stamp, self.owner
+        for key in reversed(keys):
+            if owner.get(key) == fingerprint and touch(key):
+                tick += 1
+                stamp[key] = tick
+        return tick
+
     def touch_found(self, keys: Sequence[Key], n: int, tick: int) -> int:
-        """Refresh the recency of ``keys[:n]``, all held (a read just found them), last
-        first so the first ends most recent; pinned ones are outside the policy and keep
-        their stamp. Returns the logical clock after the last stamp given."""
+        """Refresh the recency of ``keys[:n]``, all held (a read just found them, so no
+        owner check), last first so the first ends most recent; pinned ones are outside
+        the policy and keep their stamp. Returns the logical clock after the last stamp
+        given."""
         touch, stamp = self.policy.touch, self.stamp
         for i in range(n - 1, -1, -1):
             key = keys[i]
