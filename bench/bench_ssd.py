@@ -31,7 +31,8 @@ Fairness: fio's file is laid out before the first round (not inside a measured o
 order of the cases is reversed every other round, so ours and fio's follow each other's
 writes equally often; and every case starts after a ``sync`` and ``--settle-s`` of quiet,
 so a write burst still draining in the virtual disk's host does not land on the next case.
-Run: ``.venv/bin/python -m bench.bench_ssd`` (``--quick``: one size, short runs).
+Run: ``.venv/bin/python -m bench.bench_ssd`` (``--quick``: one size, short runs; ``--ops get``
+or ``--ops put``: one operation and its fio peers only). The fio runner is ``bench.fio``.
 Needs ``fio`` (``apt-get install -y fio``); without it only our figures are printed.
 """
 
@@ -44,7 +45,6 @@ import os
 import random
 import shutil
 import statistics
-import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -52,6 +52,7 @@ from pathlib import Path
 import numpy as np
 import xxhash
 
+from bench.fio import alternating_rounds, fio, lay_out
 from bench.harness import machine, on_callers
 from kvstore.keys import Namespace
 from storage_nodes.ssd import SSDConfig, SSDTier
@@ -194,72 +195,6 @@ def _summary(nbytes: int, elapsed: float, lat: list[float]) -> dict[str, float]:
     }
 
 
-def fio(
-    path: Path, rw: str, bs: int, qd: int, size: int, seconds: float, *, batch: bool = False
-) -> dict[str, float]:
-    """fio on ``path``; ``batch``: ``qd`` writes and their fdatasync go in together and all
-    complete before the next batch (a group commit's shape)."""
-    depth = qd + 1 if batch else qd
-    args = [
-        "fio",
-        "--name=b",
-        f"--filename={path}",
-        f"--size={size}",
-        f"--rw={rw}",
-        f"--bs={bs}",
-        f"--iodepth={depth}",
-        "--ioengine=io_uring",
-        "--direct=1",
-        f"--runtime={seconds}",
-        "--time_based",
-        "--norandommap",
-        "--randrepeat=0",
-        "--output-format=json",
-    ]
-    if rw == "randwrite":
-        args.append(f"--fdatasync={qd}")
-    if batch:
-        args += [f"--iodepth_batch_submit={depth}", f"--iodepth_batch_complete_min={depth}"]
-    out = subprocess.run(args, capture_output=True, text=True, check=True).stdout
-    j = json.loads(out[out.index("{") :])["jobs"][0]["read" if rw == "randread" else "write"]
-    pct = j["clat_ns"].get("percentile", {})
-    return {
-        "MBps": j["bw_bytes"] / 1e6,
-        "p50_us": pct.get("50.000000", 0) / 1e3,
-        "p99_us": pct.get("99.000000", 0) / 1e3,
-    }
-
-
-def lay_out(path: Path, size: int) -> None:
-    """Have fio create its file now, so no measured round pays for the layout."""
-    subprocess.run(
-        ["fio", "--name=b", f"--filename={path}", f"--size={size}", "--create_only=1"],
-        capture_output=True,
-        check=True,
-    )
-
-
-def settle(seconds: float) -> None:
-    """Let the disk go quiet between cases: what the last case wrote is flushed first."""
-    os.sync()
-    time.sleep(seconds)
-
-
-def alternating_rounds(
-    cases: dict[str, Callable[[], float]], runs: int, settle_s: float
-) -> dict[str, float]:
-    """Each case once per round, rounds interleaved; odd rounds run the cases in reverse
-    order, so no case always follows the same neighbour (a write case leaves the disk
-    busier than a read). Returns each case's median."""
-    results: dict[str, list[float]] = {name: [] for name in cases}
-    order = list(cases)
-    for r in range(max(3, runs)):
-        for name in order if r % 2 == 0 else order[::-1]:
-            settle(settle_s)
-            results[name].append(cases[name]())
-    return {name: statistics.median(v) for name, v in results.items()}
-
-
 def _pairs(ours: list[dict[str, float]], peer: list[dict[str, float]]) -> list[float]:
     return [o["MBps"] / p["MBps"] for o, p in zip(ours, peer, strict=True)]
 
@@ -280,12 +215,15 @@ def compare(
 
     cases: dict[str, Callable[[], float]] = {}
     for c in a.callers:
-        cases[f"get{c}"] = case(f"get{c}", lambda c=c: ours.get(qd, a.seconds, c))
-        cases[f"put{c}"] = case(f"put{c}", lambda c=c: ours.put(qd, a.seconds, c))
-    if fio_file is not None:
+        if "get" in a.ops:
+            cases[f"get{c}"] = case(f"get{c}", lambda c=c: ours.get(qd, a.seconds, c))
+        if "put" in a.ops:
+            cases[f"put{c}"] = case(f"put{c}", lambda c=c: ours.put(qd, a.seconds, c))
+    if fio_file is not None and "get" in a.ops:
         cases["fio_read"] = case(
             "fio_read", lambda: fio(fio_file, "randread", bs, qd, a.ws, a.seconds)
         )
+    if fio_file is not None and "put" in a.ops:
         cases["fio_write"] = case(
             "fio_write", lambda: fio(fio_file, "randwrite", bs, qd, a.ws, a.seconds)
         )
@@ -303,7 +241,7 @@ def compare(
         (kind, c, peer)
         for c in a.callers
         for kind, peer in [("get", "fio_read"), ("put", "fio_write"), ("put", "fio_write_batch")]
-        if fio_file is not None or peer != "fio_write_batch"
+        if kind in a.ops and (fio_file is not None or peer != "fio_write_batch")
     ]
     for kind, c, peer in pairs:
         op = f"{kind}{c}"
@@ -367,6 +305,12 @@ def main() -> int:
         help="caller threads, e.g. 1,2: each of N callers issues calls of qd/N blocks, so "
         "at most qd I/Os are in flight (fio's --iodepth); 1 drains its queue every call",
     )
+    ap.add_argument(
+        "--ops",
+        default="get,put",
+        help="operations to measure, e.g. get (with fio_read as its peer) or put (with "
+        "fio_write and fio_write_batch); default both",
+    )
     a = ap.parse_args()
     try:
         a.callers = sorted({int(x) for x in a.callers.split(",")})
@@ -374,6 +318,9 @@ def main() -> int:
             raise ValueError
     except ValueError:
         ap.exit(2, f"bench_ssd: error: --callers wants positive integers, got {a.callers!r}\n")
+    a.ops = {x.strip() for x in a.ops.split(",")}
+    if not a.ops or not a.ops <= {"get", "put"}:
+        ap.exit(2, "bench_ssd: error: --ops wants get, put or get,put\n")
     sizes: tuple[int, ...] = (256 << 10,) if a.quick else SIZES
     if a.sizes:
         sizes = tuple(int(x) << 10 for x in a.sizes.split(","))

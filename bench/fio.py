@@ -1,0 +1,79 @@
+"""fio as the SSD benches' peer: one fio run's throughput and latency, the file laid out
+before any measured round, quiet between cases, and rounds interleaved with alternating
+order (so ours and fio's follow each other's writes equally often)."""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+
+def fio(
+    path: Path, rw: str, bs: int, qd: int, size: int, seconds: float, *, batch: bool = False
+) -> dict[str, float]:
+    """fio on ``path``; ``batch``: ``qd`` writes and their fdatasync go in together and all
+    complete before the next batch (a group commit's shape)."""
+    depth = qd + 1 if batch else qd
+    args = [
+        "fio",
+        "--name=b",
+        f"--filename={path}",
+        f"--size={size}",
+        f"--rw={rw}",
+        f"--bs={bs}",
+        f"--iodepth={depth}",
+        "--ioengine=io_uring",
+        "--direct=1",
+        f"--runtime={seconds}",
+        "--time_based",
+        "--norandommap",
+        "--randrepeat=0",
+        "--output-format=json",
+    ]
+    if rw == "randwrite":
+        args.append(f"--fdatasync={qd}")
+    if batch:
+        args += [f"--iodepth_batch_submit={depth}", f"--iodepth_batch_complete_min={depth}"]
+    out = subprocess.run(args, capture_output=True, text=True, check=True).stdout
+    j = json.loads(out[out.index("{") :])["jobs"][0]["read" if rw == "randread" else "write"]
+    pct = j["clat_ns"].get("percentile", {})
+    return {
+        "MBps": j["bw_bytes"] / 1e6,
+        "p50_us": pct.get("50.000000", 0) / 1e3,
+        "p99_us": pct.get("99.000000", 0) / 1e3,
+    }
+
+
+def lay_out(path: Path, size: int) -> None:
+    """Have fio create its file now, so no measured round pays for the layout."""
+    subprocess.run(
+        ["fio", "--name=b", f"--filename={path}", f"--size={size}", "--create_only=1"],
+        capture_output=True,
+        check=True,
+    )
+
+
+def settle(seconds: float) -> None:
+    """Let the disk go quiet between cases: what the last case wrote is flushed first."""
+    os.sync()
+    time.sleep(seconds)
+
+
+def alternating_rounds(
+    cases: dict[str, Callable[[], float]], runs: int, settle_s: float
+) -> dict[str, float]:
+    """Each case once per round, rounds interleaved; odd rounds run the cases in reverse
+    order, so no case always follows the same neighbour (a write case leaves the disk
+    busier than a read). Returns each case's median."""
+    results: dict[str, list[float]] = {name: [] for name in cases}
+    order = list(cases)
+    for r in range(max(3, runs)):
+        for name in order if r % 2 == 0 else order[::-1]:
+            settle(settle_s)
+            results[name].append(cases[name]())
+    return {name: statistics.median(v) for name, v in results.items()}
