@@ -16,7 +16,7 @@ from storage_nodes.sharedfs.catalog import Loc
 from storage_nodes.sharedfs.manifest_log import Ticket
 from storage_nodes.sharedfs.own import OwnBlock
 from storage_nodes.sharedfs.publish import append, sync_written, write
-from storage_nodes.sharedfs.state import Context, NsState
+from storage_nodes.sharedfs.state import Context, NsState, own_loc
 
 log = logging.getLogger("storage_nodes.sharedfs")
 _GONE = (errno.ENOENT, errno.ESTALE)
@@ -43,12 +43,13 @@ def get(ctx: Context, st: NsState, keys: list[bytes], out: memoryview,
 
 def _read_failed(ctx: Context, st: NsState, key: bytes, f: ReadFailure) -> None:
     loc = f.loc
-    drops: list[mf.DropEntry] = []
     if f.in_copy:  # the stored block is sound; the copy into the caller's rows was not
         ctx.add({"corrupt_blocks_total": 1})
         return
     with ctx.lock:
-        if st.catalog.key_at(loc.owner, loc.seg, loc.slot) != key:
+        # The copy read, not just its slot (Loc holds the birth time): a key put again
+        # into the same slot while we read is a newer copy, not the one that failed.
+        if loc not in st.catalog.locations(key):
             ctx.counts["read_races"] += 1  # the catalog moved on while we read: a plain miss
             return
         if f.errno in _GONE:
@@ -59,22 +60,46 @@ def _read_failed(ctx: Context, st: NsState, key: bytes, f: ReadFailure) -> None:
         elif f.errno:
             ctx.counts["io_errors_total"] += 1
             return  # a transient error (a server down): the block may read next time
-        if loc.owner == ctx.me:
-            ctx.counts["corrupt_blocks_total"] += 1
-            b = st.own.remove(key)
-            if b is not None:
-                st.own.free.append((b.seg, b.slot))
-                drops.append(mf.DropEntry(key, b.seg, b.slot))
-            st.catalog.drop(key, loc.owner, loc.seg, loc.slot)
-            log.warning("own block %s in segment %x slot %d failed its check: %s",
-                        key.hex(), loc.seg, loc.slot, f.error or f"errno {f.errno}")
-        else:
+        if loc.owner != ctx.me:
             # The owner evicted it and reused the slot (its manifest will say so), or
             # is rewriting it right now: a miss, and forgotten until the owner says more.
             ctx.counts["stale_slots_total"] += 1
             st.catalog.drop(key, loc.owner, loc.seg, loc.slot)
-    if drops:
-        with st.publish:
+            return
+        ctx.counts["corrupt_blocks_total"] += 1
+    log.warning("own block %s in segment %x slot %d failed its check: %s",
+                key.hex(), loc.seg, loc.slot, f.error or f"errno {f.errno}")
+    _forget_own(ctx, st, [(key, loc)])
+
+
+def _forget_own(ctx: Context, st: NsState, copies: Sequence[tuple[bytes, Loc]]) -> None:
+    """Forget own copies that cannot serve: one that failed its read check, or a put's
+    whose segment sync failed after its frame was published. Each leaves the own space,
+    its slot goes back on the free list, its catalog entry goes and a DROP records it.
+
+    Only a copy this daemon still holds is forgotten, told by its slot *and* birth time.
+    Meanwhile it may have been evicted, expired or deleted (forgotten and DROPped then),
+    or its key put again, elsewhere or into this very slot. Then nothing is done, not
+    even to the catalog: an entry for that key at that slot is the newer copy's (a
+    catalog drop, like a DROP record, names key and slot, not the copy), and dropping
+    it would lose the newer copy here, in every peer's catalog and at a restart. Birth
+    times are whole seconds (as manifests carry them): a copy put into the same slot
+    within the same second is taken for the old one and forgotten too, a later miss.
+
+    Takes ``st.publish``, then ``ctx.lock`` (the caller holds neither): a put that takes
+    a freed slot publishes only after the DROPs are appended, so no manifest says PUT
+    of a key into a slot and then DROP of the old copy there."""
+    drops: list[mf.DropEntry] = []
+    with st.publish:
+        with ctx.lock:
+            for key, loc in copies:
+                if own_loc(ctx, key, st) != loc:
+                    continue
+                st.own.remove(key)
+                st.own.free.append((loc.seg, loc.slot))
+                st.catalog.drop(key, ctx.me, loc.seg, loc.slot)
+                drops.append(mf.DropEntry(key, loc.seg, loc.slot))
+        if drops:
             append(ctx, st, mf.drops(drops))
 
 
@@ -152,7 +177,9 @@ def _put_group(ctx: Context, st: NsState, keys: list[bytes], data: memoryview,
         log.warning("shared-fs put of %d blocks dropped: %s", len(take), errno.errorcode.get(
             -err, str(err)))
         if not w.err:  # written but not durable: take back what was published
-            _unpublish(ctx, st, published)
+            ctx.add({"io_errors_total": 1})
+            _forget_own(ctx, st, [(e.key, Loc(ctx.me, e.seg, e.slot, e.born_s))
+                                  for e in published])
             published = []
     return len(published), raced, not err and len(take) == len(group)
 
@@ -188,25 +215,6 @@ def _publish(ctx: Context, st: NsState, keys: list[bytes], take: list[int],
             mf.puts(published) if published else b"")
         ticket = write(ctx, st, frame)
     return published, raced, ticket
-
-
-def _unpublish(ctx: Context, st: NsState, published: list[mf.PutEntry]) -> None:
-    """Blocks published but not made durable (their segment's sync failed): forgotten
-    and DROPped, as a failed read of an own block would be."""
-    with st.publish:
-        drops: list[mf.DropEntry] = []
-        with ctx.lock:
-            for e in published:
-                b = st.own.lru.get(e.key)
-                if b is None or (b.seg, b.slot) != (e.seg, e.slot):
-                    continue  # evicted meanwhile, and recorded so
-                st.own.remove(e.key)
-                st.own.free.append((e.seg, e.slot))
-                st.catalog.drop(e.key, ctx.me, e.seg, e.slot)
-                drops.append(mf.DropEntry(e.key, e.seg, e.slot))
-            ctx.counts["io_errors_total"] += 1
-        if drops:
-            append(ctx, st, mf.drops(drops))
 
 
 def delete_namespace(ctx: Context, st: NsState) -> int:
