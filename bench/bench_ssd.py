@@ -169,9 +169,18 @@ class Ours:
                 if r.inserted != per:
                     raise RuntimeError(f"bench put stored {r.inserted} of {per} blocks: {r}")
                 done += per
+            # Inside the measured time: the data synced behind the puts is durable before
+            # the run counts as done, as fio's last fdatasync is part of its run.
+            if not self.tier.sync():
+                raise RuntimeError("bench put: the SSD tier's data sync failed")
             return done
 
+        rounds = self.tier.stats().counters["data_sync_rounds"]
         out = self._run(loop, callers)
+        calls = out["MBps"] * out["seconds"] * 1e6 / (per * self.bb)
+        out["sync_rounds_per_call"] = (
+            self.tier.stats().counters["data_sync_rounds"] - rounds
+        ) / max(calls, 1)
         self.keys = self.tier.iter_keys(self.ns)  # puts evicted the least recent blocks
         return out
 
@@ -189,6 +198,7 @@ class Ours:
 def _summary(nbytes: int, elapsed: float, lat: list[float]) -> dict[str, float]:
     lat.sort()
     return {
+        "seconds": elapsed,
         "MBps": nbytes / elapsed / 1e6,
         "p50_us": lat[len(lat) // 2] * 1e6,
         "p99_us": lat[min(len(lat) - 1, int(len(lat) * 0.99))] * 1e6,
@@ -254,6 +264,10 @@ def compare(
             "p50_us": round(lat[op]["p50_us"]),
             "p99_us": round(lat[op]["p99_us"]),
         }
+        if kind == "put":  # data sync rounds per put call (fio: one fdatasync per qd writes)
+            row["sync_rounds_per_call"] = round(
+                statistics.median(r["sync_rounds_per_call"] for r in runs[op]), 2
+            )
         if fio_file is not None:
             row.update(
                 vs=peer,

@@ -2,7 +2,7 @@
 
 A put-only loop of ``qd`` new 256 KiB blocks per call on a full store (every put evicts),
 as in ``bench.bench_ssd``, with wall-clock timers around the phases of the write path:
-``present_set`` (index look-up), ``reserve`` (free slots, evicting), ``write_durable``
+``present_set`` (index look-up), ``reserve`` (free slots, evicting), ``write_slots``
 (encode, submit, wait for the writes and the data sync; the publishing transaction is
 filled inside it while the device works), ``groupcommit`` (all of it plus the commit),
 the io_uring calls (``submit``, ``wait_cqe``: time blocked on the device) and
@@ -35,7 +35,7 @@ def _instrument() -> None:
 
     for cls, name in (
         (allocator.SlotAllocator, "reserve"),
-        (blockio.BlockIO, "write_durable"),
+        (blockio.BlockIO, "write_slots"),
         (lookup.LiveIndex, "present_set"),
         (writer.GroupCommit, "write"),
         (index.Index, "begin_write"),

@@ -293,7 +293,12 @@ class TierManager(KVStore):
         achieved: Durability = "dram"
         if ssd_wanted:
             last = max([waited, *(t.seq for t in tickets)])
-            if self._wb.wait(last, _deadline(timeout_s)) and not any(t.refused for t in tickets):
+            deadline = _deadline(timeout_s)
+            if (
+                self._wb.wait(last, deadline)
+                and not any(t.refused for t in tickets)
+                and self._synced_below(deadline)
+            ):
                 achieved = "ssd"
         with self._lock:
             self.counters["commits_total"] += 1
@@ -362,13 +367,27 @@ class TierManager(KVStore):
 
     def flush(self, *, timeout_s: float | None = None, upto: int | None = None) -> None:
         ticket = self._wb.last_ticket() if upto is None else upto
+        deadline = _deadline(timeout_s)
         self._drain(timeout_s, ticket)
         refused = self._wb.claim_refused(ticket)
+        below = ", ".join(t.name for t in self.tiers[1:])
         if refused:
             with self._lock:
                 self.counters["flush_not_durable_total"] += 1
-            below = ", ".join(t.name for t in self.tiers[1:])
             raise NotDurable(refused, f"refused by the tier below DRAM ({below})")
+        unsynced = self._wb.sync_lower(deadline)
+        if unsynced:
+            with self._lock:
+                self.counters["flush_not_durable_total"] += 1
+            raise NotDurable(unsynced, f"the data sync of the tier below DRAM ({below}) failed")
+
+    def _synced_below(self, deadline: float | None) -> bool:
+        """Whether every block written back so far is durable below (``durability="ssd"``);
+        a deadline passing first is a no, as for the write-back wait."""
+        try:
+            return self._wb.sync_lower(deadline) == 0
+        except StoreUnavailable:
+            return False
 
     def _drain(self, timeout_s: float | None, ticket: int | None = None) -> None:
         """Wait until every block accepted so far (up to ``ticket``) has been written back

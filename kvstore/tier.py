@@ -161,6 +161,15 @@ class Tier(ABC):
         stores it as given, so a row damaged since is caught on read. ``None``: the tier
         computes them from ``src``."""
 
+    def sync(self, *, timeout_s: float | None = None) -> bool:
+        """Make every block this tier acknowledged so far durable against power loss.
+        False: some could not be (an I/O error, counted and handled as the tier's own
+        failure; reported once); ``StoreUnavailable`` when ``timeout_s`` passes first.
+        This default: a put is
+        already as durable as the tier gets when it returns, so there is nothing to wait
+        for (the SSD engine syncs its data behind its puts and overrides it)."""
+        return True
+
     @abstractmethod
     def touch(self, ns: Namespace, keys: Sequence[Key]) -> None:
         """Refresh recency of the present keys, last→first; absent keys are ignored."""

@@ -14,12 +14,14 @@ asked for ``durability="ssd"`` learns it did not get it) and kept in a refusal l
 Blocks travel with the checksums made at commit, so the lower tiers store those and
 not a checksum of the write-back copy (DESIGN §4).
 
-Two batches are in flight at once (``inflight``): a lower tier's put acknowledges only
-once its data is durable, so one flusher leaves the SSD's queue empty between puts (its
-sync, its publish, the next batch's reservation); with two, one batch's writes overlap
-the other's sync. Batches may then finish out of order; a ticket counts as done only
-when every earlier batch is done too, so ``wait(seq)`` and the refusal log keep their
-in-order meaning.
+Two batches are in flight at once (``inflight``): a lower tier's put returns only once
+its writes completed, so one flusher leaves the SSD's queue empty between puts (its
+publish, the next batch's reservation, a per-put sync where one is configured); with
+two, one batch's writes overlap the other's. The SSD syncs its data behind its puts,
+so the promise of ``durability="ssd"`` and ``flush()`` (durable against power loss) is
+kept by ``sync_lower`` after the batches they cover are done. Batches may finish out
+of order; a ticket counts as done only when every earlier batch is done too, so
+``wait(seq)`` and the refusal log keep their in-order meaning.
 
 ``NullWriteBack`` is the single-tier case: nothing below, so nothing is ever dirty.
 """
@@ -34,7 +36,7 @@ from collections import Counter, deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from kvstore.errors import IntegrityError
+from kvstore.errors import IntegrityError, StoreUnavailable
 from kvstore.keys import Key, Namespace
 from kvstore.tier import Tier
 
@@ -68,6 +70,7 @@ _COUNTERS = (
     "backpressure_waits_total",
     "touches_dropped_total",
     "touch_errors_total",
+    "writeback_sync_failed_total",  # blocks written below whose data sync then failed
 )
 
 #: Refusal records kept for ``flush`` before the oldest are merged (one per failed batch).
@@ -82,7 +85,10 @@ class WriteBack(ABC):
     which each of those tickets states how many of its blocks were refused below.
     ``last_ticket`` is the newest sequence number handed out, which ``flush`` waits for;
     ``claim_refused(seq)`` returns (and forgets) the refusals of done batches up to
-    ``seq`` that no earlier claim returned."""
+    ``seq`` that no earlier claim returned. ``sync_lower`` makes what the lower tiers
+    acknowledged so far durable against power loss (``Tier.sync``) and returns how many
+    written-back blocks it could not vouch for (0: all durable); a deadline that passes
+    first raises ``StoreUnavailable``."""
 
     counters: Counter[str]
 
@@ -102,6 +108,9 @@ class WriteBack(ABC):
 
     @abstractmethod
     def claim_refused(self, ticket: int) -> int: ...
+
+    @abstractmethod
+    def sync_lower(self, deadline_s: float | None) -> int: ...
 
     @abstractmethod
     def check_integrity(self) -> None:
@@ -141,6 +150,9 @@ class NullWriteBack(WriteBack):
         return True
 
     def claim_refused(self, ticket: int) -> int:
+        return 0
+
+    def sync_lower(self, deadline_s: float | None) -> int:
         return 0
 
     def check_integrity(self) -> None:
@@ -198,6 +210,9 @@ class ThreadWriteBack(WriteBack):
         # Hits per namespace, in the order they happened (each a chain prefix).
         self._touches: dict[bytes, tuple[Namespace, list[tuple[Key, ...]]]] = {}
         self._touch_keys = 0
+        # Blocks the lower tiers inserted since the last ``sync_lower`` began: what a
+        # failed sync leaves unvouched for.
+        self._unsynced = 0
         self._cond = threading.Condition()
         self._stop = False
         self._last_touch = time.monotonic()
@@ -254,6 +269,27 @@ class ThreadWriteBack(WriteBack):
             while self._refusals and self._refusals[0][0] <= ticket:
                 n += self._refusals.popleft()[1]
             return n
+
+    def sync_lower(self, deadline_s: float | None) -> int:
+        with self._cond:
+            n, self._unsynced = self._unsynced, 0
+        failed = False
+        for tier in self._lower:
+            try:
+                ok = tier.sync(timeout_s=_remaining(deadline_s))
+            except StoreUnavailable:
+                with self._cond:
+                    self._unsynced += n  # not settled either way: the next sync covers them
+                raise
+            except Exception:  # a lower tier failing is its own error, not the caller's
+                log.exception("data sync of %s failed", tier.name)
+                ok = False
+            failed = failed or not ok
+        if not failed:
+            return 0
+        with self._cond:
+            self.counters["writeback_sync_failed_total"] += n
+        return max(n, 1)  # a failed sync vouches for nothing, even if no block was counted
 
     def check_integrity(self) -> None:
         with self._cond:
@@ -344,6 +380,8 @@ class ThreadWriteBack(WriteBack):
         for tier in self._lower:
             try:
                 res = tier.put(b.ns, b.keys, b.data, checksums=b.checksums)
+                with self._cond:
+                    self._unsynced += res.inserted
                 self.counters["writeback_blocks_total"] += res.inserted
                 self.counters["writeback_dropped_total"] += res.dropped
                 refused = max(refused, res.dropped)

@@ -16,7 +16,7 @@ from typing import Any
 
 import grpc
 
-from kvstore.errors import BlockError, InvalidArgument
+from kvstore.errors import BlockError, InvalidArgument, StoreUnavailable
 from kvstore.keys import Key, Namespace
 from kvstore.rpcserver.auth import Authenticator
 from kvstore.rpcserver.limits import ServerLimits
@@ -75,14 +75,16 @@ class StorageNodeServicer(RpcPlumbing, pb_grpc.StorageNodeServicer):
         with self.metrics.timed("Put"):
             tenant = self._tenant(ctx, "Put")
             try:
-                return self._put(tenant, self.metrics.counted("Put", it))
+                return self._put(tenant, self.metrics.counted("Put", it), ctx.time_remaining())
             except Exception as e:
                 if isinstance(e, BlockError):
                     self.metrics.rejected_blocks.labels(type(e).__name__).inc()
                 self._fail(ctx, "Put", e)
                 raise  # unreachable
 
-    def _put(self, tenant: str | None, it: Iterator[pb.NodePutRequest]) -> pb.NodePutResponse:
+    def _put(
+        self, tenant: str | None, it: Iterator[pb.NodePutRequest], timeout_s: float | None
+    ) -> pb.NodePutResponse:
         first = next(it, None)
         if first is None or first.WhichOneof("part") != "open":
             raise InvalidArgument("a Put stream must start with its NodePutOpen message")
@@ -115,25 +117,31 @@ class StorageNodeServicer(RpcPlumbing, pb_grpc.StorageNodeServicer):
             # the ones stored: DESIGN §4, end to end.
             sums = [asm.checksums[i] for i in done]
             res = self.tier.put(ns, dkeys, data, present_ok=op.present_ok, checksums=sums)
+            # The sender counts this answer towards its write quorum, so an inserted
+            # block is acknowledged only once durable (the SSD syncs behind its puts).
+            synced = res.inserted == 0 or self._synced(timeout_s)
             # Without drops every new block is stored (or raced in by another put, which
             # is as good an acknowledgement); with drops ask which ones made it.
             after = (
                 before if res.dropped == 0 else [self.tier.contains(ns, [k]) == 1 for k in dkeys]
             )
             for i, was, now in zip(done, before, after, strict=True):
-                outcomes[i] = (
-                    PRESENT if was else INSERTED if (now or res.dropped == 0) else NOT_STORED
-                )
+                stored = synced and (now or res.dropped == 0)
+                outcomes[i] = PRESENT if was else INSERTED if stored else NOT_STORED
             self.metrics.bytes_in.labels("grpc", str(bb)).inc(res.inserted * bb)
-        else:
-            res = None
         return pb.NodePutResponse(
             inserted=sum(o == INSERTED for o in outcomes),
             present=sum(o == PRESENT for o in outcomes),
-            dropped=res.dropped if res is not None else 0,
+            dropped=sum(outcomes[i] == NOT_STORED for i in done),
             incomplete=len(keys) - len(done),
             outcomes=bytes(outcomes),
         )
+
+    def _synced(self, timeout_s: float | None) -> bool:
+        try:
+            return self.tier.sync(timeout_s=timeout_s)
+        except StoreUnavailable:  # the call's deadline: the sender hears nothing anyway
+            return False
 
     def Get(
         self, req: pb.NodeKeysRequest, ctx: grpc.ServicerContext

@@ -202,7 +202,7 @@ class BlockIO:
         finally:
             self.staging.release(buf)
 
-    def write_durable(
+    def write_slots(
         self,
         fingerprint: bytes,
         block_bytes: int,
@@ -211,12 +211,15 @@ class BlockIO:
         rows: Sequence[int],
         slots: Sequence[tuple[int, int]],
         checksums: Sequence[int] | None = None,
-    ) -> None:
-        """Encode row ``rows[j]`` of ``data`` for ``keys[j]`` into ``slots[j]``, write them
-        and sync the data. ``checksums[j]`` (made at commit) goes into the header as
-        given; ``None``: the checksum of the copy being written. Raises ``SSDIOError``
-        on any failure. Safe to call from several threads at once (each call has its
-        own staging buffer and, with io_uring, its own ring)."""
+        *,
+        sync: bool = True,
+    ) -> list[int]:
+        """Encode row ``rows[j]`` of ``data`` for ``keys[j]`` into ``slots[j]`` and write
+        them; with ``sync``, also sync the data (``data_sync="per_put"``). Returns the
+        slabs written. ``checksums[j]`` (made at commit) goes into the header as given;
+        ``None``: the checksum of the copy being written. Raises ``SSDIOError`` on any
+        failure. Safe to call from several threads at once (each call has its own
+        staging buffer and, with io_uring, its own ring)."""
         sb = slot_bytes_for(block_bytes)
         bb = block_bytes
         po = payload_offset_for(bb)
@@ -228,10 +231,12 @@ class BlockIO:
             now_us = int(self._config.clock() * 1_000_000)
             reqs = []
             fds: dict[int, None] = {}
+            slabs: dict[int, None] = {}
             fd_of = self._files.fd
             for j, (slab, slot) in enumerate(slots):
                 fd = fd_of(slab)
                 fds[fd] = None
+                slabs[slab] = None
                 at = mv[j * stage : (j + 1) * stage]
                 if direct:
                     row = data[rows[j] * bb : (rows[j] + 1) * bb]
@@ -262,7 +267,10 @@ class BlockIO:
 
             try:
                 res, synced = self._io.write_and_sync(
-                    reqs, list(fds), prepare=encode, between=between
+                    reqs,
+                    list(fds) if sync else [],
+                    prepare=encode,
+                    between=between if sync else None,
                 )
             finally:
                 if job is not None:
@@ -270,9 +278,11 @@ class BlockIO:
             bad = [r for r in res if r < 0]
             if bad:
                 raise SSDIOError(f"{len(bad)} of {len(res)} slot writes failed", -bad[0])
-            bad = [r for r in synced if r < 0]
-            if bad or len(synced) != len(fds):
-                raise SSDIOError("data sync failed", -bad[0] if bad else errno.EIO)
-            crash("after_data_sync")
+            if sync:
+                bad = [r for r in synced if r < 0]
+                if bad or len(synced) != len(fds):
+                    raise SSDIOError("data sync failed", -bad[0] if bad else errno.EIO)
+                crash("after_data_sync")
+            return list(slabs)
         finally:
             self.staging.release(buf)

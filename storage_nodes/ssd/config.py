@@ -22,7 +22,9 @@ def no_crash(point: str) -> None:
 
 #: The named points where the engine calls ``SSDConfig.crash_point`` (tests crash there);
 #: ``index_synced`` follows every point where the index became durable (a strict
-#: commit, an explicit sync), so a power-cut simulator knows what a cut would keep.
+#: commit, an explicit sync), so a power-cut simulator knows what a cut would keep. The
+#: two data-sync points are inside a put with a per-put sync, and at the start and end
+#: of each round of the syncer thread behind the puts otherwise.
 CRASH_POINTS = (
     "before_data_sync",
     "after_data_sync",
@@ -34,6 +36,12 @@ CRASH_POINTS = (
 #: rebuilt from the slot headers. ``strict``: every index commit is synced (LMDB
 #: sync + metasync), so an open never rebuilds unless LMDB reports corruption.
 INDEX_DURABILITY = ("fast", "strict")
+#: When a put's data is synced (``fast`` index mode; ``strict`` always syncs per put).
+#: ``behind``: a put returns once its writes completed (on the device with O_DIRECT: a
+#: process or OS crash keeps them) and a background syncer makes them durable against
+#: power loss one sync round later; ``sync()`` waits for that. ``per_put``: a put returns
+#: only after its data sync, so every acknowledged block survives a power cut.
+DATA_SYNC = ("behind", "per_put")
 
 
 @dataclass(frozen=True)
@@ -50,8 +58,9 @@ class SSDConfig:
     (``storage_nodes.ssd.backends.register_backend``).
     ``clock`` returns seconds since the epoch; retention and block timestamps use it,
     so tests inject a fake one.
-    ``index_durability``: see ``INDEX_DURABILITY`` (data is synced before every
-    acknowledgement in both). ``boot_id`` tells a process crash (same boot: the page
+    ``index_durability``: see ``INDEX_DURABILITY``; ``data_sync``: see ``DATA_SYNC``
+    (``strict`` implies ``per_put``: a synced index must never name unsynced data).
+    ``boot_id`` tells a process crash (same boot: the page
     cache kept every index write) from a power cut; tests inject one to simulate a
     reboot. ``probe_interval_s``: how often a degraded tier checks whether it can
     recover.
@@ -73,6 +82,7 @@ class SSDConfig:
     io_error_limit: int = 16
     probe_interval_s: float = 10.0
     index_durability: str = "fast"
+    data_sync: str = "behind"
     clock: Callable[[], float] = field(default=time.time, compare=False)
     boot_id: Callable[[], str] = field(default=read_boot_id, compare=False, repr=False)
     #: Protected test seam, not configuration: called by ``crash_point``; only the test
@@ -145,8 +155,17 @@ class SSDConfig:
                 f"ssd index_durability must be one of {INDEX_DURABILITY}, "
                 f"got {self.index_durability!r}"
             )
+        if self.data_sync not in DATA_SYNC:
+            raise SSDConfigError(
+                f"ssd data_sync must be one of {DATA_SYNC}, got {self.data_sync!r}"
+            )
         if self.direct_io not in (None, True, False):
             raise SSDConfigError("ssd direct_io must be True, False or None (probe)")
+
+    @property
+    def sync_per_put(self) -> bool:
+        """Whether a put syncs its own data before it publishes and returns."""
+        return self.index_durability == "strict" or self.data_sync == "per_put"
 
     @property
     def chunks(self) -> int:

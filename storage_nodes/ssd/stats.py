@@ -52,5 +52,6 @@ def build_stats(
         "queue_depth": str(config.queue_depth),
         "retention_s": str(config.retention_s),
         "index_durability": config.index_durability,
+        "data_sync": "per_put" if config.sync_per_put else "behind",
     }
     return TierStats("ssd", config.capacity_bytes, used_bytes, tuple(classes), out, info)

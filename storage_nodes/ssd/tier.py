@@ -1,7 +1,8 @@
 """``SSDTier``: the SSD engine behind the ``Tier`` interface (DESIGN §4–§6).
 
-A put is a group commit (``writer.py``): blocks go to reserved free slots, the data is
-synced, then all of them are published in one LMDB transaction. Readers find a block
+A put is a group commit (``writer.py``): blocks go to reserved free slots, then all of
+them are published in one LMDB transaction; their data is synced behind the puts by
+default, or before the publish (``syncer.py``), and ``sync()`` waits for it. Readers find a block
 through the index and accept it only after checking its header and checksum, so a crash
 at any point, a flipped bit or a slot reused under a racing reader is a miss, never
 wrong bytes. I/O errors and ENOSPC degrade the tier (read-only, or off) instead of
@@ -41,6 +42,7 @@ from storage_nodes.ssd.rebuild import RebuildReport
 from storage_nodes.ssd.recency import Recency
 from storage_nodes.ssd.stats import build_stats
 from storage_nodes.ssd.sweeper import Maintenance, sweep_expired
+from storage_nodes.ssd.syncer import DataSync, make_data_sync
 from storage_nodes.ssd.writer import GroupCommit
 
 log = logging.getLogger("storage_nodes.ssd")
@@ -96,8 +98,18 @@ class SSDTier(Tier):
             room = self._files.room_at_open and self._life.begin_writes()
             if room:
                 self._alloc.shrink_to_capacity()  # an index write: only once marked dirty
+            self._sync: DataSync = make_data_sync(
+                config, self._io, self._files.fd, lambda e: self._store_failed(e, writing=True)
+            )
+            opened.append(self._sync)  # nothing written yet: its final sync is a no-op
             self._writer = GroupCommit(
-                config, self._index, self._view, self._recency, self._alloc, self._blocks
+                config,
+                self._index,
+                self._view,
+                self._recency,
+                self._alloc,
+                self._blocks,
+                self._sync,
             )
         except BaseException:
             for res in reversed(opened):
@@ -384,6 +396,7 @@ class SSDTier(Tier):
         with self._gate.call():
             with self._counts_lock:
                 counters = dict(self._counts)
+            counters["data_sync_rounds"] = self._sync.rounds()
             registered = [ns.block_bytes for ns in self._namespaces.values()]
             return build_stats(
                 self.config,
@@ -403,6 +416,16 @@ class SSDTier(Tier):
             with self._index.begin() as txn:
                 self._index.check(txn, chunks=self.config.chunks, slab_bytes=self.config.slab_bytes)
                 self._alloc.check(txn)
+            self._sync.check_integrity()
+
+    def sync(self, *, timeout_s: float | None = None) -> bool:
+        """Make every put acknowledged so far durable against power loss (with the
+        default ``data_sync="behind"`` their data is synced one round behind them).
+        False: some could not be — a failed sync (counted as an I/O error, reported to
+        the first ``sync`` that covers it); ``StoreUnavailable`` when ``timeout_s``
+        passes first."""
+        with self._gate.call():
+            return self._sync.sync(timeout_s)
 
     def close(self) -> None:
         self._gate.close_sequence(stop=self._stop_maintenance, flush=self._flush_at_close,
@@ -419,6 +442,10 @@ class SSDTier(Tier):
             self._maint.stop()
 
     def _flush_at_close(self) -> None:
+        # Data first: the clean marker lets the next open trust an index that names it.
+        if not self._sync.close():
+            log.error("SSD tier %s: unclean close: a data sync failed", self.config.dir)
+            return
         try:
             if self._mode == "ok":
                 with self._index.write() as txn:
@@ -428,8 +455,10 @@ class SSDTier(Tier):
             log.error("SSD tier %s: unclean close: %s", self.config.dir, e)
 
     def _release(self) -> None:
+        self._sync.abandon()  # joined before the files it syncs are closed
         self._blocks.close()
         self._io.close()
         self._files.close()
         self._index.close()
         self._dirlock.release()
+

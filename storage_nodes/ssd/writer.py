@@ -1,15 +1,22 @@
-"""Group commit: reserve slots, write and sync the data, then publish in one transaction.
+"""Group commit: reserve slots, write the data, then publish in one transaction.
 
 The order is the crash-safety argument: a block is named by the index only after its
-bytes are durable, and the slots it lands in were free in a committed transaction. The
-publishing transaction begins only once the data sync completed and is short (the
-records of one group, no sync of its own in the default durability mode): LMDB has one
-writer at a time, so a transaction held across the device round would make every other
-put's reservation (its eviction transaction) wait for this put's writes and sync. With
+bytes were written to the slots it names, and those slots were free in a committed
+transaction. When the data is synced is the ``DataSync`` policy's (``syncer.py``): in
+``per_put`` (and strict) mode the writes and their sync complete before the publish, so
+a block is named only once durable; in the default ``behind`` mode a power cut may drop
+writes the index names — the fast mode's index is then rebuilt from the slot headers,
+and a slot whose write was lost holds its previous block whole (a valid block of
+another key) or fails its checksum (a counted miss), never wrong bytes.
+
+The publishing transaction begins only once the writes (and sync) completed and is
+short (the records of one group, no sync of its own in the default index mode): LMDB
+has one writer at a time, so a transaction held across the device round would make
+every other put's reservation (its eviction transaction) wait for this put's I/O. With
 the writer lock free during I/O, two group commits overlap — the second reserves,
-encodes and submits while the first's writes and sync are in flight — which is what
-keeps the device's queue from draining between puts. A failed write or sync publishes
-nothing of the group. Readers never wait.
+encodes and submits while the first's writes are in flight — which is what keeps the
+device's queue from draining between puts. A failed write or sync publishes nothing of
+the group. Readers never wait.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ from storage_nodes.ssd.config import SSDConfig
 from storage_nodes.ssd.index import Index, Location, Txn
 from storage_nodes.ssd.lookup import LiveIndex
 from storage_nodes.ssd.recency import Recency, Stamp
+from storage_nodes.ssd.syncer import DataSync
 
 
 class GroupCommit:
@@ -33,6 +41,7 @@ class GroupCommit:
         recency: Recency,
         alloc: SlotAllocator,
         blocks: BlockIO,
+        sync: DataSync,
     ) -> None:
         self._config = config
         self._index = index
@@ -40,6 +49,7 @@ class GroupCommit:
         self._recency = recency
         self._alloc = alloc
         self._blocks = blocks
+        self._sync = sync
 
     def write(
         self,
@@ -60,7 +70,7 @@ class GroupCommit:
         if not idx:
             return 0, 0
         try:
-            self._blocks.write_durable(
+            slabs = self._blocks.write_slots(
                 fingerprint,
                 block_bytes,
                 [fkeys[i][16:] for i in idx],
@@ -68,6 +78,7 @@ class GroupCommit:
                 idx,
                 slots,
                 None if checksums is None else [checksums[i] for i in idx],
+                sync=self._sync.per_put,
             )
             txn = self._index.begin_write()
             try:
@@ -81,6 +92,9 @@ class GroupCommit:
         except BaseException:
             self._alloc.release(slots, still_free=True)
             raise
+        # Noted only now: a crash before this point leaves the syncer untouched by the
+        # group (the power-cut tests rely on it to know what a cut inside a put keeps).
+        self._sync.written(slabs)
         self._alloc.release([slots[j] for j in published], still_free=False)
         unused = [slots[j] for j in range(len(idx)) if j not in published]
         self._alloc.release(unused, still_free=True)

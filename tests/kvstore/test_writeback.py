@@ -221,7 +221,9 @@ def test_every_refused_block_is_reported_once_and_every_ssd_ack_holds(
 def test_write_back_keeps_two_ssd_group_commits_in_flight(store: Opened) -> None:
     # The first batch's SSD put stops once its data is durable, before it publishes, and
     # goes on only when another put has submitted its writes: only a second flusher can
-    # (with one, the gate stays shut and the first put reports it).
+    # (with one, the gate stays shut and the first put reports it). With the per-put data
+    # sync, where a put's sync is its longest step; behind the puts, each put's writes
+    # overlap the other's without it.
     submitted: set[str] = set()  # threads whose SSD put has submitted its writes
     cond = threading.Condition()
     seen: list[str] = []
@@ -237,7 +239,7 @@ def test_write_back_keeps_two_ssd_group_commits_in_flight(store: Opened) -> None
                 opened = cond.wait_for(lambda: submitted - {me}, timeout=60)
             seen.append("overlapped" if opened else "one group commit at a time")
 
-    m, ssd = store(batch_blocks=8, crash_hook=gate)
+    m, ssd = store(batch_blocks=8, crash_hook=gate, data_sync="per_put")
     a, b = chain(8, seed=21), chain(8, seed=22)
     m.commit(NS, a, pl(a))
     m.commit(NS, b, pl(b))

@@ -191,3 +191,18 @@ def test_health_and_metrics(start_node: StartNode) -> None:
     assert 'kvstore_tier_used_bytes{tier="ssd"}' in body
     assert 'kvstore_size_class_used_blocks{block_bytes="2048",tier="ssd"} 2.0' in body
     assert "kvstore_rpc_seconds_count" in body
+
+
+def test_a_put_is_acknowledged_only_once_its_data_is_durable(start_node: StartNode) -> None:
+    """The sender counts a node's answer towards its write quorum: an inserted block
+    whose data sync failed (the SSD syncs behind its puts) is reported not stored."""
+    import errno
+
+    node = start_node(io_backend="faulty", capacity_bytes=4 << 20)
+    c = client(node)
+    keys = make_chain(NS, 4, seed=7)
+    assert c.put(NS, keys[:1], blocks(NS, keys[:1])) == bytes([1])  # synced: inserted
+    node.tier.io_backend.sync_errno = errno.EIO  # type: ignore[attr-defined]
+    assert c.put(NS, keys, blocks(NS, keys)) == bytes([2, 0, 0, 0])
+    assert node.tier.stats().counters["io_errors_total"] == 1
+    c.close()

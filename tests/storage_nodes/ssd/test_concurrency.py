@@ -66,7 +66,9 @@ def test_a_second_put_reserves_and_writes_before_the_first_publishes(open_tier) 
     """Two group commits overlap: while put A's data is durable but not yet published,
     put B gets through its reservation — an eviction transaction, so it needs LMDB's
     writer lock — and submits its writes. (With A's publishing transaction open across
-    its device round, B waited for A's commit and the gate below never opened.)"""
+    its device round, B waited for A's commit and the gate below never opened.) In the
+    ``per_put`` data-sync mode, where the sync is the longest step inside a put; the
+    default mode's puts do not sync at all (``test_syncer.py``)."""
     a_reserved, b_submitted = threading.Event(), threading.Event()
     events: list[str] = []
 
@@ -82,7 +84,9 @@ def test_a_second_put_reserves_and_writes_before_the_first_publishes(open_tier) 
             b_submitted.set()
 
     ns = small_ns()
-    t = open_tier(capacity_bytes=2 * SLAB, crash_hook=lambda point: gate(point))
+    t = open_tier(
+        capacity_bytes=2 * SLAB, crash_hook=lambda point: gate(point), data_sync="per_put"
+    )
     t.register(ns)
     full = chain(ns, 2 * SLAB // 4096, salt=1)  # 4 KiB slots: exactly the capacity
     assert t.put(ns, full, rows(ns, full)).inserted == len(full)

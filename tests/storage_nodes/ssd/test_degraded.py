@@ -69,15 +69,19 @@ def test_probe_keeps_a_still_failing_tier_degraded(open_tier) -> None:
     t.check_integrity()
 
 
-def test_background_probe_recovers_without_calls(open_tier) -> None:
+@pytest.mark.parametrize("data_sync", ["behind", "per_put"])
+def test_background_probe_recovers_without_calls(open_tier, data_sync: str) -> None:
     import time
 
     ns = small_ns()
-    t = open_tier(io_backend="faulty", sweep_interval_s=60.0, probe_interval_s=0.05)
+    t = open_tier(
+        io_backend="faulty", sweep_interval_s=60.0, probe_interval_s=0.05, data_sync=data_sync
+    )
     t.register(ns)
     t.io_backend.sync_errno = errno.EIO
     k = chain(ns, 3)
-    assert t.put(ns, k, rows(ns, k)).dropped == 3 and t.mode == "read-only"
+    _put_with_failing_sync(t, ns, k, data_sync)
+    assert t.mode == "read-only"
     # A probe while syncs still fail keeps it read-only (asked here: a background probe
     # might not have run yet on a loaded machine, and "still read-only" would then hold
     # vacuously).
@@ -87,8 +91,24 @@ def test_background_probe_recovers_without_calls(open_tier) -> None:
     deadline = time.monotonic() + 10
     while t.mode != "ok" and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert t.mode == "ok" and t.put(ns, k, rows(ns, k)).inserted == 3
+    k2 = chain(ns, 3, salt=9)
+    assert t.mode == "ok" and t.put(ns, k2, rows(ns, k2)).inserted == 3
+    assert t.sync()
     assert t.stats().counters["recoveries"] == 1  # the background probe's, with no call
+
+
+def _put_with_failing_sync(t, ns, k, data_sync: str) -> None:  # type: ignore[no-untyped-def]
+    """A put whose data sync fails: inside the put (``per_put``: the batch is dropped,
+    nothing published) or behind it (``behind``: the put was acknowledged as written;
+    the ``sync`` that covers it reports the failure, once)."""
+    if data_sync == "per_put":
+        assert t.put(ns, k, rows(ns, k)).dropped == len(k)
+        assert t.contains(ns, k) == 0
+    else:
+        assert t.put(ns, k, rows(ns, k)).inserted == len(k)
+        assert not t.sync()
+        assert t.sync()  # reported once: nothing written since
+    assert t.stats().counters["io_errors_total"] == 1
 
 
 def test_disk_filling_mid_batch_publishes_nothing_of_it(open_tier) -> None:
@@ -103,14 +123,17 @@ def test_disk_filling_mid_batch_publishes_nothing_of_it(open_tier) -> None:
     t.check_integrity()
 
 
-def test_sync_failure_drops_the_batch(open_tier) -> None:
+@pytest.mark.parametrize("data_sync", ["behind", "per_put"])
+def test_sync_failure_degrades_to_read_only(open_tier, data_sync: str) -> None:
     ns = small_ns()
-    t = open_tier(io_backend="faulty")
+    t = open_tier(io_backend="faulty", data_sync=data_sync)
     t.register(ns)
     t.io_backend.sync_errno = errno.EIO
     k = chain(ns, 3)
-    assert t.put(ns, k, rows(ns, k)).dropped == 3
-    assert t.contains(ns, k) == 0 and t.mode == "read-only"
+    _put_with_failing_sync(t, ns, k, data_sync)
+    assert t.mode == "read-only"
+    k2 = chain(ns, 2, salt=5)
+    assert t.put(ns, k2, rows(ns, k2)).dropped == 2  # read-only: puts drop
     t.check_integrity()
 
 

@@ -115,6 +115,7 @@ def test_uring_batch_is_one_submission(tmp_path: Path) -> None:
     t.register(ns)
     keys = chain(ns, 24)
     t.put(ns, keys, rows(ns, keys))
+    assert t.sync()  # the data syncer's submissions are over
     before = t.io_backend.submissions
     assert t.get_into(ns, keys, bytearray(24 * ns.block_bytes)) == 24
     assert t.io_backend.submissions - before == 1  # 24 reads, one io_uring_submit

@@ -1,0 +1,126 @@
+"""The data sync behind the puts (``syncer.py``, the default ``data_sync="behind"``).
+
+On the ``crashsim`` backend, which holds every write until a sync of its file: a put
+returns with its data still held (what a power cut would drop), ``sync()`` makes every
+acknowledged put durable, a clean close syncs before it marks the index clean, and a
+deadline or a failed round is reported, never hidden. The syncer's round is gated on
+its ``before_data_sync`` point, so nothing here depends on timing.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+
+from kvstore.errors import StoreUnavailable
+from storage_nodes.ssd import SSDTier
+from storage_nodes.ssd.config import SSDConfig
+from storage_nodes.ssd.errors import SSDConfigError
+from tests.storage_nodes.ssd.helpers import chain, make_config, rows, small_ns, verify_all
+
+
+class Gate:
+    """Holds the syncer at the start of each round until ``open``."""
+
+    def __init__(self) -> None:
+        self.go = threading.Event()
+        self.waiting = threading.Event()
+
+    def __call__(self, point: str) -> None:
+        if point == "before_data_sync":
+            self.waiting.set()
+            assert self.go.wait(timeout=60), "the test never opened the gate"
+
+
+def _tier(d: Path, **kw: object) -> SSDTier:
+    t = SSDTier(make_config(d, io_backend="crashsim", **kw))
+    t.register(small_ns())
+    return t
+
+
+def test_a_put_returns_before_its_data_is_synced_and_sync_makes_it_durable(
+    tmp_path: Path,
+) -> None:
+    ns, gate = small_ns(), Gate()
+    t = _tier(tmp_path / "ssd", crash_hook=gate)
+    k = chain(ns, 5)
+    assert t.put(ns, k, rows(ns, k)).inserted == 5  # returns while its round is held
+    assert gate.waiting.wait(timeout=60)
+    held = t.io_backend._held  # type: ignore[attr-defined]
+    assert sum(len(w) for w in held.values()) == 5  # a power cut now would drop them
+    with pytest.raises(StoreUnavailable):
+        t.sync(timeout_s=0.05)  # the round is held: the deadline passes first
+    gate.go.set()
+    assert t.sync()
+    assert not t.io_backend._held  # type: ignore[attr-defined]
+    assert t.stats().counters["data_sync_rounds"] == 1
+    t.io_backend.crash()  # type: ignore[attr-defined]
+    assert t.io_backend.dropped_writes == 0  # type: ignore[attr-defined]
+    t.close()
+
+
+def test_sync_covers_every_put_acknowledged_before_it(tmp_path: Path) -> None:
+    """Puts from two threads, then one ``sync``: a power cut after it loses nothing."""
+    ns = small_ns()
+    d = tmp_path / "ssd"
+    t = _tier(d, boot_id=lambda: "1")
+    chains = [chain(ns, 6, salt=s) for s in range(8)]
+
+    def put(some: list[list[bytes]]) -> None:
+        for k in some:
+            assert t.put(ns, k, rows(ns, k)).inserted == len(k)
+
+    others = threading.Thread(target=put, args=(chains[4:],))
+    others.start()
+    put(chains[:4])
+    others.join()
+    assert t.sync()
+    t.io_backend.crash()  # type: ignore[attr-defined]
+    assert t.io_backend.dropped_writes == 0  # type: ignore[attr-defined]
+    from storage_nodes.testing.crash import abandon
+
+    abandon(t)
+    t = SSDTier(make_config(d, io_backend="pread", boot_id=lambda: "2"))  # a reboot
+    t.register(ns)
+    assert t.rebuild_report is not None  # no clean close: rebuilt from the slot headers
+    assert all(t.contains(ns, k) == 6 for k in chains)
+    assert verify_all(t, ns) == 48
+    t.close()
+
+
+def test_a_clean_close_syncs_the_data_before_it_marks_the_index_clean(tmp_path: Path) -> None:
+    ns = small_ns()
+    d = tmp_path / "ssd"
+    t = _tier(d, boot_id=lambda: "1")
+    k = chain(ns, 7)
+    assert t.put(ns, k, rows(ns, k)).inserted == 7
+    io = t.io_backend
+    t.close()
+    assert not io._held  # type: ignore[attr-defined]
+    t = SSDTier(make_config(d, io_backend="pread", boot_id=lambda: "2"))
+    t.register(ns)
+    assert t.rebuild_report is None  # the clean marker: the index is trusted as it is
+    assert t.contains(ns, k) == 7 and verify_all(t, ns) == 7
+    t.close()
+
+
+def test_per_put_mode_syncs_inside_the_put(tmp_path: Path) -> None:
+    ns = small_ns()
+    t = _tier(tmp_path / "ssd", data_sync="per_put")
+    k = chain(ns, 3)
+    assert t.put(ns, k, rows(ns, k)).inserted == 3
+    assert not t.io_backend._held  # type: ignore[attr-defined]
+    assert t.stats().counters["data_sync_rounds"] == 0  # no syncer thread in this mode
+    assert t.stats().info["data_sync"] == "per_put"
+    t.close()
+
+
+def test_config_data_sync_values(tmp_path: Path) -> None:
+    assert SSDConfig(dir=tmp_path, capacity_bytes=64 << 20).data_sync == "behind"
+    assert not SSDConfig(dir=tmp_path, capacity_bytes=64 << 20).sync_per_put
+    # a synced index must never name unsynced data: strict syncs each put's data too
+    assert SSDConfig(dir=tmp_path, capacity_bytes=64 << 20, index_durability="strict").sync_per_put
+    with pytest.raises(SSDConfigError, match="data_sync must be one of"):
+        SSDConfig(dir=tmp_path, capacity_bytes=64 << 20, data_sync="never")
