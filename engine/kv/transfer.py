@@ -97,6 +97,12 @@ class TransferThread(ABC, Generic[J]):
         """Jobs the thread is done with, in the order it finished them."""
         return drain(self._finished)
 
+    @property
+    def unfinished(self) -> int:
+        """Jobs submitted and not yet over (queued or running)."""
+        with self._idle:
+            return self._unfinished
+
     def wait_idle(self, timeout_s: float | None = None) -> bool:
         """Block until every submitted job is finished (False if the timeout passed)."""
         with self._idle:

@@ -12,7 +12,9 @@
   ``kvengine_rejected_requests_total{reason}``;
 - gauges read at scrape time: ``kvengine_requests_running``, ``kvengine_requests_waiting``
   (queued or loading from the store), ``kvengine_pool_blocks``, ``kvengine_pool_used_blocks``
-  and ``kvengine_pool_usage_ratio``.
+  and ``kvengine_pool_usage_ratio``; ``kvengine_store_jobs_pending{job}``: store loads and
+  commits submitted and not yet over (a finished request's commit runs after its response:
+  at 0, every store call so far is in ``kvengine_store_call_seconds``).
 """
 
 from __future__ import annotations
@@ -82,6 +84,11 @@ class ServerMetrics:
               registry=r).set_function(lambda: total - blocks.num_free)
         Gauge("kvengine_pool_usage_ratio", "Share of the pool held",
               registry=r).set_function(lambda: (total - blocks.num_free) / total)
+        pending = Gauge("kvengine_store_jobs_pending",
+                        "Store loads and commits submitted and not yet over", ["job"],
+                        registry=r)
+        pending.labels("load").set_function(lambda: engine.loader.unfinished)
+        pending.labels("commit").set_function(lambda: engine.committer.unfinished)
 
     def observe_store_call(self, call: str, seconds: float) -> None:
         self.store_call.labels(call).observe(seconds)

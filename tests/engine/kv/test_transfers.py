@@ -104,11 +104,12 @@ def test_a_load_past_its_deadline_is_recomputed(store: WrappedStore) -> None:
             # its blocks (the prompt's 7 full blocks, short of the last token's) while the
             # loader is inside get_into: they must not be reused before it is out.
             assert second.drain(10)
-            assert not second.loader.wait_idle(0)
+            assert not second.loader.wait_idle(0) and second.loader.unfinished == 1
             assert sum(blk.ref_cnt for blk in second.blocks.pool.blocks) == (len(p) - 1) // BT
         finally:
             store.get_gate.set()  # a failed check above must not leave close() waiting
         assert second.loader.wait_idle(10)  # its get done, the job is handed back
+        assert second.loader.unfinished == 0
         second.drain(5)
         second.check_integrity()
         assert all(blk.ref_cnt == 0 for blk in second.blocks.pool.blocks)

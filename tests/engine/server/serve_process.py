@@ -59,13 +59,20 @@ class ServeProcess:
             self.stderr_lines.append(line.rstrip())
 
     def metric(self, name: str, labels: str = "") -> float:
-        """One sample of ``/metrics`` (0 when absent), e.g. ``metric("kvengine_requests_total",
-        'finish_reason="abort"')``."""
+        """One sample of ``/metrics``, e.g. ``metric("kvengine_requests_total",
+        'finish_reason="abort"')``: 0 for a label set not seen yet, but a name of no
+        metric the server declares is an error (a misspelt name must not read 0)."""
         text = httpx.get(self.base_url + "/metrics", timeout=10).text
         want = f"{name}{{{labels}}}" if labels else name
+        families = []
         for line in text.splitlines():
             if line.startswith(want + " "):
                 return float(line.split()[-1])
+            if line.startswith("# TYPE "):
+                families.append(line.split()[2])
+        suffixes = ("", "_total", "_count", "_sum", "_bucket", "_created")
+        if not any(name == f + x for f in families for x in suffixes):
+            raise KeyError(f"{name}: no such metric in /metrics")
         return 0.0
 
     def stop(self) -> int:

@@ -1,0 +1,87 @@
+"""``kvengine serve`` with a store behind it: a daemon killed under a running server (the
+pool keeps serving), and cached tokens under bounded replay (a hybrid model's store hit
+less the tokens it recomputes)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from engine.model.tokenizer import Tokenizer
+from kvstore.testing.daemon_process import DaemonProcess
+from tests.engine.server.conftest import (
+    MODEL,
+    TOKENS,
+    cached,
+    client,
+    prefix_hit,
+    store_calls,
+    words,
+)
+from tests.engine.server.serve_process import ServeProcess
+
+
+def test_daemon_dies_under_a_running_server(tiny_dir: Path, token_file: Path,
+                                            env: dict[str, str], tmp_path: Path,
+                                            tok: Tokenizer) -> None:
+    store_tokens = tmp_path / "store-tokens"
+    engine_token = "e" * 32
+    store_tokens.write_text(f"{engine_token} engine-1/*\n")
+    (tmp_path / "engine-token").write_text(engine_token + "\n")
+    prompt = words(150, seed=11)
+    with (DaemonProcess(["--dram", "64MiB", "--auth-token-file", str(store_tokens)]) as daemon,
+          ServeProcess(["--model", str(tiny_dir), "--kv-store", daemon.url,
+                        "--auth-token-file", str(token_file),
+                        "--store-token-file", str(tmp_path / "engine-token"),
+                        "--pool-tokens", "4096"], env) as srv):
+        c = client(srv, TOKENS["alice"])
+
+        def ask() -> tuple[str, int]:
+            r = c.completions.create(model=MODEL, prompt=prompt, max_tokens=6,
+                                     temperature=0)
+            assert r.usage is not None
+            return r.choices[0].text, cached(r.usage)
+
+        text, hit = ask()
+        assert hit == 0
+        # The daemon took alice's blocks under the delegated tenant engine-1/alice: a
+        # refused namespace would be warned about ("kv store grpc is failing"). The one
+        # request asked the store once (a miss: no get) and committed once, after its
+        # response: store_calls waits for that commit.
+        assert store_calls(srv) == {"lookup": 1, "get": 0, "commit": 1}
+        assert not any("kv store" in line for line in srv.stderr_lines), srv.stderr_lines
+        daemon.kill()
+        ids = tok.encode(prompt)
+        for _ in range(3):
+            again, hit = ask()
+            assert again == text and hit == prefix_hit(ids, ids)  # the pool still serves it
+        other = c.completions.create(model=MODEL, prompt=words(90, seed=12),
+                                     max_tokens=4, temperature=0)
+        assert other.usage is not None and cached(other.usage) == 0
+        assert srv.proc.poll() is None
+
+
+def test_cached_tokens_leave_out_what_bounded_replay_recomputes(
+        tmp_path_factory: pytest.TempPathFactory, env: dict[str, str]) -> None:
+    """A hybrid model (sliding layers) under bounded replay: the store keeps the full layers
+    only, so a store hit's last ``keep`` tokens are recomputed and not reported as cached."""
+    from engine.model.make_model import make_model
+
+    hybrid = make_model("qwen3", "tiny", tmp_path_factory.mktemp("hy") / "tiny-hybrid",
+                        hybrid=True).path
+    store = tmp_path_factory.mktemp("hy-store")
+    prompt = words(150, seed=13)
+    got = []
+    for _ in range(2):  # the second process starts with an empty pool: its hit is the store's
+        with ServeProcess(["--model", str(hybrid), "--kv-store", f"embedded:{store}",
+                           "--pool-tokens", "4096"], env) as s:
+            r = client(s).completions.create(model="tiny-hybrid", prompt=prompt,
+                                              max_tokens=2, temperature=0)
+            assert r.usage is not None
+            got.append((cached(r.usage), r.usage.prompt_tokens))
+    (first, n), (second, _) = got
+    assert first == 0
+    hit = (n - 1) // 64 * 64  # every full block, short of the last token's
+    keep = 128 + 12  # the tiny hybrid's window + 12: the safe default
+    assert hit > keep and second == hit - keep
