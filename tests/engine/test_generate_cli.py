@@ -13,17 +13,35 @@ from pathlib import Path
 import pytest
 
 from engine import cli
+from engine.config import EngineConfig
+from engine.model.tokenizer import Tokenizer
+from engine.session import Conversation
 from kvstore.testing.daemon_process import DaemonProcess
 from tests.engine.sessions import agent_session, write_session_file
 
+BLOCK = EngineConfig().block_tokens  # the CLI's default
 TURN_KEYS = {"prompt_tokens", "hit_tokens", "computed_tokens", "replayed_tokens",
              "stored_bytes_per_token", "ttft_s", "decode_tokens_per_s", "token_ids", "text"}
 
 
+TURNS = agent_session(turns_each=2)
+
+
 @pytest.fixture(scope="module")
 def session_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_session_file(tmp_path_factory.mktemp("sessions") / "agents.jsonl",
-                              agent_session(turns_each=2))
+    return write_session_file(tmp_path_factory.mktemp("sessions") / "agents.jsonl", TURNS)
+
+
+def first_prompts(tiny_dir: Path) -> tuple[list[int], list[int]]:
+    """The two agents' first prompts (the session's turns 0 and 1), as the CLI renders
+    them: they depend on no answer."""
+    tok = Tokenizer.from_dir(tiny_dir)
+    return (Conversation(tok).next_prompt(TURNS[0].user),
+            Conversation(tok).next_prompt(TURNS[1].user))
+
+
+def whole_blocks_short_of_last(n: int) -> int:
+    return (n - 1) // BLOCK * BLOCK
 
 
 def generate(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
@@ -46,8 +64,13 @@ def test_json_is_exactly_the_documented_shape(
         assert set(turn["hit_tokens"]) == {"hbm", "dram", "ssd"}
         assert len(turn["token_ids"]) == 5 and isinstance(turn["text"], str)
         assert sum(turn["hit_tokens"].values()) + turn["computed_tokens"] == turn["prompt_tokens"]
-    # The second agent's first turn shares the header the first agent computed.
-    assert doc["turns"][1]["hit_tokens"]["hbm"] > 0
+    # The second agent's first turn shares the header the first agent computed, which the
+    # pool still holds: their common prefix, in whole blocks.
+    a, b = first_prompts(tiny_dir)
+    common = next(i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y)
+    assert doc["turns"][1]["hit_tokens"] == {
+        "hbm": min(common, len(b) - 1) // BLOCK * BLOCK, "dram": 0, "ssd": 0}
+    assert doc["turns"][1]["hit_tokens"]["hbm"] >= BLOCK
     # Each conversation's next turn extends its previous prompt and answer.
     assert doc["turns"][2]["prompt_tokens"] > doc["turns"][0]["prompt_tokens"] + 5
 
@@ -95,8 +118,17 @@ def test_two_processes_share_the_embedded_store(
     first, second = runs
     assert first["namespace"] == second["namespace"]
     assert first["turns"][0]["computed_tokens"] == first["turns"][0]["prompt_tokens"]
-    assert second["turns"][0]["hit_tokens"]["ssd"] > 0
-    assert second["turns"][0]["computed_tokens"] < 64
+    # The first process committed every whole block before it exited; the second starts
+    # with an empty pool and DRAM tier. Both agents' first prompts (fixed by the session
+    # file) are served whole, short of the last token, the first from the SSD.
+    for i, prompt in enumerate(first_prompts(tiny_dir)):
+        turn = second["turns"][i]
+        assert turn["prompt_tokens"] == len(prompt)
+        hit = whole_blocks_short_of_last(len(prompt))
+        assert sum(turn["hit_tokens"].values()) == hit > 0
+        assert turn["computed_tokens"] == len(prompt) - hit
+    assert second["turns"][0]["hit_tokens"] == {
+        "hbm": 0, "dram": 0, "ssd": whole_blocks_short_of_last(len(first_prompts(tiny_dir)[0]))}
     assert sum(t["computed_tokens"] for t in second["turns"]) < sum(
         t["computed_tokens"] for t in first["turns"]
     )
