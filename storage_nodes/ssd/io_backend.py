@@ -29,6 +29,10 @@ class IOBackend(ABC):
       negative errno. Order of completion is unspecified; the result list is in request
       order. ``on_done(i, result)`` is called once per read as it completes — with
       io_uring while later reads are still in flight, so per-block work overlaps the I/O.
+      ``reqs`` may be any ``Sequence``, also one that builds request ``i`` only when it is
+      first indexed (``BlockIO``'s reads): a backend takes requests in order as it submits
+      them rather than indexing all of them first, so the device starts on the first
+      reads while later ones are still being built.
     * ``sync(fds)`` makes every completed write to those fds durable (fdatasync);
       returns 0 or a negative errno per fd.
     * ``write_and_sync`` writes then syncs; ``prepare(i)`` fills request ``i``'s buffer

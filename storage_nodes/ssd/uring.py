@@ -30,7 +30,9 @@ from kvstore.buffers import buffer_address
 from storage_nodes.ssd.io_backend import IOBackend, IORequest, OnDone
 
 _READ, _WRITE = 0, 1
-_SUBMIT_EVERY = 4  # while encoding, hand the kernel writes this often
+#: while encoding writes or building reads, hand the kernel requests this often: the
+#: device starts on the first ones while the rest are still being prepared
+_SUBMIT_EVERY = 4
 
 
 class _RingSlot:
@@ -117,7 +119,7 @@ class UringBackend(IOBackend):
         # whole batch): the syncs of files whose writes finished early run beside the
         # later writes. Writes still to complete, per file to be synced:
         unwritten = dict.fromkeys(sync_fds, 0)
-        for r in reqs:
+        for r in reqs if sync_fds else ():  # reads: a lazy batch is built as submitted
             if r.fd in unwritten:
                 unwritten[r.fd] += 1
         to_sync = deque(j for j, fd in enumerate(sync_fds) if not unwritten[fd])
@@ -146,7 +148,7 @@ class UringBackend(IOBackend):
                     lu.io_uring_sqe_set_data64(sqe, i)
                     inflight += 1
                     unsubmitted += 1
-                    if prepare is not None and unsubmitted >= _SUBMIT_EVERY:
+                    if (prepare is not None or op == _READ) and unsubmitted >= _SUBMIT_EVERY:
                         _submit(ring)
                         self.submissions += 1
                         unsubmitted = 0

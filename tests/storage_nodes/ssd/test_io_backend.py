@@ -9,6 +9,8 @@ import os
 import random
 import subprocess
 import sys
+import threading
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -63,6 +65,43 @@ def test_batch_roundtrip_deeper_than_queue(tmp_path: Path, any_backend) -> None:
         os.close(fd)
 
 
+class _Lazy(Sequence[IORequest]):
+    """A batch whose requests are made only when the backend asks (as the SSD engine's
+    reads are): every backend must take any Sequence, not only a list."""
+
+    def __init__(self, reqs: list[IORequest]) -> None:
+        self.reqs, self.asked = reqs, [0] * len(reqs)
+
+    def __len__(self) -> int:
+        return len(self.reqs)
+
+    def __getitem__(self, i):  # type: ignore[no-untyped-def,override]
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        self.asked[i] += 1
+        return self.reqs[i]
+
+
+def test_lazy_read_batch(tmp_path: Path, any_backend) -> None:
+    n, sz = 40, 8192
+    fd = _direct_fd(tmp_path / "f", n * sz)
+    try:
+        wbuf, rbuf = mmap.mmap(-1, n * sz), mmap.mmap(-1, n * sz)
+        wbuf[:] = random.Random(4).randbytes(n * sz)
+        w, r = memoryview(wbuf), memoryview(rbuf)
+        assert any_backend.write_batch(
+            [IORequest(fd, i * sz, w[i * sz : (i + 1) * sz]) for i in range(n)]
+        ) == [sz] * n
+        lazy = _Lazy([IORequest(fd, i * sz, r[i * sz : (i + 1) * sz]) for i in range(n)])
+        seen: list[tuple[int, int]] = []
+        assert any_backend.read_batch(lazy, lambda i, res: seen.append((i, res))) == [sz] * n
+        assert sorted(seen) == [(i, sz) for i in range(n)]
+        assert rbuf[:] == wbuf[:]
+        assert min(lazy.asked) >= 1
+    finally:
+        os.close(fd)
+
+
 def test_errors_are_values(tmp_path: Path, any_backend) -> None:
     buf = memoryview(mmap.mmap(-1, 4096))
     assert any_backend.read_batch([IORequest(987654, 0, buf)]) == [-errno.EBADF]
@@ -105,21 +144,56 @@ def test_a_backend_name_is_registered_once() -> None:
         register_backend("faulty", BACKENDS["pread"])
 
 
-def test_uring_batch_is_one_submission(tmp_path: Path) -> None:
+def test_uring_reads_go_in_as_built_and_all_before_the_first_wait(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A get's reads reach the kernel in chunks as their requests are built (the device
+    starts before the whole batch is prepared), and all N <= queue_depth of them are in
+    flight before the first wait for a completion (the queue is filled, not fed one read
+    at a time)."""
     skip_without_uring()
-    from storage_nodes.ssd import SSDTier
+    from storage_nodes.ssd import SSDTier, blockio, uring
     from tests.storage_nodes.ssd.helpers import chain, make_config, rows, small_ns
+
+    log: list[str] = []
+    real_req, real_submit, real_wait = blockio.IORequest, uring._submit, uring._wait_cqes
+
+    me = threading.get_ident()  # only this thread's events: the tier has its syncer
+
+    def built(*a: object, **k: object) -> IORequest:
+        if threading.get_ident() == me:
+            log.append("built")
+        return real_req(*a, **k)  # type: ignore[arg-type]
+
+    def submit(ring: object) -> None:
+        if threading.get_ident() == me:
+            log.append("submit")
+        real_submit(ring)  # type: ignore[arg-type]
+
+    def wait(ring: object) -> None:
+        if threading.get_ident() == me:
+            log.append("wait")
+        real_wait(ring)  # type: ignore[arg-type]
 
     ns = small_ns()
     t = SSDTier(make_config(tmp_path / "ssd", io_backend="uring", queue_depth=32))
     t.register(ns)
     keys = chain(ns, 24)
-    t.put(ns, keys, rows(ns, keys))
+    data = rows(ns, keys)
+    t.put(ns, keys, data)
     assert t.sync()  # the data syncer's submissions are over
-    before = t.io_backend.submissions
-    assert t.get_into(ns, keys, bytearray(24 * ns.block_bytes)) == 24
-    assert t.io_backend.submissions - before == 1  # 24 reads, one io_uring_submit
+    monkeypatch.setattr(blockio, "IORequest", built)
+    monkeypatch.setattr(uring, "_submit", submit)
+    monkeypatch.setattr(uring, "_wait_cqes", wait)
+    out = bytearray(24 * ns.block_bytes)
+    assert t.get_into(ns, keys, out) == 24
+    assert out == bytes(data)
     t.close()
+    assert log.count("built") == 24  # each request built once
+    first_submit = log.index("submit")
+    assert log[:first_submit].count("built") == uring._SUBMIT_EVERY
+    assert first_submit < len(log) - 1 - log[::-1].index("built")  # before the last build
+    assert "wait" not in log[: len(log) - 1 - log[::-1].index("submit")]
 
 
 def test_uring_syncs_each_file_once_its_own_writes_completed(
