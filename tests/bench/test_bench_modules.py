@@ -32,3 +32,12 @@ def test_help_exits_cleanly(
         mod.main()
     assert e.value.code == 0
     assert "usage:" in capsys.readouterr().out
+
+
+def test_fio_runs_as_long_as_ours() -> None:
+    """fio reads a bare ``--runtime=1.5`` as 1 s: the peer ran shorter than our case."""
+    from bench.fio import runtime_arg
+
+    assert runtime_arg(1.5) == "1500ms"
+    assert runtime_arg(0.5) == "500ms"
+    assert runtime_arg(2) == "2000ms"
