@@ -53,7 +53,10 @@ def test_preemption_when_the_pool_runs_out() -> None:
     with fake_engine(pool_blocks=12, budget=64) as eng:
         prompts = [prompt(24, s) for s in range(3)]  # 9 blocks each at the end, 12 in all
         seqs = run_checked(eng, prompts, params)
-        assert eng.scheduler.counters["preemptions_total"] > 0
+        # The count follows the scheduler's choice of victims (not modelled here): it agrees
+        # with the sequences' own, and is not 0, as no two of them fit the pool together.
+        preempted = eng.scheduler.counters["preemptions_total"]
+        assert preempted == sum(s.stats.preemptions for s in seqs) > 0
         for p, s in zip(prompts, seqs, strict=True):
             assert s.output_ids == greedy_continuation(p, params.max_new_tokens)
             assert sum(s.stats.hit_tokens.values()) + s.stats.computed_tokens == len(p)
