@@ -16,7 +16,7 @@ from storage_nodes.sharedfs.catalog import Loc
 from storage_nodes.sharedfs.manifest_log import Ticket
 from storage_nodes.sharedfs.own import OwnBlock
 from storage_nodes.sharedfs.publish import append, sync_written, write
-from storage_nodes.sharedfs.state import Context, NsState, own_loc
+from storage_nodes.sharedfs.state import Context, NsState, own_loc, release_own, replace_expired
 
 log = logging.getLogger("storage_nodes.sharedfs")
 _GONE = (errno.ENOENT, errno.ESTALE)
@@ -86,19 +86,14 @@ def _forget_own(ctx: Context, st: NsState, copies: Sequence[tuple[bytes, Loc]]) 
     times are whole seconds (as manifests carry them): a copy put into the same slot
     within the same second is taken for the old one and forgotten too, a later miss.
 
-    Takes ``st.publish``, then ``ctx.lock`` (the caller holds neither): a put that takes
-    a freed slot publishes only after the DROPs are appended, so no manifest says PUT
-    of a key into a slot and then DROP of the old copy there."""
+    Takes ``st.publish``, then ``ctx.lock`` (the caller holds neither), and appends the
+    DROPs before letting go of ``st.publish`` (see ``release_own``)."""
     drops: list[mf.DropEntry] = []
     with st.publish:
         with ctx.lock:
             for key, loc in copies:
-                if own_loc(ctx, key, st) != loc:
-                    continue
-                st.own.remove(key)
-                st.own.free.append((loc.seg, loc.slot))
-                st.catalog.drop(key, ctx.me, loc.seg, loc.slot)
-                drops.append(mf.DropEntry(key, loc.seg, loc.slot))
+                if own_loc(ctx, key, st) == loc:
+                    drops.append(release_own(ctx, st, key, loc.seg, loc.slot))
         if drops:
             append(ctx, st, mf.drops(drops))
 
@@ -191,6 +186,7 @@ def _publish(ctx: Context, st: NsState, keys: list[bytes], take: list[int],
     written, not yet synced; returns what was published, how many keys were published
     meanwhile by someone else, and the frame's ticket."""
     published: list[mf.PutEntry] = []
+    expired: list[mf.DropEntry] = []  # copies of the keys that expired, not yet swept
     raced = 0
     with st.publish:
         with ctx.lock:
@@ -203,6 +199,7 @@ def _publish(ctx: Context, st: NsState, keys: list[bytes], take: list[int],
                         raced += 1  # published meanwhile by another put (or a peer)
                     st.own.unreserve(seg, slot, still_free=True)
                     continue
+                expired += replace_expired(ctx, st, key)
                 st.own.unreserve(seg, slot, still_free=False)
                 st.own.insert(key, OwnBlock(seg, slot, born, ctx.next_seq()))
                 st.catalog.put(key, Loc(ctx.me, seg, slot, born), access)
@@ -211,8 +208,8 @@ def _publish(ctx: Context, st: NsState, keys: list[bytes], take: list[int],
                 st.own.unreserve(seg, slot, still_free=True)
             if err:
                 ctx.counts["io_errors_total"] += 1
-        frame = (mf.drops(res.victims) if res.victims else b"") + (
-            mf.puts(published) if published else b"")
+        gone = res.victims + expired  # evicted or replaced: DROPped before the PUTs
+        frame = (mf.drops(gone) if gone else b"") + (mf.puts(published) if published else b"")
         ticket = write(ctx, st, frame)
     return published, raced, ticket
 
@@ -238,13 +235,9 @@ def sweep(ctx: Context, st: NsState) -> int:
         with ctx.lock:
             floor = ctx.floor()
             access = st.catalog.access
-            drops = []
-            for key, b in list(st.own.lru.items()):
-                if access.get(key, b.born_s) < floor:
-                    st.own.remove(key)
-                    st.own.free.append((b.seg, b.slot))
-                    st.catalog.drop(key, ctx.me, b.seg, b.slot)
-                    drops.append(mf.DropEntry(key, b.seg, b.slot))
+            drops = [release_own(ctx, st, key, b.seg, b.slot)
+                     for key, b in list(st.own.lru.items())
+                     if access.get(key, b.born_s) < floor]
             ctx.counts["expired_total"] += len(drops)
         if drops:
             append(ctx, st, mf.drops(drops))

@@ -13,7 +13,7 @@ from __future__ import annotations
 from storage_nodes.sharedfs import manifest as mf
 from storage_nodes.sharedfs.catalog import Loc
 from storage_nodes.sharedfs.manifest_log import Ticket
-from storage_nodes.sharedfs.state import Context, NsState, snapshot
+from storage_nodes.sharedfs.state import Context, NsState, replace_expired, snapshot
 
 
 def append(ctx: Context, st: NsState, data: bytes) -> None:
@@ -94,13 +94,15 @@ def apply_peer(ctx: Context, st: NsState, owner: str, records: list[mf.Record],
     our blocks it touched or deleted)."""
     own_dropped: list[mf.DropEntry] = []
     with ctx.lock:
-        cat = st.catalog
+        cat, floor = st.catalog, ctx.floor()
         if replace:
             cat.drop_owner(owner)
         for rec in records:
             kind = rec.kind
             if kind == mf.PUT:
                 for e in rec.value:
+                    if e.key in cat.first and not cat.live(e.key, floor):
+                        own_dropped += replace_expired(ctx, st, e.key)
                     cat.put(e.key, Loc(owner, e.seg, e.slot, e.born_s), e.access_s)
             elif kind == mf.TOUCH:
                 access_s, keys = rec.value

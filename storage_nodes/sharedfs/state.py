@@ -137,3 +137,34 @@ def snapshot(ctx: Context, st: NsState, generation: int) -> bytes:
 def own_loc(ctx: Context, key: bytes, st: NsState) -> Loc | None:
     b = st.own.lru.get(key)
     return None if b is None else Loc(ctx.me, b.seg, b.slot, b.born_s)
+
+
+def release_own(ctx: Context, st: NsState, key: bytes, seg: int, slot: int) -> mf.DropEntry:
+    """An own copy goes (expired, failed, or replaced): out of the own space, its slot
+    back on the free list, its location out of the catalog. Caller holds ``ctx.lock``.
+    Returns the DROP that records it, for the caller to append: under ``st.publish``
+    where it holds that lock (taken first), so that a put taking the freed slot
+    publishes its PUT there after the DROP. (A DROP appended later, as a peer's
+    DELETE_NS or PUT defers it, names the old key at that slot and changes nothing.)"""
+    st.own.remove(key)
+    st.own.free.append((seg, slot))
+    st.catalog.drop(key, ctx.me, seg, slot)
+    return mf.DropEntry(key, seg, slot)
+
+
+def replace_expired(ctx: Context, st: NsState, key: bytes) -> list[mf.DropEntry]:
+    """``key`` is put again (by this daemon or, in its manifest, by a peer) while every
+    copy the catalog knows is expired but maybe not swept: an expired copy is not revived
+    by a newer one's access time. Each is forgotten here; this daemon's own is expired as
+    its sweep would (slot freed, DROP returned for the caller to append, as for
+    ``release_own``); a peer's only leaves this catalog (owners alone free their slots:
+    the peer expires it when it reads the newer PUT, or at its sweep). Caller holds
+    ``ctx.lock`` and has checked that ``key`` is not live."""
+    drops = []
+    for loc in st.catalog.locations(key):
+        if loc.owner == ctx.me:
+            drops.append(release_own(ctx, st, key, loc.seg, loc.slot))
+        else:
+            st.catalog.drop(key, loc.owner, loc.seg, loc.slot)
+    ctx.counts["expired_total"] += len(drops)
+    return drops

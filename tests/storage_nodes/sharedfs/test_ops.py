@@ -3,7 +3,13 @@ check, or whose segment sync failed after its frame was published, is forgotten 
 space, free list, catalog, a DROP in the manifest) only while it is still the copy this
 daemon holds. Here the key is swept and put again before that happens, into the very
 slot or (another key taking the slot) elsewhere: the newer copy stays readable for the
-owner, a peer and after a restart, the old one is gone, the counters are exact."""
+owner, a peer and after a restart, the old one is gone, the counters are exact.
+
+A key put again after it expired but before the sweep came replaces its expired copy as
+the sweep would have: the slot freed, the location gone, a DROP recorded. When a peer
+holds the expired copy, the putter frees nothing of the peer's (multi-host rules 1 and
+6): it stores its own copy and forgets the peer's location; the peer, reading that PUT,
+expires its copy itself."""
 
 from __future__ import annotations
 
@@ -140,3 +146,92 @@ def test_a_failed_read_spares_the_copy_put_again_meanwhile(daemons, monkeypatch,
     counts = dict.fromkeys(QUIET, 0) | {"read_races": 1, "expired_total": 2, "misses": 1,
                                         "hits": 0, "inserted": 2 + len(put_again)}
     _only_the_newer_copy(daemons, a, b, clock, x, old, where, counts)
+
+
+def _other_bytes(keys: list[bytes]) -> bytes:
+    """Not what was put first under ``keys``: a read of the old copy would show."""
+    return bytes(v ^ 0x5A for v in rows(keys))
+
+
+def _slots_used(t: SharedFSTier) -> tuple[int, int]:
+    """(slots counted as used, slots free) over the daemon's own segments."""
+    own = t._ctx.spaces[NS.fingerprint].own
+    return sum(s.used for s in own.segments.values()), len(own.free)
+
+
+def _slot_taken_next(t: SharedFSTier, clock: FakeClock) -> Loc:
+    """Where the next put of a new key lands (the slot last freed)."""
+    z = chain(1, seed=59)
+    assert t.put(NS, z, rows(z)).inserted == 1
+    [loc] = _locations(t, z[0])
+    assert read(t, z) == (1, rows(z))
+    return loc
+
+
+def test_a_key_put_again_after_it_expired_unswept_replaces_its_old_copy(daemons) -> None:
+    clock = FakeClock()
+    a, b = _open(daemons, "a", clock), _open(daemons, "b", clock)
+    x = chain(1, seed=51)
+    assert a.put(NS, x, rows(x)).inserted == 1
+    [old] = _locations(a, x[0])
+    used, free = _slots_used(a)
+    b.poll()
+    clock.advance(RETENTION_S + 100)
+    assert a.contains(NS, x) == 0 and b.contains(NS, x) == 0  # expired, not swept
+    new_rows = _other_bytes(x)
+    assert a.put(NS, x, new_rows) == PutResult(inserted=1, present=0, dropped=0)
+    [new] = _locations(a, x[0])  # the new copy alone
+    assert new.owner == "a" and (new.seg, new.slot) != (old.seg, old.slot)
+    assert new.born_s == old.born_s + RETENTION_S + 100
+    assert _slots_used(a) == (used, free)  # one slot taken, the old one freed
+    c = a.stats().counters
+    assert (c["blocks"], c["expired_total"], c["evictions"]) == (1, 1, 0)
+    a.check_integrity()
+    assert a.sweep() == 0  # nothing expired is left behind
+    assert read(a, x) == (1, new_rows)
+    b.poll()
+    assert read(b, x) == (1, new_rows) and _locations(b, x[0]) == [new]
+    b.check_integrity()
+    assert _slot_taken_next(a, clock)[1:3] == (old.seg, old.slot)  # the old slot reusable
+    assert _slots_used(a) == (used + 1, free - 1)
+    a.check_integrity()
+    a.close()
+    a2 = _open(daemons, "a", clock)
+    assert read(a2, x) == (1, new_rows) and _locations(a2, x[0]) == [new]
+    assert _slots_used(a2) == (used + 1, free - 1)
+    a2.check_integrity()
+
+
+def test_a_peers_expired_copy_is_left_to_its_owner_when_the_key_is_put_again(
+        daemons) -> None:
+    clock = FakeClock()
+    a, b = _open(daemons, "a", clock), _open(daemons, "b", clock)
+    x = chain(1, seed=52)
+    assert a.put(NS, x, rows(x)).inserted == 1
+    [old] = _locations(a, x[0])
+    a_used = _slots_used(a)
+    b.poll()
+    clock.advance(RETENTION_S + 100)
+    new_rows = _other_bytes(x)
+    assert b.put(NS, x, new_rows) == PutResult(inserted=1, present=0, dropped=0)
+    [new] = _locations(b, x[0])  # b serves its own copy, not a's expired one
+    assert new.owner == "b"
+    assert read(b, x) == (1, new_rows)
+    assert b.stats().counters["expired_total"] == 0 and _slots_used(b)[0] == 1
+    b.check_integrity()
+    assert _locations(a, x[0]) == [old] and _slots_used(a) == a_used  # a's slot untouched
+    a.poll()  # a reads b's PUT: its own copy had expired, so a expires it
+    assert _locations(a, x[0]) == [new] and read(a, x) == (1, new_rows)
+    assert a.stats().counters["expired_total"] == 1 and a.sweep() == 0
+    assert _slots_used(a) == (a_used[0] - 1, a_used[1] + 1)
+    a.check_integrity()
+    b.poll()  # a's DROP of its own copy changes nothing at b
+    assert _locations(b, x[0]) == [new]
+    b.check_integrity()
+    assert _slot_taken_next(a, clock)[1:3] == (old.seg, old.slot)  # a's old slot reusable
+    a.check_integrity()
+    for name, t in (("a", a), ("b", b)):
+        t.close()
+        t2 = _open(daemons, name, clock)
+        assert read(t2, x) == (1, new_rows) and _locations(t2, x[0]) == [new]
+        t2.check_integrity()
