@@ -14,16 +14,20 @@ expires its copy itself."""
 from __future__ import annotations
 
 import errno
+import tempfile
 import threading
+from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as hs
 
 from kvstore.tier import PutResult
 from storage_nodes.sharedfs import SharedFSTier, ops
 from storage_nodes.sharedfs.catalog import Loc
 from storage_nodes.sharedfs.segments import slot_offset
-from tests.storage_nodes.sharedfs.conftest import NS, FakeClock, chain, read, rows
+from tests.storage_nodes.sharedfs.conftest import NS, FakeClock, chain, config, read, rows
 
 RETENTION_S = 600.0
 WHERE = pytest.mark.parametrize("where", ["same-slot", "elsewhere"])
@@ -235,3 +239,56 @@ def test_a_peers_expired_copy_is_left_to_its_owner_when_the_key_is_put_again(
         t2 = _open(daemons, name, clock)
         assert read(t2, x) == (1, new_rows) and _locations(t2, x[0]) == [new]
         t2.check_integrity()
+
+
+KEYS = chain(3, seed=53)
+steps = hs.lists(hs.one_of(
+    hs.tuples(hs.just("put"), hs.integers(0, 1), hs.integers(0, 2), hs.integers(0, 255)),
+    hs.tuples(hs.just("advance"), hs.sampled_from([0, 300, 700])),
+    hs.tuples(hs.sampled_from(["sweep", "poll"]), hs.integers(0, 1)),
+), max_size=14)
+
+
+@settings(deadline=None)
+@given(steps)
+@example([("put", 0, 0, 1), ("advance", 700), ("put", 0, 0, 2)])  # own expired copy
+@example([("put", 0, 0, 1), ("poll", 1), ("advance", 700), ("put", 1, 0, 2), ("poll", 0)])
+def test_puts_expiries_and_sweeps_leak_no_slot(plan: list[tuple[Any, ...]]) -> None:
+    """Two daemons put, expire, sweep and tail in any order: every inserted copy is
+    what its putter reads back, the books balance after every step, and once all is
+    expired and swept no slot stays used and no catalog names anything."""
+    clock = FakeClock()
+    with tempfile.TemporaryDirectory() as root:
+        tiers = [SharedFSTier(config(Path(root), n, clock=clock, retention_s=RETENTION_S,
+                                     bucket_s=1.0)) for n in "ab"]
+        try:
+            for t in tiers:
+                t.register(NS)
+            for step in plan:
+                if step[0] == "put":
+                    t, k = tiers[step[1]], KEYS[step[2] : step[2] + 1]
+                    data = bytes(v ^ step[3] for v in rows(k))
+                    if t.put(NS, k, data).inserted:
+                        assert read(t, k) == (1, data)
+                elif step[0] == "advance":
+                    clock.advance(step[1])
+                elif step[0] == "sweep":
+                    tiers[step[1]].sweep()
+                else:
+                    tiers[step[1]].poll()
+                for t in tiers:
+                    t.check_integrity()
+            clock.advance(RETENTION_S + 120)
+            for t in tiers + tiers:  # each sweeps, then reads the other's DROPs
+                t.poll()
+                t.sweep()
+            for t in tiers:
+                t.poll()
+                t.check_integrity()
+                used, free = _slots_used(t)
+                own = t._ctx.spaces[NS.fingerprint].own
+                assert used == 0 and free == sum(s.slots for s in own.segments.values())
+                assert all(_locations(t, k) == [] for k in KEYS)
+        finally:
+            for t in tiers:
+                t.close()
