@@ -60,6 +60,10 @@ class SSDConfig:
     so tests inject a fake one.
     ``index_durability``: see ``INDEX_DURABILITY``; ``data_sync``: see ``DATA_SYNC``
     (``strict`` implies ``per_put``: a synced index must never name unsynced data).
+    ``data_sync_interval_s``: behind the puts, the pause between the end of one sync
+    round and the start of the next, cut short when a ``sync()`` waits (each round syncs
+    every slab file written since the last, so fewer rounds means fewer device flushes);
+    what a power cut may lose is bounded by it plus two rounds.
     ``boot_id`` tells a process crash (same boot: the page
     cache kept every index write) from a power cut; tests inject one to simulate a
     reboot. ``probe_interval_s``: how often a degraded tier checks whether it can
@@ -83,6 +87,7 @@ class SSDConfig:
     probe_interval_s: float = 10.0
     index_durability: str = "fast"
     data_sync: str = "behind"
+    data_sync_interval_s: float = 0.005
     clock: Callable[[], float] = field(default=time.time, compare=False)
     boot_id: Callable[[], str] = field(default=read_boot_id, compare=False, repr=False)
     #: Protected test seam, not configuration: called by ``crash_point``; only the test
@@ -155,6 +160,9 @@ class SSDConfig:
                 f"ssd index_durability must be one of {INDEX_DURABILITY}, "
                 f"got {self.index_durability!r}"
             )
+        v = self.data_sync_interval_s
+        if isinstance(v, bool) or not isinstance(v, int | float) or not 0 <= v < math.inf:
+            raise SSDConfigError(f"ssd data_sync_interval_s must be a number >= 0, got {v!r}")
         if self.data_sync not in DATA_SYNC:
             raise SSDConfigError(
                 f"ssd data_sync must be one of {DATA_SYNC}, got {self.data_sync!r}"

@@ -4,12 +4,13 @@ A cache may forget its last writes on a power cut as long as it never serves a w
 byte (every slot's header names its key and carries its checksum, and every read checks
 both; after a power cut the fast mode rebuilds the index from those headers). So in the
 default mode a put does not wait for a data sync: it returns once its writes completed,
-and a syncer thread runs the syncs behind the puts — one round after another, each
-covering every slab written before it began. The device's queue then never waits for a
-sync: the next put's writes go in beside it, which is what ``fio --fdatasync`` measures
-too. Nothing is promised that is not kept: ``sync()`` (the tier manager's ``flush()``
-and ``durability="ssd"`` commits, the storage node before it acknowledges a put, a clean
-close) waits for the round that covers every put acknowledged before it.
+and a syncer thread runs the syncs behind the puts — rounds ``data_sync_interval_s``
+(5 ms) apart, each covering every slab written before it began. The device's queue
+then never waits for a sync: the next put's writes go in beside it, which is what
+``fio --fdatasync`` measures too. Nothing is promised that is not kept: ``sync()``
+(the tier manager's ``flush()`` and ``durability="ssd"`` commits, the storage node
+before it acknowledges a put, a clean close) waits for the round that covers every put
+acknowledged before it.
 
 ``PerPutSync`` is the other policy, a null object: each put syncs its own data before it
 publishes (``per_put``, and always in strict index mode), so there is nothing to wait for.
@@ -111,6 +112,8 @@ class BehindSync(DataSync):
         on_error: Callable[[SSDIOError], None],
     ) -> None:
         self._crash = config.crash_point
+        self._interval_s = config.data_sync_interval_s
+        self._waiting = 0  # ``sync`` calls waiting: the next round starts at once
         self._io = io
         self._fd_of = fd_of
         self._on_error = on_error
@@ -135,9 +138,14 @@ class BehindSync(DataSync):
     def sync(self, timeout_s: float | None = None) -> bool:
         with self._cond:
             target = self._noted
-            self._cond.wait_for(
-                lambda: self._synced >= target or self._dead is not None, timeout_s
-            )
+            self._waiting += 1
+            self._cond.notify_all()
+            try:
+                self._cond.wait_for(
+                    lambda: self._synced >= target or self._dead is not None, timeout_s
+                )
+            finally:
+                self._waiting -= 1
             if self._synced < target:
                 if self._dead is None:
                     raise StoreUnavailable("the SSD data sync did not finish before its deadline")
@@ -215,6 +223,10 @@ class BehindSync(DataSync):
             self._synced = mark
             self._rounds += 1
             self._cond.notify_all()
+            # The pause that makes rounds (and device flushes) rarer — counted from the
+            # end of a round, so the device gets that long with writes only; a waiting
+            # ``sync`` or a close cuts it short.
+            self._cond.wait_for(lambda: self._waiting or self._stopping, self._interval_s)
         return True
 
     def _sync_slabs(self, slabs: Sequence[int]) -> list[int]:

@@ -124,3 +124,20 @@ def test_config_data_sync_values(tmp_path: Path) -> None:
     assert SSDConfig(dir=tmp_path, capacity_bytes=64 << 20, index_durability="strict").sync_per_put
     with pytest.raises(SSDConfigError, match="data_sync must be one of"):
         SSDConfig(dir=tmp_path, capacity_bytes=64 << 20, data_sync="never")
+    for bad in (-1, float("nan"), float("inf"), "5ms", True):
+        with pytest.raises(SSDConfigError, match="data_sync_interval_s"):
+            SSDConfig(dir=tmp_path, capacity_bytes=64 << 20, data_sync_interval_s=bad)
+
+
+def test_rounds_are_spaced_but_a_waiting_sync_starts_one_at_once(tmp_path: Path) -> None:
+    """With rounds at most every 60 s, the second ``sync`` still returns at once: a
+    waiter cuts the pause short (a deadline of 30 s fails the test rather than hang)."""
+    ns = small_ns()
+    t = _tier(tmp_path / "ssd", data_sync_interval_s=60.0)
+    for salt in range(3):
+        k = chain(ns, 2, salt=salt)
+        assert t.put(ns, k, rows(ns, k)).inserted == 2
+        assert t.sync(timeout_s=30)
+        assert t.stats().counters["data_sync_rounds"] == salt + 1
+    assert not t.io_backend._held  # type: ignore[attr-defined]
+    t.close()
