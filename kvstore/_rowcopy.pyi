@@ -12,6 +12,7 @@ class Copier:
         unit_bytes: int = ...,
         share_min_bytes: int = ...,
         spin_us: int = ...,
+        split_rows: bool = ...,
     ) -> None: ...
     def copy_verified(
         self,
@@ -28,7 +29,7 @@ class Copier:
         index: tuple[dict[bytes, bytes], dict[bytes, int], dict[bytes, int], int, int],
         keys: Sequence[bytes],
         fingerprint: bytes,
-        dst: memoryview,
+        dst: memoryview | tuple[int, int, object],  # or (address, nbytes, owner)
         row_bytes: int,
         during: Callable[[int], object] | None = None,
     ) -> tuple[int, int]: ...

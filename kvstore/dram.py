@@ -25,7 +25,7 @@ from typing import Any, cast
 import torch
 import xxhash
 
-from kvstore.buffers import rows_view
+from kvstore.buffers import as_view, rows_view, writable_rows
 from kvstore.dram_index import ClassIndex
 from kvstore.dram_pool import DramPool
 from kvstore.errors import IntegrityError, InvalidArgument, StoreUnavailable, UnknownNamespace
@@ -221,7 +221,7 @@ class DramTier(Tier):
         checksums: list[int] | None = None,
     ) -> int:
         bb = ns.block_bytes
-        out = rows_view(dst, len(keys), bb, writable=True)
+        out = writable_rows(dst, len(keys), bb)
         with self._lock:
             cs = self._state(ns)
 
@@ -238,7 +238,7 @@ class DramTier(Tier):
             )
             if got < found:
                 key = keys[got]
-                self._corrupt(cs, key, cs.slot[key], out[got * bb : (got + 1) * bb])
+                self._corrupt(cs, key, cs.slot[key], as_view(out)[got * bb : (got + 1) * bb])
             if checksums is not None:
                 checksums.extend(cs.csum[k] for k in keys[:got])
             self.counters["get_blocks"] += got

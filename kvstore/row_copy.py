@@ -16,7 +16,14 @@ That is the fallback. Where the native module (``kvstore/_rowcopy.c``, built by 
 setup``) loads, ``NativeRowCopier`` does the same in one call without the GIL: each row is
 copied in L1/L2-sized chunks and each chunk hashed right after, from the destination; the
 caller and a persistent helper thread that spins briefly between calls claim rows, so no
-per-unit Python and no wake-up of a sleeping thread sits in the read path.
+per-unit Python and no wake-up of a sleeping thread sits in the read path. At the end of a
+call, the thread out of rows copies the last chunks of the row the other is on (which
+hashes them, in order, from the destination), so neither core idles for most of a row
+(a caller that started late, after its look-up and bookkeeping, finishes a row after the
+helper, which then took it whole). A read by key
+(``copy_found``) hands each row to the helper as soon as its key is found, so the look-up
+and the caller's bookkeeping overlap the copy; a CPU tensor destination is given by its
+address (``kvstore.buffers.AddressedRows``), not a view exported for every read.
 """
 
 from __future__ import annotations
@@ -34,7 +41,7 @@ from typing import NamedTuple
 import xxhash
 import xxhash._xxhash
 
-from kvstore.buffers import buffer_address
+from kvstore.buffers import AddressedRows, as_view, buffer_address
 from kvstore.dram_pool import slot_offset
 from kvstore.errors import InvalidArgument
 
@@ -188,15 +195,19 @@ class RowCopier(ABC):
         index: KeyIndex,
         keys: Sequence[bytes],
         fingerprint: bytes,
-        dst: memoryview,
+        dst: memoryview | AddressedRows,
         row_bytes: int,
         during: Callable[[int], object] | None = None,
     ) -> tuple[int, int]:
         """A read by key: the leading ``keys`` held for ``fingerprint`` in ``index``
         (``found`` of them) are copied from their slots of ``src`` into consecutive rows of
-        ``dst`` and checked as by ``copy_verified``; returns ``(found, got)``, ``got <=
-        found``. ``during`` is called with ``found``, as ``copy_verified`` calls it. The
-        native copier does the look-up too in its one call; this is the fallback's."""
+        ``dst`` (a buffer, or memory given by its address) and checked as by
+        ``copy_verified``; returns ``(found, got)``, ``got <= found``. ``during`` is called
+        with ``found``, as ``copy_verified`` calls it. When the look-up raises (an index
+        that disagrees with itself or with the pool), no row from the offending key on is
+        written (rows before it may be). The native copier does the look-up too in its one
+        call, handing rows to its helper as it finds them; this is the fallback's."""
+        dst = as_view(dst)
         owner, slots, sums, per_chunk, chunk_bytes = index
         offsets, want = [], []
         for k in keys:
@@ -325,6 +336,7 @@ class NativeRowCopier(RowCopier):
         chunk_bytes: int = NATIVE_CHUNK_BYTES,
         share_min_bytes: int = NATIVE_SHARE_MIN_BYTES,
         spin_us: int = NATIVE_SPIN_US,
+        split_rows: bool = True,
     ) -> None:
         if _rowcopy is None:
             raise ImportError(f"kvstore._rowcopy is not built: {_NATIVE_ERROR}")
@@ -337,6 +349,7 @@ class NativeRowCopier(RowCopier):
             unit_bytes=NATIVE_UNIT_BYTES,
             share_min_bytes=share_min_bytes,
             spin_us=spin_us,
+            split_rows=split_rows,
         )
 
     def copy_verified(
@@ -356,7 +369,7 @@ class NativeRowCopier(RowCopier):
         index: KeyIndex,
         keys: Sequence[bytes],
         fingerprint: bytes,
-        dst: memoryview,
+        dst: memoryview | AddressedRows,
         row_bytes: int,
         during: Callable[[int], object] | None = None,
     ) -> tuple[int, int]:
@@ -364,7 +377,9 @@ class NativeRowCopier(RowCopier):
         return int(found), int(got)
 
     def stats(self) -> dict[str, int]:
-        """``shared_calls``: calls offered to the helper; ``helper_rows``: rows it did."""
+        """``shared_calls``: calls offered to the helper; ``helper_rows``: rows it did;
+        ``split_chunks``: chunks of the other thread's row copied by the thread that ran
+        out of rows first (``split_rows``)."""
         return dict(self._c.stats())
 
     @property

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -216,6 +217,40 @@ def test_a_flipped_byte_in_a_large_read_is_caught_on_either_copy_path(threads: i
     t.close()
 
 
+@pytest.mark.parametrize("copier", ["native-1", "native-2", "python-2"])
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.bfloat16])
+def test_a_tensor_destination_is_written_by_address_and_checked_the_same(
+    copier: str, dtype: torch.dtype
+) -> None:
+    # A CPU tensor is handed to the copier by its address (kvstore.buffers.writable_rows);
+    # what lands in it, what passes and what a flipped byte does are as for a buffer,
+    # including the check of the failed row's copy (read back through the address).
+    ns = small_ns(model_id="large", kv_heads=8, head_dim=128, cached_layers=(0, 1))
+    threads = 1 if copier == "native-1" else 2
+    t = DramTier(DramConfig(4 << 20, chunk_bytes=2 << 20, copy_threads=threads))
+    if copier == "python-2":
+        t._copier = make_row_copier(2, kind="python")
+    t.register(ns)
+    keys = chain(ns, 32, seed=37)
+    put(t, ns, keys)
+    _flip_stored(t, ns, keys[21], at=7)
+    bb = ns.block_bytes
+    dst = torch.zeros(32 * bb // dtype.itemsize, dtype=dtype)
+    sums: list[int] = []
+    assert t.get_into(ns, keys, dst, checksums=sums) == 21
+    got = dst.view(torch.uint8).numpy().tobytes()
+    assert got[: 21 * bb] == b"".join(payload_for(ns, k) for k in keys[:21])
+    assert sums == [payload_checksum(payload_for(ns, k)) for k in keys[:21]]
+    c = t.stats().counters
+    assert c["corrupt_blocks_total"] == 1 and c["quarantined_blocks_total"] == 1
+    with pytest.raises(InvalidArgument):
+        t.get_into(ns, keys, dst[:-1])  # one element short
+    with pytest.raises(InvalidArgument):
+        t.get_into(ns, keys[:16], dst.view(2, -1)[:, : 16 * bb // dtype.itemsize // 2])
+    t.check_integrity()
+    t.close()
+
+
 def test_put_keeps_the_given_checksum_so_a_damaged_source_is_caught() -> None:
     t = make()
     keys = chain(SMALL, 2, seed=31)
@@ -341,6 +376,9 @@ def test_the_native_read_by_key_and_the_python_fallback_keep_the_same_books(ops)
         for i, t in enumerate(tiers):
             if op == "put":
                 put(t, SMALL, keys)
+            elif op == "get" and s % 2:  # a tensor: handed over by its address
+                tdst = torch.zeros(len(keys) * SMALL.block_bytes, dtype=torch.uint8)
+                out.append((t.get_into(SMALL, keys, tdst), tdst.numpy().tobytes()))
             elif op == "get":
                 dst = bytearray(len(keys) * SMALL.block_bytes)
                 out.append((t.get_into(SMALL, keys, dst), bytes(dst)))

@@ -34,10 +34,11 @@ def copiers(chunk_bytes: int = 4096) -> list[RowCopier]:
         SharedRowCopier(share_min_bytes=0),
         NativeRowCopier(1, chunk_bytes=chunk_bytes),
         NativeRowCopier(2, chunk_bytes=chunk_bytes, share_min_bytes=0),
+        NativeRowCopier(2, chunk_bytes=chunk_bytes, share_min_bytes=0, split_rows=False),
     ]
 
 
-COPIER_IDS = ["serial", "shared", "native-1", "native-2"]
+COPIER_IDS = ["serial", "shared", "native-1", "native-2", "native-2-whole-rows"]
 
 
 def test_the_native_copier_is_built_and_is_the_default_here() -> None:
@@ -268,4 +269,44 @@ def test_during_runs_once_per_call_and_its_error_comes_after_the_copy(copier: Ro
     dst = bytearray(n * bb)
     assert copier.copy_verified(memoryview(src), offsets, memoryview(dst), bb, sums) == n
     assert all(dst[r * bb : (r + 1) * bb] == src[o : o + bb] for r, o in enumerate(offsets))
+    copier.close()
+
+
+def test_the_last_chunks_of_a_row_copied_by_the_other_thread_are_checked_too() -> None:
+    # A thread out of rows copies the last chunks of the row the other thread is on; that
+    # thread hashes them, in order, from the destination, once they are copied. Damage in
+    # those last chunks must fail the row exactly as damage anywhere else. Calls repeat
+    # until chunks were taken (the bound is far off so a loaded machine cannot fail it);
+    # every call is checked.
+    bb, n, chunk = 64 << 10, 6, 4096
+    src, offsets, sums = _rows(n, bb, seed=21)
+    copier = NativeRowCopier(2, chunk_bytes=chunk, share_min_bytes=0)
+    try:
+        for call in range(50_000):
+            bad = (call * 5) % (n + 1)  # n: no damage
+            at = bb - 1 - (call * 131) % (4 * chunk)  # in the row's last four chunks
+            if bad < n:
+                src[offsets[bad] + at] ^= 0x02
+            dst = bytearray(n * bb)
+            got = copier.copy_verified(memoryview(src), offsets, memoryview(dst), bb, sums)
+            if bad < n:
+                src[offsets[bad] + at] ^= 0x02
+            assert got == (bad if bad < n else n)
+            for r in range(got):
+                assert dst[r * bb : (r + 1) * bb] == src[offsets[r] : offsets[r] + bb]
+            if copier.stats()["split_chunks"] > 0 and call >= 2 * n:
+                break
+        assert copier.stats()["split_chunks"] > 0, "no thread ever took another's chunks"
+    finally:
+        copier.close()
+
+
+def test_whole_rows_only_when_splitting_is_off() -> None:
+    bb, n = 64 << 10, 8
+    src, offsets, sums = _rows(n, bb, seed=27)
+    copier = NativeRowCopier(2, chunk_bytes=4096, share_min_bytes=0, split_rows=False)
+    for _ in range(200):
+        dst = bytearray(n * bb)
+        assert copier.copy_verified(memoryview(src), offsets, memoryview(dst), bb, sums) == n
+    assert copier.stats()["split_chunks"] == 0
     copier.close()

@@ -11,6 +11,7 @@ import xxhash
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from kvstore.buffers import AddressedRows
 from kvstore.dram_pool import slot_offset
 from kvstore.errors import InvalidArgument
 from kvstore.row_copy import KeyIndex, RowCopier
@@ -51,9 +52,29 @@ def layouts(draw: st.DrawFn) -> dict:
     return dict(pool=pool, index=index, read=read, bb=row_bytes, flip=flip, at=at)
 
 
+def _destination(kind: str, nbytes: int) -> tuple[bytearray | np.ndarray, object]:
+    """A zeroed destination of ``nbytes`` and what copy_found is given for it: a
+    memoryview, or the memory's address (as the DRAM tier passes a CPU tensor)."""
+    if kind == "view":
+        buf = bytearray(nbytes)
+        return buf, memoryview(buf)
+    arr = np.zeros(nbytes, dtype=np.uint8)
+    return arr, AddressedRows(arr.ctypes.data if nbytes else 0, nbytes, arr)
+
+
 @settings(max_examples=120, deadline=None)
-@given(layouts(), st.sampled_from([64, 4096, 65536]))
-def test_found_is_the_held_prefix_and_got_the_intact_copies(case: dict, chunk: int) -> None:
+@given(
+    layouts(),
+    st.sampled_from([64, 4096, 65536]),
+    st.sampled_from(["view", "address"]),
+    st.booleans(),
+)
+def test_found_is_the_held_prefix_and_got_the_intact_copies(
+    case: dict, chunk: int, kind: str, tight: bool
+) -> None:
+    # ``tight``: room for the found rows only, not every key (the native copier then
+    # looks every key up before it copies; with room for all, it hands rows to the
+    # helper as it finds them).
     pool, index, read, bb = case["pool"], case["index"], case["read"], case["bb"]
     flipped_key = None
     if case["flip"] is not None and read[case["flip"]] in index.slots:
@@ -64,17 +85,19 @@ def test_found_is_the_held_prefix_and_got_the_intact_copies(case: dict, chunk: i
     while found < len(read) and index.owner.get(read[found]) == FP:
         found += 1
     got = read[:found].index(flipped_key) if flipped_key in read[:found] else found
+    rows = found if tight else len(read)
     for copier in copiers(chunk):
         seen: list[int] = []
-        dst = bytearray(len(read) * bb + 3)
-        assert copier.copy_found(
-            memoryview(pool), index, read, FP, memoryview(dst), bb, seen.append
-        ) == (found, got)
+        dst, given_dst = _destination(kind, rows * bb + 3)
+        assert copier.copy_found(memoryview(pool), index, read, FP, given_dst, bb, seen.append) == (
+            found,
+            got,
+        )
         assert seen == [found], "during is called once, with found"
         for r in range(got):
             off = slot_offset(index.slots[read[r]], index.slots_per_chunk, index.chunk_bytes, bb)
-            assert dst[r * bb : (r + 1) * bb] == pool[off : off + bb]
-        assert dst[len(read) * bb :] == b"\0\0\0", "nothing written past the rows"
+            assert bytes(dst[r * bb : (r + 1) * bb]) == pool[off : off + bb]
+        assert bytes(dst[rows * bb :]) == b"\0\0\0", "nothing written past the rows"
         copier.close()
 
 
@@ -150,3 +173,95 @@ def test_a_large_read_by_key_is_shared_and_during_errors_come_after(copier: RowC
     # The copier is free again (a held lock or helper would hang this call).
     assert copier.copy_found(memoryview(pool), index, keys, FP, memoryview(dst), bb) == (n, n)
     copier.close()
+
+
+@pytest.mark.parametrize("copier", copiers(), ids=COPIER_IDS)
+@pytest.mark.parametrize("bad", ["outside", "no checksum"])
+def test_a_look_up_error_part_way_raises_and_nothing_from_that_key_on_is_written(
+    copier: RowCopier, bad: str
+) -> None:
+    # 8 rows of 64 KiB with room for all (the native copier hands rows to the helper as
+    # it finds them): key 5 is broken. The call raises; rows before key 5 may have been
+    # copied (they are good rows), nothing from row 5 on is written, and the copier is
+    # free again.
+    bb, n = 64 << 10, 8
+    rng = np.random.default_rng(23)
+    pool = bytearray(rng.integers(0, 256, n * bb, dtype=np.uint8))
+    keys = [i.to_bytes(16, "big") for i in range(n)]
+    index = KeyIndex(dict.fromkeys(keys, FP), dict(zip(keys, range(n), strict=True)), {}, n, n * bb)
+    for k, s in zip(keys, range(n), strict=True):
+        index.sums[k] = xxhash.xxh3_64_intdigest(pool[s * bb : (s + 1) * bb])
+    if bad == "outside":
+        index.slots[keys[5]] = n  # past the pool's one chunk
+    else:
+        del index.sums[keys[5]]
+    for _ in range(20):  # the helper may or may not have started on rows: every call
+        dst = bytearray(n * bb)
+        with pytest.raises(InvalidArgument if bad == "outside" else KeyError):
+            copier.copy_found(memoryview(pool), index, keys, FP, memoryview(dst), bb)
+        assert dst[5 * bb :] == bytes(3 * bb), "a row from the broken key on was written"
+        for r in range(5):
+            assert dst[r * bb : (r + 1) * bb] in (bytes(bb), pool[r * bb : (r + 1) * bb])
+    dst = bytearray(5 * bb)
+    assert copier.copy_found(memoryview(pool), index, keys[:5], FP, memoryview(dst), bb) == (5, 5)
+    assert dst == pool[: 5 * bb]
+    copier.close()
+
+
+@pytest.mark.parametrize("copier", copiers(), ids=COPIER_IDS)
+def test_an_addressed_destination_is_checked_like_a_buffer(copier: RowCopier) -> None:
+    pool, index, key = _one_row_pool()
+    arr = np.zeros(64, dtype=np.uint8)
+    with pytest.raises(InvalidArgument):  # 63 bytes for a 64-byte row
+        copier.copy_found(
+            memoryview(pool), index, [key], FP, AddressedRows(arr.ctypes.data, 63, arr), 64
+        )
+    assert copier.copy_found(
+        memoryview(pool), index, [key], FP, AddressedRows(arr.ctypes.data, 64, arr), 64
+    ) == (1, 1)
+    assert arr.tobytes() == pool[64:128]
+    copier.close()
+
+
+def test_the_native_copier_refuses_a_malformed_address() -> None:
+    pool, index, key = _one_row_pool()
+    native = copiers()[3]
+    for bad in [(0, 64, None), (1, -1, None), ("x", 64, None), (1, 64)]:
+        with pytest.raises(InvalidArgument):
+            native.copy_found(memoryview(pool), index, [key], FP, bad, 64)  # type: ignore[arg-type]
+    native.close()
+
+
+def test_the_helper_copies_rows_while_the_caller_still_looks_keys_up() -> None:
+    # Rows are handed to the helper one by one during the look-up; calls repeat until the
+    # helper did rows (bound far off: a loaded machine cannot fail it); each is checked,
+    # with a flipped byte in a different row each call.
+    bb, n = 64 << 10, 24
+    rng = np.random.default_rng(29)
+    pool = bytearray(rng.integers(0, 256, n * bb, dtype=np.uint8))
+    keys = [i.to_bytes(16, "big") for i in range(n)]
+    slots = rng.permutation(n).tolist()
+    index = KeyIndex(dict.fromkeys(keys, FP), dict(zip(keys, slots, strict=True)), {}, 4, 4 * bb)
+    for k, s in zip(keys, slots, strict=True):
+        index.sums[k] = xxhash.xxh3_64_intdigest(pool[s * bb : (s + 1) * bb])
+    native = copiers(4096)[3]
+    try:
+        for call in range(20_000):
+            bad = call % (n + 1)  # n: none
+            at = slots[bad] * bb + (call * 7919) % bb if bad < n else 0
+            if bad < n:
+                pool[at] ^= 0x08
+            dst = bytearray(n * bb)
+            assert native.copy_found(memoryview(pool), index, keys, FP, memoryview(dst), bb) == (
+                n,
+                bad,
+            )
+            if bad < n:
+                pool[at] ^= 0x08
+            for r in range(bad):
+                assert dst[r * bb : (r + 1) * bb] == pool[slots[r] * bb : (slots[r] + 1) * bb]
+            if native.stats()["helper_rows"] > 0 and call > n:
+                break
+        assert native.stats()["helper_rows"] > 0, "the helper never took a row"
+    finally:
+        native.close()
