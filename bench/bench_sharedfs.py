@@ -40,6 +40,7 @@ from pathlib import Path
 
 import numpy as np
 
+from bench.fio import runtime_arg
 from bench.harness import machine, median_interleaved, on_callers
 from kvstore.keys import Namespace
 from storage_nodes.sharedfs import SharedFSConfig, SharedFSTier
@@ -143,7 +144,7 @@ def _threads(loop: Callable[[int, list[float]], int], callers: int) -> dict[str,
 def fio(path: Path, rw: str, engine: str, size: int, seconds: float, *,
         cpu: bool = False) -> dict[str, float]:
     args = ["fio", "--name=b", f"--filename={path}", f"--size={size}", f"--rw={rw}",
-            f"--bs={BLOCK}", "--direct=1", f"--runtime={seconds}", "--time_based",
+            f"--bs={BLOCK}", "--direct=1", f"--runtime={runtime_arg(seconds)}", "--time_based",
             "--norandommap", "--randrepeat=0", "--output-format=json", "--group_reporting"]
     if engine == "psync":
         args += ["--ioengine=psync", f"--numjobs={QD}", "--thread"]
