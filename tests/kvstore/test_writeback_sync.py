@@ -52,6 +52,12 @@ def _payloads(keys: list[bytes]) -> dict[int, bytes]:
     return {i: payload_for(NS, k) for i, k in enumerate(keys)}
 
 
+def _power_cut_drops_nothing(ssd: SSDTier) -> None:
+    assert not ssd.io_backend._held  # type: ignore[attr-defined]
+    ssd.io_backend.crash()  # type: ignore[attr-defined]
+    assert ssd.io_backend.dropped_writes == 0  # type: ignore[attr-defined]
+
+
 def test_an_ssd_durable_commit_survives_a_power_cut_at_once(
     tmp_path: Path, opened: list[TierManager]
 ) -> None:
@@ -59,9 +65,7 @@ def test_an_ssd_durable_commit_survives_a_power_cut_at_once(
     keys = _chain(8, seed=1)
     res = m.commit(NS, keys, _payloads(keys), durability="ssd", timeout_s=30)
     assert res.durability == "ssd"
-    assert not ssd.io_backend._held  # type: ignore[attr-defined]
-    ssd.io_backend.crash()  # type: ignore[attr-defined]
-    assert ssd.io_backend.dropped_writes == 0  # type: ignore[attr-defined]
+    _power_cut_drops_nothing(ssd)
 
 
 def test_flush_makes_written_back_blocks_durable(
@@ -73,8 +77,7 @@ def test_flush_makes_written_back_blocks_durable(
         m.commit(NS, keys, _payloads(keys))  # durability="dram": acknowledged at once
     m.flush(timeout_s=30)
     assert ssd.stats().counters["inserted"] == 18
-    ssd.io_backend.crash()  # type: ignore[attr-defined]
-    assert ssd.io_backend.dropped_writes == 0  # type: ignore[attr-defined]
+    _power_cut_drops_nothing(ssd)
 
 
 def test_a_failed_data_sync_breaks_the_promise_out_loud(
