@@ -16,13 +16,25 @@ import numpy as np
 from kvstore.errors import BufferSizeError, InvalidArgument
 
 
+def _check_tensor(buf: Any) -> None:
+    """A tensor the store can read or write as plain bytes: in host memory, contiguous."""
+    if not buf.is_cpu:
+        raise InvalidArgument("the store reads and writes host memory: pass a CPU tensor")
+    if not buf.is_contiguous():
+        raise InvalidArgument("tensor buffers must be contiguous")
+
+
+def _check_rows(nbytes: int, n_rows: int, row_bytes: int) -> None:
+    if nbytes != n_rows * row_bytes:
+        raise BufferSizeError(
+            f"buffer of {nbytes} bytes, expected {n_rows} x {row_bytes} = {n_rows * row_bytes}"
+        )
+
+
 def byte_view(buf: Any, *, writable: bool = False) -> memoryview:
     """A flat ``memoryview`` of unsigned bytes over ``buf`` (no copy)."""
     if hasattr(buf, "detach") and hasattr(buf, "is_contiguous"):  # torch.Tensor
-        if not buf.is_cpu:
-            raise InvalidArgument("the store reads and writes host memory: pass a CPU tensor")
-        if not buf.is_contiguous():
-            raise InvalidArgument("tensor buffers must be contiguous")
+        _check_tensor(buf)
         import torch
 
         # Each step only where needed: on a DRAM read this view is a part of the tier's
@@ -46,10 +58,7 @@ def byte_view(buf: Any, *, writable: bool = False) -> memoryview:
 def rows_view(buf: Any, n_rows: int, row_bytes: int, *, writable: bool = False) -> memoryview:
     """``byte_view`` that must hold exactly ``n_rows × row_bytes`` bytes."""
     mv = byte_view(buf, writable=writable)
-    if len(mv) != n_rows * row_bytes:
-        raise BufferSizeError(
-            f"buffer of {len(mv)} bytes, expected {n_rows} x {row_bytes} = {n_rows * row_bytes}"
-        )
+    _check_rows(len(mv), n_rows, row_bytes)
     return mv
 
 
@@ -80,16 +89,9 @@ def writable_rows(buf: Any, n_rows: int, row_bytes: int) -> memoryview | Address
         or buf.dtype.is_complex  # a conjugate view's memory is not its values
     ):
         return rows_view(buf, n_rows, row_bytes, writable=True)
-    if not buf.is_cpu:
-        raise InvalidArgument("the store reads and writes host memory: pass a CPU tensor")
-    if not buf.is_contiguous():
-        raise InvalidArgument("tensor buffers must be contiguous")
-    nbytes = buf.nbytes
-    if nbytes != n_rows * row_bytes:
-        raise BufferSizeError(
-            f"buffer of {nbytes} bytes, expected {n_rows} x {row_bytes} = {n_rows * row_bytes}"
-        )
-    return AddressedRows(buf.data_ptr(), nbytes, buf)
+    _check_tensor(buf)
+    _check_rows(buf.nbytes, n_rows, row_bytes)
+    return AddressedRows(buf.data_ptr(), buf.nbytes, buf)
 
 
 def as_view(buf: memoryview | AddressedRows) -> memoryview:
