@@ -40,7 +40,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.fio import runtime_arg
+from bench.fio import rates, run_job, runtime_arg
 from bench.harness import machine, median_interleaved, on_callers
 from kvstore.keys import Namespace
 from storage_nodes.sharedfs import SharedFSConfig, SharedFSTier
@@ -152,15 +152,12 @@ def fio(path: Path, rw: str, engine: str, size: int, seconds: float, *,
         args += [f"--ioengine={engine}", f"--iodepth={QD}"]
     if rw == "randwrite":
         args.append(f"--fdatasync={QD}")
-    out = subprocess.run(args, capture_output=True, text=True, check=True).stdout
-    j = json.loads(out[out.index("{"):])["jobs"][0]["read" if rw == "randread" else "write"]
-    pct = j["clat_ns"].get("percentile", {})
-    out_ = {"MBps": j["bw_bytes"] / 1e6, "p50_ms": pct.get("50.000000", 0) / 1e6,
-            "p99_ms": pct.get("99.000000", 0) / 1e6}
+    job = run_job(args)
+    mbps, p50_ns, p99_ns = rates(job, rw)
+    out = {"MBps": mbps, "p50_ms": p50_ns / 1e6, "p99_ms": p99_ns / 1e6}
     if cpu:  # fio's own CPU over the run (usr + sys, % of one core, all jobs)
-        job = json.loads(out[out.index("{"):])["jobs"][0]
-        out_["cpu_ms"] = (job["usr_cpu"] + job["sys_cpu"]) / 100 * seconds * 1e3
-    return out_
+        out["cpu_ms"] = (job["usr_cpu"] + job["sys_cpu"]) / 100 * seconds * 1e3
+    return out
 
 
 def compare_with_fio(c: DFSCluster, a: argparse.Namespace) -> list[dict]:

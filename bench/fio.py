@@ -1,6 +1,7 @@
-"""fio as the SSD benches' peer: one fio run's throughput and latency, the file laid out
-before any measured round, quiet between cases, and rounds interleaved with alternating
-order (so ours and fio's follow each other's writes equally often)."""
+"""fio as the benches' peer: one fio run's throughput and latency (``run_job`` and
+``rates`` for the SSD and shared-FS benches), the file laid out before any measured
+round, quiet between cases, and rounds interleaved with alternating order (so ours and
+fio's follow each other's writes equally often)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 
 def fio(
@@ -39,14 +41,22 @@ def fio(
         args.append(f"--fdatasync={qd}")
     if batch:
         args += [f"--iodepth_batch_submit={depth}", f"--iodepth_batch_complete_min={depth}"]
+    mbps, p50_ns, p99_ns = rates(run_job(args), rw)
+    return {"MBps": mbps, "p50_us": p50_ns / 1e3, "p99_us": p99_ns / 1e3}
+
+
+def run_job(args: list[str]) -> dict[str, Any]:
+    """Run fio (``args`` with ``--output-format=json``); its first job's report."""
     out = subprocess.run(args, capture_output=True, text=True, check=True).stdout
-    j = json.loads(out[out.index("{") :])["jobs"][0]["read" if rw == "randread" else "write"]
+    job: dict[str, Any] = json.loads(out[out.index("{") :])["jobs"][0]
+    return job
+
+
+def rates(job: dict[str, Any], rw: str) -> tuple[float, float, float]:
+    """A job's MB/s and median and 99th-percentile completion latency (ns) for ``rw``."""
+    j = job["read" if rw == "randread" else "write"]
     pct = j["clat_ns"].get("percentile", {})
-    return {
-        "MBps": j["bw_bytes"] / 1e6,
-        "p50_us": pct.get("50.000000", 0) / 1e3,
-        "p99_us": pct.get("99.000000", 0) / 1e3,
-    }
+    return j["bw_bytes"] / 1e6, pct.get("50.000000", 0), pct.get("99.000000", 0)
 
 
 def runtime_arg(seconds: float) -> str:
