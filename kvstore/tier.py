@@ -165,9 +165,9 @@ class Tier(ABC):
         """Make every block this tier acknowledged so far durable against power loss.
         False: some could not be (an I/O error, counted and handled as the tier's own
         failure; reported once); ``StoreUnavailable`` when ``timeout_s`` passes first.
-        This default: a put is
-        already as durable as the tier gets when it returns, so there is nothing to wait
-        for (the SSD engine syncs its data behind its puts and overrides it)."""
+        This default: a put is already as durable as the tier gets when it returns, so
+        there is nothing to wait for (the SSD engine syncs its data behind its puts and
+        overrides it)."""
         return True
 
     @abstractmethod

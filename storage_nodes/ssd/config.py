@@ -63,11 +63,10 @@ class SSDConfig:
     ``data_sync_interval_s``: behind the puts, the pause between the end of one sync
     round and the start of the next, cut short when a ``sync()`` waits (each round syncs
     every slab file written since the last, so fewer rounds means fewer device flushes);
-    what a power cut may lose is bounded by it plus two rounds.
-    ``boot_id`` tells a process crash (same boot: the page
-    cache kept every index write) from a power cut; tests inject one to simulate a
-    reboot. ``probe_interval_s``: how often a degraded tier checks whether it can
-    recover.
+    what a power cut may lose is bounded by it plus two rounds. ``boot_id`` tells a
+    process crash (same boot: the page cache kept every index write) from a power cut;
+    tests inject one to simulate a reboot. ``probe_interval_s``: how often a degraded
+    tier checks whether it can recover.
     """
 
     dir: Path

@@ -2,11 +2,12 @@
 
 A put is a group commit (``writer.py``): blocks go to reserved free slots, then all of
 them are published in one LMDB transaction; their data is synced behind the puts by
-default, or before the publish (``syncer.py``), and ``sync()`` waits for it. Readers find a block
-through the index and accept it only after checking its header and checksum, so a crash
-at any point, a flipped bit or a slot reused under a racing reader is a miss, never
-wrong bytes. I/O errors and ENOSPC degrade the tier (read-only, or off) instead of
-raising into the caller; misuse raises ``ValueError`` subclasses as the contract says.
+default, or before the publish (``syncer.py``), and ``sync()`` waits for it. Readers
+find a block through the index and accept it only after checking its header and
+checksum, so a crash at any point, a flipped bit or a slot reused under a racing reader
+is a miss, never wrong bytes. I/O errors and ENOSPC degrade the tier (read-only, or
+off) instead of raising into the caller; misuse raises ``ValueError`` subclasses as the
+contract says.
 """
 
 from __future__ import annotations
@@ -461,4 +462,3 @@ class SSDTier(Tier):
         self._files.close()
         self._index.close()
         self._dirlock.release()
-
