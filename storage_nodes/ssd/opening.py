@@ -1,7 +1,8 @@
 """Opening a directory: trust its index or rebuild it from the slot headers, and keep
 the shutdown marker honest for the next open (``marker.py`` says when an index can be
 trusted). A directory written before the marker existed was written with synced
-commits only, so it is trusted as it is.
+commits only, so it is trusted as it is. ``IndexLifecycle.assemble`` builds everything
+an open tier runs on, in order, and closes what it built if a later step fails.
 """
 
 from __future__ import annotations
@@ -9,17 +10,25 @@ from __future__ import annotations
 import errno
 import logging
 import shutil
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
+from storage_nodes.ssd.allocator import SlotAllocator
+from storage_nodes.ssd.backends import make_backend
 from storage_nodes.ssd.blockio import BlockIO
 from storage_nodes.ssd.config import SSDConfig
-from storage_nodes.ssd.errors import SSDFormatError
+from storage_nodes.ssd.errors import SSDFormatError, SSDIOError
 from storage_nodes.ssd.index import CORRUPT, Index
 from storage_nodes.ssd.io_backend import IOBackend
+from storage_nodes.ssd.lookup import LiveIndex
 from storage_nodes.ssd.marker import ShutdownMarker
 from storage_nodes.ssd.rebuild import RebuildReport, rebuild_index
+from storage_nodes.ssd.recency import Recency
 from storage_nodes.ssd.slab_table import SlabTable, Tombstones
 from storage_nodes.ssd.slabs import FULL_ERRNOS, SlabFiles
+from storage_nodes.ssd.syncer import DataSync, make_data_sync
+from storage_nodes.ssd.writer import GroupCommit
 
 log = logging.getLogger("storage_nodes.ssd")
 _NEVER_THIS_BOOT = "rebuild"  # a boot id no machine has: the next open rebuilds
@@ -34,6 +43,31 @@ class Opened:
     rebuilt: RebuildReport | None
 
 
+@dataclass(frozen=True)
+class Parts:
+    """Everything an open tier runs on (``IndexLifecycle.assemble``)."""
+
+    config: SSDConfig  # with the directory's own slab size
+    io: IOBackend
+    index: Index
+    files: SlabFiles
+    blocks: BlockIO
+    rebuilt: RebuildReport | None
+    recency: Recency
+    view: LiveIndex
+    alloc: SlotAllocator
+    sync: DataSync
+    writer: GroupCommit
+    room: bool  # the file system took this open's first write (else: read-only)
+
+    def release(self) -> None:
+        self.sync.abandon()  # joined before the files it syncs are closed
+        self.blocks.close()
+        self.io.close()
+        self.files.close()
+        self.index.close()
+
+
 class IndexLifecycle:
     def __init__(self, config: SSDConfig) -> None:
         self._config = config
@@ -43,6 +77,40 @@ class IndexLifecycle:
         self.boot_id = config.boot_id()
         self.strict = config.index_durability == "strict"
         self.dirty = False  # this open marked the directory dirty (its index is written)
+
+    def assemble(
+        self,
+        count: Callable[[Mapping[str, int]], None],
+        write_failed: Callable[[SSDIOError], None],
+    ) -> Parts:
+        """Open the directory and build the tier's parts on it; ``count`` adds to the
+        tier's counters, ``write_failed`` is told of a failed data sync round."""
+        opened: list[Any] = []
+        try:
+            io = make_backend(self._config.io_backend, self._config.queue_depth)
+            opened.append(io)
+            o = self.open(io)
+            config = o.config
+            opened += [o.index, o.files]
+            with o.index.begin() as txn:
+                first_seq = o.index.seq_high_water(txn) + 1
+            recency = Recency(config, first_seq)
+            view = LiveIndex(config, o.index, recency)
+            alloc = SlotAllocator(config, o.index, o.files, recency, count, self.table)
+            room = o.files.room_at_open and self.begin_writes()
+            if room:
+                alloc.shrink_to_capacity()  # an index write: only once marked dirty
+            sync = make_data_sync(config, io, o.files.fd, write_failed)
+            opened.append(sync)  # nothing written yet: its final sync is a no-op
+            writer = GroupCommit(config, o.index, view, recency, alloc, o.blocks, sync)
+        except BaseException:
+            for res in reversed(opened):
+                res.close()
+            raise
+        return Parts(
+            config, io, o.index, o.files, o.blocks, o.rebuilt, recency, view, alloc, sync,
+            writer, room,
+        )
 
     def open(self, io: IOBackend) -> Opened:
         config = self._config

@@ -3,12 +3,54 @@ what the I/O path really is (backend, O_DIRECT or buffered)."""
 
 from __future__ import annotations
 
+import threading
+from collections import Counter
 from collections.abc import Iterable, Mapping
 
 from kvstore.tier import SizeClassStats, TierStats
 from storage_nodes.ssd.config import SSDConfig, slot_bytes_for
 from storage_nodes.ssd.index import Index
 from storage_nodes.ssd.slabs import SlabFiles
+
+COUNTERS = (
+    "puts",
+    "gets",
+    "hits",
+    "misses",
+    "inserted",
+    "dropped",
+    "evictions",
+    "retention_violations_total",
+    "corrupt_blocks_total",
+    "expired_total",
+    "io_errors_total",
+    "read_races",
+    "slab_handovers",
+    "recoveries",
+)
+
+
+class Counters:
+    """The tier's counters, safe to bump from any thread (every one present from 0)."""
+
+    def __init__(self) -> None:
+        self._counts: Counter[str] = Counter(dict.fromkeys(COUNTERS, 0))
+        self._lock = threading.Lock()
+
+    def add(self, counts: Mapping[str, int]) -> None:
+        with self._lock:
+            c = self._counts
+            for k, v in counts.items():  # not Counter.update: its ABC check is slow
+                c[k] += v
+
+    def inc(self, name: str, n: int = 1) -> int:
+        with self._lock:
+            self._counts[name] += n
+            return self._counts[name]
+
+    def snapshot(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self._counts)
 
 
 def build_stats(

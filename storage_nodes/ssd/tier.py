@@ -14,10 +14,8 @@ from __future__ import annotations
 
 import logging
 import math
-import threading
 import time
-from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from contextlib import suppress
 from typing import Any
 
@@ -28,8 +26,6 @@ from kvstore.call_gate import CallGate
 from kvstore.errors import InvalidArgument, StoreUnavailable, UnknownNamespace
 from kvstore.keys import Key, Namespace, check_keys
 from kvstore.tier import PutResult, Tier, TierStats
-from storage_nodes.ssd.allocator import SlotAllocator
-from storage_nodes.ssd.backends import make_backend
 from storage_nodes.ssd.blockio import ReadFailure
 from storage_nodes.ssd.config import SSDConfig, slot_bytes_for
 from storage_nodes.ssd.errors import SSDConfigError, SSDIOError
@@ -37,32 +33,13 @@ from storage_nodes.ssd.health import Health
 from storage_nodes.ssd.index import CORRUPT
 from storage_nodes.ssd.io_backend import IOBackend
 from storage_nodes.ssd.lock import DirLock
-from storage_nodes.ssd.lookup import LiveIndex
 from storage_nodes.ssd.opening import IndexLifecycle
 from storage_nodes.ssd.rebuild import RebuildReport
-from storage_nodes.ssd.recency import Recency
-from storage_nodes.ssd.stats import build_stats
+from storage_nodes.ssd.stats import Counters, build_stats
 from storage_nodes.ssd.sweeper import Maintenance, sweep_expired
-from storage_nodes.ssd.syncer import DataSync, make_data_sync
-from storage_nodes.ssd.writer import GroupCommit
+from storage_nodes.ssd.syncer import DataSync
 
 log = logging.getLogger("storage_nodes.ssd")
-_COUNTERS = (
-    "puts",
-    "gets",
-    "hits",
-    "misses",
-    "inserted",
-    "dropped",
-    "evictions",
-    "retention_violations_total",
-    "corrupt_blocks_total",
-    "expired_total",
-    "io_errors_total",
-    "read_races",
-    "slab_handovers",
-    "recoveries",
-)
 _STORE_ERRORS = (SSDIOError, lmdb.Error, OSError)
 
 
@@ -73,50 +50,25 @@ class SSDTier(Tier):
         self.config = config
         config.dir.mkdir(parents=True, exist_ok=True)
         self._dirlock = DirLock(config.dir)
-        self._counts: Counter[str] = Counter(dict.fromkeys(_COUNTERS, 0))
-        self._counts_lock = threading.Lock()
+        self._counts = Counters()
+        self._add, self._inc = self._counts.add, self._counts.inc
         self._namespaces: dict[bytes, Namespace] = {}
         self._health = Health(str(config.dir), config.io_error_limit, config.probe_interval_s)
         self._gate = CallGate(f"SSD tier {config.dir} is closed")
         self._maint: Maintenance | None = None
         self._life = IndexLifecycle(config)
-        opened: list[Any] = []
         try:
-            self._io: IOBackend = make_backend(config.io_backend, config.queue_depth)
-            opened.append(self._io)
-            o = self._life.open(self._io)
-            config = self.config = o.config
-            self._index, self._files, self._blocks = o.index, o.files, o.blocks
-            self.rebuild_report: RebuildReport | None = o.rebuilt
-            opened += [self._index, self._files]
-            with self._index.begin() as txn:
-                first_seq = self._index.seq_high_water(txn) + 1
-            self._recency = Recency(config, first_seq)
-            self._view = LiveIndex(config, self._index, self._recency)
-            self._alloc = SlotAllocator(
-                config, self._index, self._files, self._recency, self._add, self._life.table
-            )
-            room = self._files.room_at_open and self._life.begin_writes()
-            if room:
-                self._alloc.shrink_to_capacity()  # an index write: only once marked dirty
-            self._sync: DataSync = make_data_sync(
-                config, self._io, self._files.fd, lambda e: self._store_failed(e, writing=True)
-            )
-            opened.append(self._sync)  # nothing written yet: its final sync is a no-op
-            self._writer = GroupCommit(
-                config,
-                self._index,
-                self._view,
-                self._recency,
-                self._alloc,
-                self._blocks,
-                self._sync,
-            )
+            p = self._life.assemble(self._add, lambda e: self._store_failed(e, writing=True))
         except BaseException:
-            for res in reversed(opened):
-                res.close()
             self._dirlock.release()
             raise
+        self._parts, config, room = p, p.config, p.room
+        self.config = config
+        self._io, self._index, self._files, self._blocks = p.io, p.index, p.files, p.blocks
+        self._recency, self._view, self._alloc = p.recency, p.view, p.alloc
+        self._sync: DataSync = p.sync
+        self._writer = p.writer
+        self.rebuild_report: RebuildReport | None = p.rebuilt
         if not room:
             self._health.degrade("read-only", "the file system refused a 4 KiB write at open")
         if config.sweep_interval_s is not None:
@@ -137,17 +89,6 @@ class SSDTier(Tier):
     @property
     def _mode(self) -> str:
         return self._health.mode
-
-    def _add(self, counts: Mapping[str, int]) -> None:
-        with self._counts_lock:
-            c = self._counts
-            for k, v in counts.items():  # not Counter.update: its ABC check is slow
-                c[k] += v
-
-    def _inc(self, name: str, n: int = 1) -> int:
-        with self._counts_lock:
-            self._counts[name] += n
-            return self._counts[name]
 
     def _store_failed(self, e: BaseException, *, writing: bool) -> None:
         self._inc("io_errors_total")
@@ -395,8 +336,7 @@ class SSDTier(Tier):
 
     def stats(self) -> TierStats:
         with self._gate.call():
-            with self._counts_lock:
-                counters = dict(self._counts)
+            counters = self._counts.snapshot()
             counters["data_sync_rounds"] = self._sync.rounds()
             registered = [ns.block_bytes for ns in self._namespaces.values()]
             return build_stats(
@@ -456,9 +396,5 @@ class SSDTier(Tier):
             log.error("SSD tier %s: unclean close: %s", self.config.dir, e)
 
     def _release(self) -> None:
-        self._sync.abandon()  # joined before the files it syncs are closed
-        self._blocks.close()
-        self._io.close()
-        self._files.close()
-        self._index.close()
+        self._parts.release()
         self._dirlock.release()
