@@ -130,8 +130,11 @@ class BehindSync(DataSync):
         self._thread.start()
 
     def written(self, slabs: Iterable[int]) -> None:
+        slabs = dict.fromkeys(slabs)
+        if not slabs:  # nothing to sync: counted, it would hold every later ``sync``
+            return  # waiting for a round that only dirty slabs start
         with self._cond:
-            self._dirty.update(dict.fromkeys(slabs))
+            self._dirty.update(slabs)
             self._noted += 1
             self._cond.notify_all()
 

@@ -18,6 +18,8 @@ from kvstore.errors import StoreUnavailable
 from storage_nodes.ssd import SSDTier
 from storage_nodes.ssd.config import SSDConfig
 from storage_nodes.ssd.errors import SSDConfigError
+from storage_nodes.ssd.io_backend import PreadBackend
+from storage_nodes.ssd.syncer import BehindSync
 from tests.storage_nodes.ssd.helpers import chain, make_config, rows, small_ns, verify_all
 
 
@@ -141,3 +143,18 @@ def test_rounds_are_spaced_but_a_waiting_sync_starts_one_at_once(tmp_path: Path)
         assert t.stats().counters["data_sync_rounds"] == salt + 1
     assert not t.io_backend._held  # type: ignore[attr-defined]
     t.close()
+
+
+def test_a_write_noted_with_no_slabs_leaves_nothing_to_wait_for(tmp_path: Path) -> None:
+    """``written([])`` must not count: a round starts only for dirty slabs, so a counted
+    empty call would hold every later ``sync`` until its deadline."""
+    errors: list[BaseException] = []
+    sync = BehindSync(make_config(tmp_path), PreadBackend(4), lambda slab: -1, errors.append)
+    try:
+        sync.written([])
+        assert sync.sync(timeout_s=5)
+        assert sync.rounds() == 0
+        sync.check_integrity()
+    finally:
+        sync.abandon()
+    assert not errors
