@@ -21,18 +21,24 @@ For 64 KiB, 256 KiB and 2 MiB blocks at queue depth 1 and 32:
 ``--callers N`` (e.g. ``1,2``): N threads each issue calls of ``qd/N`` blocks, so at most
 ``qd`` I/Os are in flight — what fio's ``--iodepth`` means; with one caller of ``qd``
 blocks the device's queue drains at the end of every call by construction (fio's never
-drains), with two a call's writes and sync overlap the other caller's. fio runs once per
-round either way; each row says which caller count it is.
+drains), with two a call's writes and sync overlap the other caller's.
 
 Caller rows are page aligned (``--unaligned``: 64 bytes off, which forces a staging
 copy). Figures are MB/s of payload (our slots also carry a 4 KiB header page), medians
-of ``--runs`` interleaved rounds; latency is per call for us (``qd`` blocks) and per I/O for fio.
-Fairness: fio's file is laid out before the first round (not inside a measured one); the
-order of the cases is reversed every other round, so ours and fio's follow each other's
-writes equally often; and every case starts after a ``sync`` and ``--settle-s`` of quiet,
-so a write burst still draining in the virtual disk's host does not land on the next case.
-Run: ``.venv/bin/python -m bench.bench_ssd`` (``--quick``: one size, short runs; ``--ops get``
-or ``--ops put``: one operation and its fio peers only). The fio runner is ``bench.fio``.
+of ``--runs`` rounds (default 11); latency is per call for us (``qd`` blocks) and per
+I/O for fio. Rounds (``bench.fio.bracketed_rounds``): every run of ours sits between two
+runs of each fio peer (fio, ours, fio, ours, fio), and its per-round ratio is taken
+against the mean of those two — this virtual disk's rate moves by tens of percent from
+one 1.5 s run to the next, and a fio run right before and after cancels the drift that
+one fio run per round carried whole into the ratio. Each row gives the ratio of the
+medians and the median of the per-round ratios with their range (and every one of
+them). Fairness: fio's file is laid out before the first round (not inside a measured
+one); odd rounds run the cases in reverse order, so ours and fio's follow each other's
+writes equally often; and every case starts after a ``sync`` and ``--settle-s`` of
+quiet, so a write burst still draining in the virtual disk's host does not land on the
+next case. Run: ``.venv/bin/python -m bench.bench_ssd`` (``--quick``: one size, short
+runs; ``--ops get`` or ``--ops put``: one operation and its fio peers only;
+``--no-batch-peer``: put against ``fio_write`` only). The fio runner is ``bench.fio``.
 Needs ``fio`` (``apt-get install -y fio``); without it only our figures are printed.
 """
 
@@ -52,7 +58,7 @@ from pathlib import Path
 import numpy as np
 import xxhash
 
-from bench.fio import alternating_rounds, fio, lay_out
+from bench.fio import bracketed_rounds, fio, lay_out
 from bench.harness import machine, on_callers
 from kvstore.keys import Namespace
 from storage_nodes.ssd import SSDConfig, SSDTier
@@ -205,43 +211,42 @@ def _summary(nbytes: int, elapsed: float, lat: list[float]) -> dict[str, float]:
     }
 
 
-def _pairs(ours: list[dict[str, float]], peer: list[dict[str, float]]) -> list[float]:
-    return [o["MBps"] / p["MBps"] for o, p in zip(ours, peer, strict=True)]
-
-
 def compare(
     ours: Ours, fio_file: Path | None, bs: int, qd: int, a: argparse.Namespace
 ) -> list[dict]:
-    """Ours and fio at one size and depth, interleaved; one row per operation."""
+    """Ours and fio at one size and depth, each run of ours bracketed by fio's
+    (``bench.fio.bracketed_rounds``); one row per operation, caller count and peer."""
     runs: dict[str, list[dict[str, float]]] = {}
 
     def case(name: str, fn: Callable[[], dict[str, float]]) -> Callable[[], float]:
-        def run() -> float:  # keep full results, hand MB/s to the median
+        def run() -> float:  # keep full results, hand MB/s to the rounds
             r = fn()
             runs.setdefault(name, []).append(r)
             return r["MBps"]
 
         return run
 
-    cases: dict[str, Callable[[], float]] = {}
+    own: dict[str, Callable[[], float]] = {}
     for c in a.callers:
         if "get" in a.ops:
-            cases[f"get{c}"] = case(f"get{c}", lambda c=c: ours.get(qd, a.seconds, c))
+            own[f"get{c}"] = case(f"get{c}", lambda c=c: ours.get(qd, a.seconds, c))
         if "put" in a.ops:
-            cases[f"put{c}"] = case(f"put{c}", lambda c=c: ours.put(qd, a.seconds, c))
+            own[f"put{c}"] = case(f"put{c}", lambda c=c: ours.put(qd, a.seconds, c))
+    peers: dict[str, Callable[[], float]] = {}
     if fio_file is not None and "get" in a.ops:
-        cases["fio_read"] = case(
+        peers["fio_read"] = case(
             "fio_read", lambda: fio(fio_file, "randread", bs, qd, a.ws, a.seconds)
         )
     if fio_file is not None and "put" in a.ops:
-        cases["fio_write"] = case(
+        peers["fio_write"] = case(
             "fio_write", lambda: fio(fio_file, "randwrite", bs, qd, a.ws, a.seconds)
         )
-        cases["fio_write_batch"] = case(
-            "fio_write_batch",
-            lambda: fio(fio_file, "randwrite", bs, qd, a.ws, a.seconds, batch=True),
-        )
-    med = alternating_rounds(cases, a.runs, a.settle_s)
+        if a.batch_peer:
+            peers["fio_write_batch"] = case(
+                "fio_write_batch",
+                lambda: fio(fio_file, "randwrite", bs, qd, a.ws, a.seconds, batch=True),
+            )
+    got = bracketed_rounds(own, peers, a.runs, a.settle_s)
     lat = {
         k: {m: statistics.median(r[m] for r in v) for m in ("p50_us", "p99_us")}
         for k, v in runs.items()
@@ -251,7 +256,7 @@ def compare(
         (kind, c, peer)
         for c in a.callers
         for kind, peer in [("get", "fio_read"), ("put", "fio_write"), ("put", "fio_write_batch")]
-        if kind in a.ops and (fio_file is not None or peer != "fio_write_batch")
+        if kind in a.ops and (peer in peers or (not peers and peer != "fio_write_batch"))
     ]
     for kind, c, peer in pairs:
         op = f"{kind}{c}"
@@ -260,7 +265,8 @@ def compare(
             "callers": c,
             "block": f"{bs >> 10} KiB",
             "qd": qd,
-            "MBps": round(med[op], 1),
+            "rounds": len(got.values[op]),
+            "MBps": round(got.median(op), 1),
             "p50_us": round(lat[op]["p50_us"]),
             "p99_us": round(lat[op]["p99_us"]),
         }
@@ -268,20 +274,18 @@ def compare(
             row["sync_rounds_per_call"] = round(
                 statistics.median(r["sync_rounds_per_call"] for r in runs[op]), 2
             )
-        if fio_file is not None:
+        if peer in peers:
+            ratios = got.ratios(op, peer)
             row.update(
                 vs=peer,
-                fio_MBps=round(med[peer], 1),
+                fio_MBps=round(got.median(peer), 1),
                 fio_p50_us=round(lat[peer]["p50_us"]),
                 fio_p99_us=round(lat[peer]["p99_us"]),
-                ratio=round(med[op] / med[peer], 2),
-                # the same ratio taken round by round (ours and fio ran seconds apart):
-                # the median and range say how much the shared disk moved under us
-                round_ratio=round(statistics.median(_pairs(runs[op], runs[peer])), 2),
-                round_range=[
-                    round(min(_pairs(runs[op], runs[peer])), 2),
-                    round(max(_pairs(runs[op], runs[peer])), 2),
-                ],
+                ratio=round(got.median(op) / got.median(peer), 2),
+                # each round's run of ours against the mean of the fio runs either side
+                round_ratio=round(statistics.median(ratios), 2),
+                round_range=[round(min(ratios), 2), round(max(ratios), 2)],
+                round_ratios=[round(x, 2) for x in ratios],
             )
         rows.append(row)
     return rows
@@ -292,7 +296,9 @@ def main() -> int:
     ap.add_argument("--dir", type=Path, default=Path("bench/out/ssd"))
     ap.add_argument("--ws", type=int, default=1 << 30, help="bytes stored per size")
     ap.add_argument("--seconds", type=float, default=1.5)
-    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument(
+        "--runs", type=int, default=11, help="rounds (at least 3); figures are their medians"
+    )
     ap.add_argument(
         "--settle-s", type=float, default=0.5, help="quiet time (after a sync) before each case"
     )
@@ -324,6 +330,12 @@ def main() -> int:
         default="get,put",
         help="operations to measure, e.g. get (with fio_read as its peer) or put (with "
         "fio_write and fio_write_batch); default both",
+    )
+    ap.add_argument(
+        "--no-batch-peer",
+        dest="batch_peer",
+        action="store_false",
+        help="put: leave out the fio_write_batch peer (fio_write only; shorter rounds)",
     )
     a = ap.parse_args()
     try:

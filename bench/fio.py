@@ -1,7 +1,18 @@
 """fio as the benches' peer: one fio run's throughput and latency (``run_job`` and
 ``rates`` for the SSD and shared-FS benches), the file laid out before any measured
-round, quiet between cases, and rounds interleaved with alternating order (so ours and
-fio's follow each other's writes equally often)."""
+round, quiet between cases, and rounds in which every run of ours is bracketed by its
+fio peers (``bracketed_rounds``).
+
+Why bracketed: this virtual disk's rate moves by tens of percent from one 1.5 s run to
+the next (fio alone, back to back on one file: 895–1430 MB/s in one set of ten,
+969–1593 in another). With one fio run per round, a round's ratio compared our run
+with a fio run up to a few cases away, so it carried that drift whole (per-round
+ratios 0.72–1.01 for one code). A peer run right before and right after each of ours,
+and the ratio taken against their mean, cancels any drift that is linear over the
+three runs; what is left is the disk's fast jitter, which more rounds (the SSD bench's
+default is 11) average out. Both figures stay visible: the ratio of the medians, and
+the median of the per-round ratios with their range.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +21,8 @@ import os
 import statistics
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -81,16 +93,64 @@ def settle(seconds: float) -> None:
     time.sleep(seconds)
 
 
-def alternating_rounds(
-    cases: dict[str, Callable[[], float]], runs: int, settle_s: float
-) -> dict[str, float]:
-    """Each case once per round, rounds interleaved; odd rounds run the cases in reverse
-    order, so no case always follows the same neighbour (a write case leaves the disk
-    busier than a read). Returns each case's median."""
-    results: dict[str, list[float]] = {name: [] for name in cases}
-    order = list(cases)
+@dataclass(frozen=True)
+class Rounds:
+    """What ``bracketed_rounds`` measured: every run's figure per case, in the order run
+    (an own case once per round, a peer once before each own case and once at the end
+    of the round), and per own case, peer and round the mean of the two peer runs on
+    either side of it."""
+
+    values: dict[str, list[float]]
+    brackets: dict[str, dict[str, list[float]]]
+
+    def ratios(self, own: str, peer: str) -> list[float]:
+        """``own``'s per-round ratios to the mean of its bracketing ``peer`` runs."""
+        return [o / p for o, p in zip(self.values[own], self.brackets[own][peer], strict=True)]
+
+    def median(self, case: str) -> float:
+        return statistics.median(self.values[case])
+
+
+def bracketed_rounds(
+    own: dict[str, Callable[[], float]],
+    peers: dict[str, Callable[[], float]],
+    runs: int,
+    settle_s: float,
+    settle: Callable[[float], None] = settle,
+) -> Rounds:
+    """``runs`` rounds (at least 3). A round runs every peer, then one own case, then
+    every peer again, and so on: ``P A P B P`` for own cases A, B; each own run is
+    compared with the mean of the peer runs just before and just after it. Odd rounds
+    take the own cases, and the peers within each group, in reverse order, so no case
+    always follows the same neighbour (a write leaves the disk busier than a read).
+    ``settle(settle_s)`` runs before every case."""
+    values: dict[str, list[float]] = {name: [] for name in (*own, *peers)}
+    brackets: dict[str, dict[str, list[float]]] = {a: {p: [] for p in peers} for a in own}
     for r in range(max(3, runs)):
-        for name in order if r % 2 == 0 else order[::-1]:
+        flip = r % 2 == 1
+        order: Sequence[str] = list(own)[::-1] if flip else list(own)
+        group: Sequence[str] = list(peers)[::-1] if flip else list(peers)
+        before = _run_group(peers, group, values, settle, settle_s)
+        for a in order:
             settle(settle_s)
-            results[name].append(cases[name]())
-    return {name: statistics.median(v) for name, v in results.items()}
+            values[a].append(own[a]())
+            after = _run_group(peers, group, values, settle, settle_s)
+            for p in peers:
+                brackets[a][p].append((before[p] + after[p]) / 2)
+            before = after
+    return Rounds(values, brackets)
+
+
+def _run_group(
+    cases: dict[str, Callable[[], float]],
+    order: Sequence[str],
+    values: dict[str, list[float]],
+    settle: Callable[[float], None],
+    settle_s: float,
+) -> dict[str, float]:
+    got = {}
+    for name in order:
+        settle(settle_s)
+        got[name] = cases[name]()
+        values[name].append(got[name])
+    return got
