@@ -53,6 +53,7 @@ import shutil
 import statistics
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -229,9 +230,9 @@ def compare(
     own: dict[str, Callable[[], float]] = {}
     for c in a.callers:
         if "get" in a.ops:
-            own[f"get{c}"] = case(f"get{c}", lambda c=c: ours.get(qd, a.seconds, c))
+            own[f"get{c}"] = case(f"get{c}", partial(ours.get, qd, a.seconds, c))
         if "put" in a.ops:
-            own[f"put{c}"] = case(f"put{c}", lambda c=c: ours.put(qd, a.seconds, c))
+            own[f"put{c}"] = case(f"put{c}", partial(ours.put, qd, a.seconds, c))
     peers: dict[str, Callable[[], float]] = {}
     if fio_file is not None and "get" in a.ops:
         peers["fio_read"] = case(
