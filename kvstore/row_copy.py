@@ -6,11 +6,12 @@ copying and then hashing pays both in turn (about 0.7× a plain memcpy on the re
 machine, however little Python there is around it). Two cores overlap them: while one
 thread hashes a unit it has just copied (still in its L2), the other is copying.
 
-Both threads work on the same task: each claims the next unit from a shared counter
-(``next()`` on an ``itertools.count`` is atomic under the GIL), so a helper that wakes
-late simply takes fewer units and the caller never waits for it to start. The heavy
-calls release the GIL (``ctypes.memmove``; ``xxh3_64.update`` — the one-shot
-``xxh3_64_intdigest`` does not), so the two threads really run at once.
+Both threads work on the same task (``kvstore.row_copy_task``): each claims the next
+unit from a shared counter (``next()`` on an ``itertools.count`` is atomic under the
+GIL), so a helper that wakes late simply takes fewer units and the caller never waits
+for it to start. The heavy calls release the GIL (``ctypes.memmove``;
+``xxh3_64.update`` — the one-shot ``xxh3_64_intdigest`` does not), so the two threads
+really run at once.
 
 That is the fallback. Where the native module (``kvstore/_rowcopy.c``, built by ``make
 setup``) loads, ``NativeRowCopier`` does the same in one call without the GIL: each row is
@@ -28,8 +29,6 @@ address (``kvstore.buffers.AddressedRows``), not a view exported for every read.
 
 from __future__ import annotations
 
-import ctypes
-import itertools
 import logging
 import os
 import queue
@@ -41,9 +40,10 @@ from typing import NamedTuple
 import xxhash
 import xxhash._xxhash
 
-from kvstore.buffers import AddressedRows, as_view, buffer_address
+from kvstore.buffers import AddressedRows, as_view
 from kvstore.dram_pool import slot_offset
 from kvstore.errors import InvalidArgument
+from kvstore.row_copy_task import CopyTask
 
 try:
     from kvstore import _rowcopy
@@ -55,9 +55,6 @@ else:
 
 log = logging.getLogger(__name__)
 
-#: Longest single copy: small enough that its rows are still in the core's L2 when they
-#: are hashed right after, large enough that per-call Python is a small part of it.
-UNIT_BYTES = 512 << 10
 #: Smaller reads are copied by the caller alone: waking the helper costs tens of µs on a
 #: VM, more than it saves on less than this.
 SHARE_MIN_BYTES = 1 << 20
@@ -68,86 +65,6 @@ NATIVE_CHUNK_BYTES = 64 << 10
 NATIVE_UNIT_BYTES = 256 << 10
 NATIVE_SHARE_MIN_BYTES = 512 << 10
 NATIVE_SPIN_US = 100
-
-
-class _Task:
-    """One call's work: units of adjacent rows, claimed by whichever thread is free.
-
-    ``bad[u]`` is the index (within unit ``u``) of its first row whose copy failed, or
-    the unit's row count when all passed; ``None`` while unclaimed or in flight.
-    """
-
-    __slots__ = (
-        "bad",
-        "claim",
-        "done",
-        "dst",
-        "error",
-        "row_bytes",
-        "src",
-        "sums",
-        "units",
-        "view",
-    )
-
-    def __init__(
-        self,
-        src: memoryview,
-        src_offsets: Sequence[int],
-        dst: memoryview,
-        row_bytes: int,
-        sums: Sequence[int],
-    ) -> None:
-        if len(sums) != len(src_offsets):
-            raise InvalidArgument(f"{len(sums)} checksums for {len(src_offsets)} rows")
-        # memmove takes raw addresses: prove every row lies inside both buffers first.
-        if dst.readonly:
-            raise InvalidArgument("destination buffer is read-only")
-        if len(dst) < len(src_offsets) * row_bytes:
-            raise InvalidArgument(f"destination of {len(dst)} bytes for {len(src_offsets)} rows")
-        if src_offsets and (min(src_offsets) < 0 or max(src_offsets) + row_bytes > len(src)):
-            raise InvalidArgument("a source row lies outside the source buffer")
-        self.units = _units(src_offsets, row_bytes)  # (first row, rows, source offset)
-        self.sums = sums
-        self.row_bytes = row_bytes
-        self.src, self.dst, self.view = buffer_address(src), buffer_address(dst), dst
-        self.claim = itertools.count()
-        self.bad: list[int | None] = [None] * len(self.units)
-        self.done: queue.SimpleQueue[None] = queue.SimpleQueue()
-        self.error: BaseException | None = None
-
-    def work(self, h: xxhash.xxh3_64 | None) -> None:
-        """Claim and process units until none is left. ``h``: a streaming hasher of this
-        thread, whose ``update`` releases the GIL; None = the one-shot function, which is
-        faster on one thread but keeps the GIL."""
-        units, sums, bb, bad, view = self.units, self.sums, self.row_bytes, self.bad, self.view
-        memmove, digest, n = ctypes.memmove, xxhash.xxh3_64_intdigest, len(units)
-        u = next(self.claim)
-        while u < n:
-            first, rows, src_off = units[u]
-            memmove(self.dst + first * bb, self.src + src_off, rows * bb)
-            fail = rows
-            for r in range(rows):
-                at = (first + r) * bb
-                if h is None:
-                    value = digest(view[at : at + bb])
-                else:
-                    h.reset()
-                    h.update(view[at : at + bb])
-                    value = h.intdigest()
-                if value != sums[first + r]:
-                    fail = r
-                    break
-            bad[u] = fail
-            u = next(self.claim)
-
-    def first_bad_row(self) -> int:
-        for (first, rows, _), fail in zip(self.units, self.bad, strict=True):
-            if fail is None:
-                raise AssertionError("a unit was never processed")
-            if fail < rows:
-                return first + fail
-        return len(self.sums)
 
 
 class KeyIndex(NamedTuple):
@@ -223,20 +140,6 @@ class RowCopier(ABC):
         """Stop any helper thread; later calls still work (on the caller's thread)."""
 
 
-def _units(src_offsets: Sequence[int], row_bytes: int) -> list[tuple[int, int, int]]:
-    """Runs of rows adjacent in the source (one memmove each), at most ``UNIT_BYTES``."""
-    per_unit = max(1, UNIT_BYTES // row_bytes)
-    units = []
-    n, i = len(src_offsets), 0
-    while i < n:
-        j = i + 1
-        while j < n and j - i < per_unit and src_offsets[j] == src_offsets[j - 1] + row_bytes:
-            j += 1
-        units.append((i, j - i, src_offsets[i]))
-        i = j
-    return units
-
-
 class SerialRowCopier(RowCopier):
     """Everything on the caller's thread (one core, or reads too small to share)."""
 
@@ -249,7 +152,7 @@ class SerialRowCopier(RowCopier):
         sums: Sequence[int],
         during: Callable[[], object] | None = None,
     ) -> int:
-        task = _Task(src, src_offsets, dst, row_bytes, sums)
+        task = CopyTask(src, src_offsets, dst, row_bytes, sums)
         if during is not None:
             during()
         task.work(None)
@@ -263,12 +166,12 @@ class SharedRowCopier(RowCopier):
         self.share_min_bytes = share_min_bytes
         self._serial = SerialRowCopier()
         self._h = xxhash.xxh3_64()
-        self._inbox: queue.SimpleQueue[_Task | None] | None = None
+        self._inbox: queue.SimpleQueue[CopyTask | None] | None = None
         self._thread: threading.Thread | None = None
         self._pid = 0
         self.shared_calls = 0  # calls the helper was offered (for tests and stats)
 
-    def _helper_inbox(self) -> queue.SimpleQueue[_Task | None]:
+    def _helper_inbox(self) -> queue.SimpleQueue[CopyTask | None]:
         # A forked child inherits the queue but not the thread: start a new one there.
         if self._inbox is None or self._pid != os.getpid():
             self._inbox = queue.SimpleQueue()
@@ -280,7 +183,7 @@ class SharedRowCopier(RowCopier):
         return self._inbox
 
     @staticmethod
-    def _serve(inbox: queue.SimpleQueue[_Task | None]) -> None:
+    def _serve(inbox: queue.SimpleQueue[CopyTask | None]) -> None:
         h = xxhash.xxh3_64()
         while (task := inbox.get()) is not None:
             try:
@@ -301,7 +204,7 @@ class SharedRowCopier(RowCopier):
     ) -> int:
         if len(src_offsets) * row_bytes < self.share_min_bytes or len(src_offsets) < 2:
             return self._serial.copy_verified(src, src_offsets, dst, row_bytes, sums, during)
-        task = _Task(src, src_offsets, dst, row_bytes, sums)
+        task = CopyTask(src, src_offsets, dst, row_bytes, sums)
         self._helper_inbox().put(task)
         self.shared_calls += 1
         try:

@@ -17,12 +17,10 @@ from hypothesis import strategies as st
 from kvstore import row_copy
 from kvstore.errors import InvalidArgument
 from kvstore.row_copy import (
-    UNIT_BYTES,
     NativeRowCopier,
     RowCopier,
     SerialRowCopier,
     SharedRowCopier,
-    _units,
     make_row_copier,
 )
 
@@ -122,19 +120,6 @@ def test_a_large_read_is_shared_with_the_helper_and_a_late_flip_still_fails() ->
     # After close, calls still work (a new helper starts).
     assert copier.copy_verified(memoryview(src), offsets[:9], memoryview(dst), bb, sums[:9]) == 9
     copier.close()
-
-
-def test_units_are_runs_of_adjacent_rows_capped_in_size() -> None:
-    bb = UNIT_BYTES // 4
-    offsets = [0, bb, 2 * bb, 3 * bb, 4 * bb, 9 * bb, 8 * bb, 10 * bb]
-    assert _units(offsets, bb) == [
-        (0, 4, 0),  # capped at UNIT_BYTES
-        (4, 1, 4 * bb),
-        (5, 1, 9 * bb),  # descending: not adjacent in copy order
-        (6, 1, 8 * bb),
-        (7, 1, 10 * bb),
-    ]
-    assert _units([0, 1 << 30], UNIT_BYTES * 2) == [(0, 1, 0), (1, 1, 1 << 30)]
 
 
 @pytest.mark.parametrize("copier", copiers(), ids=COPIER_IDS)
