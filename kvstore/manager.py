@@ -9,7 +9,7 @@ errors to the engine.
 Checksums are made once, at commit, and travel with each block into every tier; reads
 are checked where the bytes land (in the tiers' ``get_into``), and a promotion keeps the
 checksum the lower tier stored. Durability is acknowledged only for what the lower tier
-accepted (``writeback.py``).
+accepted (``writeback.py``, ``writeback_thread.py``).
 """
 
 from __future__ import annotations
@@ -38,7 +38,8 @@ from kvstore.tier import (
     Tier,
     TierStats,
 )
-from kvstore.writeback import NullWriteBack, ThreadWriteBack, Ticket, WriteBack
+from kvstore.writeback import NullWriteBack, Ticket, WriteBack
+from kvstore.writeback_thread import ThreadWriteBack
 
 log = logging.getLogger(__name__)
 

@@ -24,7 +24,7 @@ from kvstore.dram import DramConfig, DramTier
 from kvstore.errors import NotDurable
 from kvstore.keys import chain_keys
 from kvstore.manager import ManagerConfig, TierManager
-from kvstore.writeback import ThreadWriteBack
+from kvstore.writeback_thread import ThreadWriteBack
 from storage_nodes.ssd import SSDTier
 from tests.conftest import payload_for, small_ns
 from tests.storage_nodes.ssd.helpers import make_config
