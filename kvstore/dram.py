@@ -1,9 +1,9 @@
 """The host-DRAM tier: size classes over one preallocated (pinned) buffer.
 
 Recency lives in a per-class eviction policy from ``kvstore.eviction``; capacity is
-managed here, in slots, so the policy never evicts on its own: the tier pops victims
-explicitly when it needs a slot, which is what lets pinned blocks and cross-class
-chunk moves stay exact. Every public method takes the tier lock; copies happen under
+managed in slots (``kvstore.dram_slots``), so the policy never evicts on its own: the
+tier pops victims explicitly when it needs a slot, which is what lets pinned blocks and
+cross-class chunk moves stay exact. Every public method takes the tier lock; copies happen under
 it, so a block can never be evicted while it is being read.
 
 Each block keeps the xxh3-64 made when it was committed beside its payload; reads check
@@ -14,13 +14,12 @@ and deleting it only hides it (the slot is retired, then freed when the lease en
 
 from __future__ import annotations
 
-import math
 import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 import torch
 import xxhash
@@ -28,6 +27,7 @@ import xxhash
 from kvstore.buffers import as_view, rows_view, writable_rows
 from kvstore.dram_index import ClassIndex
 from kvstore.dram_pool import DramPool
+from kvstore.dram_slots import SlotAllocator
 from kvstore.errors import IntegrityError, InvalidArgument, StoreUnavailable, UnknownNamespace
 from kvstore.eviction import make_policy
 from kvstore.keys import Key, Namespace
@@ -89,6 +89,7 @@ class DramTier(Tier):
         self._tick = 0
         self._closed = False
         self.counters: Counter[str] = Counter(dict.fromkeys(_COUNTERS, 0))
+        self._slots = SlotAllocator(self._pool, self._classes, self._leases, self.counters)
 
     # -- helpers --------------------------------------------------------------------
     def _state(self, ns: Namespace) -> ClassIndex:
@@ -107,84 +108,6 @@ class DramTier(Tier):
 
     def _touch_locked(self, cs: ClassIndex, fp: bytes, keys: Sequence[Key]) -> None:
         self._tick = cs.touch_held(keys, fp, self._tick)
-
-    def _pinned(self, cs: ClassIndex, slot: int) -> bool:
-        return self._leases.pin_count(cs.sc.block_bytes, slot) > 0
-
-    def _evict(self, cs: ClassIndex) -> bool:
-        victim = cast(Key | None, cs.policy.pop_victim())
-        if victim is None:
-            return False
-        cs.sc.free.append(cs.slot.pop(victim))
-        del cs.owner[victim], cs.stamp[victim], cs.csum[victim]
-        self.counters["evictions"] += 1
-        return True
-
-    def _drop(self, cs: ClassIndex, key: Key) -> None:
-        """Remove a held block from the index. A pinned one keeps its slot, retired, until
-        its last lease ends: a lease holder may still be reading that memory."""
-        slot = cs.slot.pop(key)
-        del cs.owner[key], cs.stamp[key], cs.csum[key]
-        if self._pinned(cs, slot):
-            cs.retired.add(slot)
-        else:
-            cs.policy.remove(key)
-            cs.sc.free.append(slot)
-
-    def _oldest_class(self) -> ClassIndex | None:
-        best, best_stamp = None, math.inf
-        for cs in self._classes.values():
-            victim = cast(Key | None, cs.policy.peek_victim())
-            if victim is not None and cs.stamp[victim] < best_stamp:
-                best, best_stamp = cs, cs.stamp[victim]
-        return best
-
-    def _shrink(self, cs: ClassIndex) -> bool:
-        """Give one whole chunk of ``cs`` back to the pool, evicting and compacting; a chunk
-        holding a pinned slot never moves. False (nothing evicted) when impossible."""
-        sc = cs.sc
-        movable = sc.chunks - {sc.chunk_of(s) for s in self._leases.pinned_slots(sc.block_bytes)}
-        if not movable or len(sc.free) + len(cs.policy) < sc.slots_per_chunk:
-            return False
-        while len(sc.free) < sc.slots_per_chunk:
-            self._evict(cs)
-        per_chunk = Counter(sc.chunk_of(s) for s in sc.free)
-        chunk = max(movable, key=per_chunk.__getitem__)
-        lo, hi = chunk * sc.slots_per_chunk, (chunk + 1) * sc.slots_per_chunk
-        outside = [s for s in sc.free if not lo <= s < hi]
-        for key, slot in list(cs.slot.items()):
-            if lo <= slot < hi:  # live block in the chunk being freed: move it out
-                dst = outside.pop()
-                sc.free.remove(dst)
-                self._pool.move(sc, slot, dst)
-                cs.slot[key] = dst
-                sc.free.append(slot)
-        self._pool.release_chunk(sc, chunk)
-        cs.policy.resize(cs.policy.capacity - sc.slots_per_chunk)
-        self.counters["chunk_moves"] += 1
-        return True
-
-    def _grow(self, cs: ClassIndex) -> bool:
-        if not self._pool.grant_chunk(cs.sc):
-            return False
-        cs.policy.resize(cs.policy.capacity + cs.sc.slots_per_chunk)
-        return True
-
-    def _alloc(self, cs: ClassIndex) -> int | None:
-        sc = cs.sc
-        while not sc.free:
-            if self._grow(cs):
-                break
-            victim_cls = self._oldest_class()
-            if victim_cls is None:
-                return None  # nothing evictable: everything is pinned or the pool is empty
-            if victim_cls is cs:
-                self._evict(cs)
-            elif not (self._shrink(victim_cls) and self._grow(cs)) and not self._evict(cs):
-                # The oldest block's class cannot give a chunk back (pins in every chunk)
-                # and this class has nothing of its own to evict.
-                return None
-        return sc.free.pop()
 
     def _expire_leases(self) -> None:
         for lease in self._leases.expired(self._clock()):
@@ -253,7 +176,7 @@ class DramTier(Tier):
         stored = self._pool.slot_view(cs.sc, slot)
         if xxhash.xxh3_64_intdigest(stored) != cs.csum[key]:
             self.counters["quarantined_blocks_total"] += 1
-            self._drop(cs, key)
+            self._slots.drop(cs, key)
 
     def put(
         self,
@@ -287,7 +210,7 @@ class DramTier(Tier):
                 if key in cs.slot:  # held for another namespace: refuse, never alias
                     dropped += 1
                     continue
-                slot = self._alloc(cs)
+                slot = self._slots.alloc(cs)
                 if slot is None:
                     dropped += 1
                     continue
@@ -318,7 +241,7 @@ class DramTier(Tier):
             cs = self._state(ns)
             doomed = [k for k, fp in cs.owner.items() if fp == ns.fingerprint]
             for key in doomed:  # pinned ones vanish from the index; their slots wait
-                self._drop(cs, key)
+                self._slots.drop(cs, key)
             return len(doomed)
 
     # -- pins -----------------------------------------------------------------------
