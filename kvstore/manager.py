@@ -2,9 +2,9 @@
 
 ``tiers[0]`` is the top (DRAM); the rest are below it (SSD or the cluster). Tiers are
 inclusive: commits go to the top and, by write-back, to every tier below; reads are
-served by the fastest tier holding each block and lower-tier hits are promoted. A
-lower tier that raises is treated as a miss and counted: lost blocks are misses, never
-errors to the engine.
+served by the fastest tier holding each block and lower-tier hits are promoted
+(``prefix_reader.py``). A lower tier that raises is treated as a miss and counted:
+lost blocks are misses, never errors to the engine.
 
 Checksums are made once, at commit, and travel with each block into every tier; reads
 are checked where the bytes land (in the tiers' ``get_into``), and a promotion keeps the
@@ -29,6 +29,7 @@ import xxhash
 from kvstore.buffers import block_view, rows_view
 from kvstore.errors import InvalidArgument, NotDurable, StoreUnavailable, UnknownNamespace
 from kvstore.keys import Key, Namespace
+from kvstore.prefix_reader import PrefixReader
 from kvstore.tier import (
     CommitResult,
     Durability,
@@ -70,13 +71,6 @@ class ManagerConfig:
     prefetch_workers: int = 2
 
 
-@dataclass(frozen=True, slots=True)
-class _Run:
-    tier: int
-    start: int
-    length: int
-
-
 def _deadline(timeout_s: float | None, default_s: float | None = None) -> float | None:
     t = default_s if timeout_s is None else timeout_s
     return None if t is None else time.monotonic() + t
@@ -106,6 +100,7 @@ class TierManager(KVStore):
         self._pool = ThreadPoolExecutor(
             config.prefetch_workers, thread_name_prefix="kvstore-prefetch"
         )
+        self._reader = PrefixReader(self.tiers, self._count_tier_error)
         self._namespaces: dict[bytes, Namespace] = {}
         self._lock = threading.Lock()
         self._closed = False
@@ -118,39 +113,10 @@ class TierManager(KVStore):
         if self._namespaces.get(ns.fingerprint) != ns:
             raise UnknownNamespace(f"namespace {ns.model_id!r} is not registered")
 
-    def _contains(self, i: int, ns: Namespace, keys: Sequence[Key]) -> int:
-        if i == 0:
-            return self._top.contains(ns, keys)
-        try:
-            return self.tiers[i].contains(ns, keys)
-        except Exception:
-            self._count_tier_error(i)
-            return 0
-
     def _count_tier_error(self, i: int) -> None:
         log.warning("tier %s failed; treating as a miss", self.tiers[i].name, exc_info=True)
         with self._lock:
             self.counters["tier_errors_total"] += 1
-
-    def _runs(self, ns: Namespace, keys: Sequence[Key]) -> list[_Run]:
-        """The longest prefix present in the union of tiers, as runs served by one tier.
-
-        Each run goes to the fastest tier holding its first block; because every tier
-        evicts a chain tail-first, a faster tier's holdings are a prefix and a run never
-        skips a faster copy in practice.
-        """
-        runs: list[_Run] = []
-        pos, n = 0, len(keys)
-        while pos < n:
-            for i in range(len(self.tiers)):
-                got = self._contains(i, ns, keys[pos:])
-                if got:
-                    runs.append(_Run(i, pos, got))
-                    pos += got
-                    break
-            else:
-                break
-        return runs
 
     # -- KVStore --------------------------------------------------------------------
     def register(self, ns: Namespace, *, timeout_s: float | None = None) -> None:
@@ -166,7 +132,7 @@ class TierManager(KVStore):
     ) -> LookupResult:
         self._check(ns)
         tiers: list[str] = []
-        for run in self._runs(ns, keys):
+        for run in self._reader.runs(ns, keys):
             tiers.extend([self.tiers[run.tier].name] * run.length)
         with self._lock:
             self.counters["lookups_total"] += 1
@@ -202,40 +168,13 @@ class TierManager(KVStore):
     def _fetch(
         self, ns: Namespace, keys: Sequence[Key], out: memoryview, sums: list[int]
     ) -> Counter[str]:
-        """Copy the hit prefix into ``out`` (its stored checksums into ``sums``); promote it
-        into the top tier if any of it came from below, and touch it there last→first."""
-        bb = ns.block_bytes
-        served: Counter[str] = Counter()
-        hit = 0
-        for run in self._runs(ns, keys):
-            a, b = run.start, run.start + run.length
-            tier = self.tiers[run.tier]
-            got_sums: list[int] = []
-            try:
-                got = tier.get_into(ns, keys[a:b], out[a * bb : b * bb], checksums=got_sums)
-            except Exception:
-                if run.tier == 0:
-                    raise
-                self._count_tier_error(run.tier)
-                got = 0
-            if len(got_sums) != got:  # a tier that cannot say: the prefix ends here
-                got = 0
-            served[tier.name] += got
-            sums.extend(got_sums)
-            hit += got
-            if got < run.length:  # evicted (or corrupt) since lookup: the prefix ends here
-                break
-        if hit and served[self._top.name] < hit:
-            # One put over the whole prefix, last→first: promoted blocks are inserted and
-            # top-tier ones touched in chain order, so a prefix larger than the top tier
-            # leaves its head there, exactly as the hit-rate model does (DESIGN §10). The
-            # lower tier's stored checksums go with them: never a checksum of our copy.
-            self._top.put(ns, keys[:hit], out[: hit * bb], checksums=sums[:hit])
+        """Copy the hit prefix into ``out`` and promote what came from below
+        (``PrefixReader.fetch``); count the promoted blocks."""
+        got = self._reader.fetch(ns, keys, out, sums)
+        if got.promoted:
             with self._lock:
-                self.counters["promoted_blocks_total"] += hit - served[self._top.name]
-        elif hit:
-            self._top.touch(ns, keys[:hit])
-        return served
+                self.counters["promoted_blocks_total"] += got.promoted
+        return got.served
 
     def commit(
         self,
@@ -352,7 +291,7 @@ class TierManager(KVStore):
         keys = list(keys)
 
         def promote() -> int:
-            runs = self._runs(ns, keys)
+            runs = self._reader.runs(ns, keys)
             if not runs or all(r.tier == 0 for r in runs):
                 return sum(r.length for r in runs)
             scratch = bytearray(len(keys) * ns.block_bytes)
