@@ -33,12 +33,12 @@ from bench.harness import machine
 from engine.model.make_model import make_model
 from engine.server.bench_serve import (
     Target,
-    load_sessions,
     predict,
     replay,
     report,
     served_order,
 )
+from engine.server.scaled_requests import load_sessions
 
 REPO = Path(__file__).resolve().parents[1]
 # Sessions whose first turns do not start with a re-written context (a second turn mostly

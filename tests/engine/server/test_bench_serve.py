@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from engine.cli import main
-from engine.server.bench_serve import block_tokens, load_sessions
+from engine.server.scaled_requests import block_tokens, load_sessions
 from tests.conftest import traces_dir
 from tests.engine.server.serve_process import ServeProcess
 
