@@ -18,7 +18,7 @@ from engine.kv.block_manager import BlockManager
 from engine.kv.cache import KVCache
 from engine.model.base import CausalLM
 from engine.sampler import sample
-from engine.scheduler import ScheduledBatch
+from engine.scheduled_batch import ScheduledBatch
 from engine.sequence import Sequence
 from kernels import AttentionBackend
 

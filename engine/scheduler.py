@@ -21,8 +21,8 @@ among them are swapped for private copies (``privatize``), into blocks set aside
 admission; a replay never writes a block another request may read.
 
 When a request finishes, the blocks of its sequence (prompt and generated tokens) that the
-store is not known to hold go to the background committer (``engine.kv.committer``), which
-keeps them referenced until their bytes are out of the pool.
+store is not known to hold go to the background committer (``engine.kv.commit_planner``
+says which). What a load asks for and what it lands is ``engine.kv.load_planner``'s.
 """
 
 from __future__ import annotations
@@ -31,36 +31,20 @@ import itertools
 import time
 from collections import Counter, deque
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from bounded_replay import ReplayPlan
 from engine.config import EngineConfig
 from engine.errors import ContextTooLong, EngineInputError, EngineIntegrityError, PoolTooSmall
 from engine.kv.block_manager import BlockManager
-from engine.kv.block_pool import KVBlock
-from engine.kv.committer import CommitJob, KVCommitter
+from engine.kv.commit_planner import CommitPlanner
+from engine.kv.committer import KVCommitter
+from engine.kv.load_planner import LoadPlanner
 from engine.kv.loader import KVLoader, LoadJob
 from engine.kv.replay_planner import ReplayPlanner
 from engine.kv.store_link import StoreLink
+from engine.scheduled_batch import ScheduledBatch
 from engine.sequence import Sequence, SequenceStatus
 from kvstore.keys import Namespace
-
-
-@dataclass(frozen=True, slots=True)
-class ScheduledBatch:
-    """One step's work: prefill chunks (sequence, tokens this step) first, then decodes
-    (one token each), as the model's ``ForwardBatch`` packs them."""
-
-    prefills: tuple[tuple[Sequence, int], ...]
-    decodes: tuple[Sequence, ...]
-
-    @property
-    def num_tokens(self) -> int:
-        return sum(n for _, n in self.prefills) + len(self.decodes)
-
-    @property
-    def is_empty(self) -> bool:
-        return not self.prefills and not self.decodes
 
 
 def _owner(seq: Sequence) -> tuple[str, int]:
@@ -105,6 +89,8 @@ class Scheduler:
         self.loading: dict[int, tuple[Sequence, LoadJob]] = {}
         self.running: list[Sequence] = []
         self._job_ids = itertools.count()
+        self.loads = LoadPlanner(blocks, self.links, planner, config.load_timeout_s, self._job_ids)
+        self.commits = CommitPlanner(blocks, ns, self.links, planner, committer, self._job_ids)
         self.counters: Counter[str] = Counter()
 
     # -- requests ---------------------------------------------------------------------
@@ -215,24 +201,7 @@ class Scheduler:
             reserve = planner.reserve_blocks(len(hit))
             if n_load + reserve > free_after_hit:
                 return None
-            self.blocks.open(_owner(seq), hit, lookup_blocks=cap)
-            job_owner = ("load", next(self._job_ids))
-            taken = self.blocks.take(job_owner, n_load)
-            if taken is None or self.blocks.take(_reserve(seq), reserve) is None:
-                raise EngineIntegrityError("pool lost free blocks during admission")
-            job = LoadJob(
-                owner=job_owner,
-                seq_id=seq.seq_id,
-                keys=keys[:cap],
-                first_block=len(hit),
-                block_ids=[b.block_id for b in taken],
-                deadline_s=time.monotonic() + self.config.load_timeout_s,
-                scope=seq.scope,
-            )
-            if planner.loads_sliding and len(self.links) > 1:
-                job.sliding_keys = seq.block_keys(self.links[1].ns)[:cap]
-                job.pool_block_ids = [b.block_id for b in hit]
-                job.pool_has_sliding = [planner.has_sliding(b) for b in hit]
+            job = self.loads.start(seq, _owner(seq), _reserve(seq), keys, cap, hit, reserve)
             seq.status = SequenceStatus.LOADING
             self.loading[seq.seq_id] = (seq, job)
             self.loader.submit(job)
@@ -301,49 +270,17 @@ class Scheduler:
                                          [self.planner.has_sliding(b) for b in hit])
                 self._note_hit(seq, "hbm", plan.hit_blocks)
                 self._start_running(seq, plan, pool_blocks=len(hit))
-        for cjob in self.committer.copied():
-            self.blocks.release(cjob.owner)
-        for cjob in self.committer.finished():
-            if cjob.error is not None:
-                raise cjob.error
-            self._mark_stored(cjob)
+        self.commits.poll()
 
     def _loaded(self, seq: Sequence, job: LoadJob) -> None:
-        owner = _owner(seq)
-        planner = self.planner
-        hit = len(self.blocks.table(owner))
-        got = job.loaded_blocks
         seq.stats.store_lookup_s += job.lookup_s
         seq.stats.store_load_s += job.load_s
-        self.blocks.hand_over(job.owner, owner)
-        self.blocks.cache(owner, job.keys, hit, hit + got, planner.primary_layers)
-        table = self.blocks.table(owner)
-        for i in range(min(job.store_blocks, hit + got)):
-            if table[i].key == job.keys[i]:
-                table[i].stored_layers |= planner.primary_layers
-        sliding = set(job.sliding_loaded)
-        for i in sliding:  # copied in from the store: held and stored
-            if table[i].key == job.keys[i]:
-                table[i].layers |= planner.sliding_layers
-                table[i].stored_layers |= planner.sliding_layers
-        flags = [planner.has_sliding(table[i]) or i in sliding for i in range(hit + got)]
-        plan = planner.plan(seq.num_tokens, flags)
+        hit, flags = self.loads.land(_owner(seq), job)
+        plan = self.planner.plan(seq.num_tokens, flags)
         self._note_hit(seq, "hbm", min(hit, plan.hit_blocks))
         for j, tier in enumerate(job.tiers[: max(0, plan.hit_blocks - hit)]):
             self._note_hit(seq, tier, hit + j, 1)
         self._start_running(seq, plan, pool_blocks=hit)
-
-    def _mark_stored(self, job: CommitJob) -> None:
-        res = job.result
-        if res is None:
-            return
-        accepted = res.inserted + res.present  # the store drops a chain's tail, not its head
-        layers = frozenset(job.link.ns.cached_layers)
-        for block_id, key in zip(job.block_ids[:accepted], job.pool_keys, strict=False):
-            block = self.blocks.pool.blocks[block_id]
-            # Not reused since the copy (same key, and holding the layers sent).
-            if block.key == key and layers <= block.layers:
-                block.stored_layers |= layers
 
     # -- after the forward pass -------------------------------------------------------
     def update(self, batch: ScheduledBatch, sampled: dict[int, int]) -> list[Sequence]:
@@ -419,43 +356,8 @@ class Scheduler:
         seq.status = SequenceStatus.FINISHED
         full = self._cacheable_blocks(seq)
         if self.link.enabled and full:
-            table = self.blocks.table(owner)[:full]
-            held, stored = self._layers_of(seq, table)
-            for link in self.links:
-                layers = frozenset(link.ns.cached_layers)
-                send = [i for i in range(full) if layers <= held[i] and not layers <= stored[i]]
-                if link is not self.link and not send:
-                    continue  # the primary chain is always sent: it refreshes recency
-                job_owner = ("commit", next(self._job_ids))
-                self.blocks.hold(job_owner, [table[i] for i in send])
-                pool_keys = seq.block_keys(self.ns)
-                self.committer.submit(CommitJob(
-                    owner=job_owner, link=link, keys=seq.block_keys(link.ns)[:full],
-                    indices=send, block_ids=[table[i].block_id for i in send],
-                    pool_keys=[pool_keys[i] for i in send], scope=seq.scope))
+            self.commits.submit(seq, owner, full)
         self.blocks.release(owner)
-
-    def _layers_of(self, seq: Sequence, table: list[KVBlock]
-                   ) -> tuple[list[frozenset[int]], list[frozenset[int]]]:
-        """Per block of a finished sequence, the layers it holds and those the store is
-        known to hold: an indexed block records both; the sequence computed every layer of
-        the blocks past its hit; a private copy of a hit block holds the primary layers,
-        stored as its original was."""
-        hit = seq.plan.hit_blocks if seq.plan is not None else 0
-        held: list[frozenset[int]] = []
-        stored: list[frozenset[int]] = []
-        none: frozenset[int] = frozenset()
-        for i, b in enumerate(table):
-            if b.key is not None:
-                held.append(b.layers)
-                stored.append(b.stored_layers)
-            elif i >= hit:
-                held.append(self.planner.computed_layers)
-                stored.append(none)
-            else:
-                held.append(self.planner.primary_layers)
-                stored.append(seq.copied_stored_layers.get(i, none))
-        return held, stored
 
     def check_integrity(self) -> None:
         """The pool's accounting, and each sequence's blocks against its state."""

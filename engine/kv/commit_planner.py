@@ -1,0 +1,110 @@
+"""What the store gets of a finished request, and what it is then known to hold.
+
+When a request finishes, the blocks of its sequence (prompt and generated tokens) that
+hold a store link's layers and that the store is not known to hold go, per link, to the
+background committer (``engine.kv.committer``) as a ``CommitJob``, which keeps them
+referenced until their bytes are out of the pool. The primary link's chain is always
+sent, even when nothing in it is new: the commit refreshes the store's recency. Exact
+mode for a hybrid model sends the sliding layers to their own namespace, only when some
+block has them to send. Once the store answered, the pool blocks it accepted (and that
+were not reused meanwhile) are marked stored, so later requests do not send them again.
+
+It stands apart from the scheduler (``engine.scheduler``), which decides when a request
+finishes; this decides, from each block's layers, what goes to the store.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from engine.kv.block_manager import BlockManager
+from engine.kv.block_pool import KVBlock
+from engine.kv.committer import CommitJob, KVCommitter
+from engine.kv.replay_planner import ReplayPlanner
+from engine.kv.store_link import StoreLink
+from engine.sequence import Sequence
+from kvstore.keys import Namespace
+
+
+class CommitPlanner:
+    """Commits for finished sequences over ``links`` (the primary first). ``job_ids``
+    numbers the block manager owners of the jobs; the scheduler shares it with its loads."""
+
+    def __init__(
+        self,
+        blocks: BlockManager,
+        ns: Namespace,
+        links: tuple[StoreLink, ...],
+        planner: ReplayPlanner,
+        committer: KVCommitter,
+        job_ids: Iterator[int],
+    ) -> None:
+        self.blocks = blocks
+        self.ns = ns
+        self.links = links
+        self.planner = planner
+        self.committer = committer
+        self._job_ids = job_ids
+
+    def submit(self, seq: Sequence, owner: tuple[str, int], full: int) -> None:
+        """Send the first ``full`` blocks of the finished ``seq`` (held by ``owner``) that
+        the store lacks, one job per link; each job holds its blocks until copied out."""
+        table = self.blocks.table(owner)[:full]
+        held, stored = self._layers_of(seq, table)
+        for link in self.links:
+            layers = frozenset(link.ns.cached_layers)
+            send = [i for i in range(full) if layers <= held[i] and not layers <= stored[i]]
+            if link is not self.links[0] and not send:
+                continue  # the primary chain is always sent: it refreshes recency
+            job_owner = ("commit", next(self._job_ids))
+            self.blocks.hold(job_owner, [table[i] for i in send])
+            pool_keys = seq.block_keys(self.ns)
+            self.committer.submit(CommitJob(
+                owner=job_owner, link=link, keys=seq.block_keys(link.ns)[:full],
+                indices=send, block_ids=[table[i].block_id for i in send],
+                pool_keys=[pool_keys[i] for i in send], scope=seq.scope))
+
+    def _layers_of(self, seq: Sequence, table: list[KVBlock]
+                   ) -> tuple[list[frozenset[int]], list[frozenset[int]]]:
+        """Per block of a finished sequence, the layers it holds and those the store is
+        known to hold: an indexed block records both; the sequence computed every layer of
+        the blocks past its hit; a private copy of a hit block holds the primary layers,
+        stored as its original was."""
+        hit = seq.plan.hit_blocks if seq.plan is not None else 0
+        held: list[frozenset[int]] = []
+        stored: list[frozenset[int]] = []
+        none: frozenset[int] = frozenset()
+        for i, b in enumerate(table):
+            if b.key is not None:
+                held.append(b.layers)
+                stored.append(b.stored_layers)
+            elif i >= hit:
+                held.append(self.planner.computed_layers)
+                stored.append(none)
+            else:
+                held.append(self.planner.primary_layers)
+                stored.append(seq.copied_stored_layers.get(i, none))
+        return held, stored
+
+    def poll(self) -> None:
+        """Take in the committer's reports: release the blocks of jobs copied out of the
+        pool, and mark stored what the store accepted. A failed job's error is raised."""
+        for job in self.committer.copied():
+            self.blocks.release(job.owner)
+        for job in self.committer.finished():
+            if job.error is not None:
+                raise job.error
+            self._mark_stored(job)
+
+    def _mark_stored(self, job: CommitJob) -> None:
+        """The store answered ``job``: mark the pool blocks it accepted as stored."""
+        res = job.result
+        if res is None:
+            return
+        accepted = res.inserted + res.present  # the store drops a chain's tail, not its head
+        layers = frozenset(job.link.ns.cached_layers)
+        for block_id, key in zip(job.block_ids[:accepted], job.pool_keys, strict=False):
+            block = self.blocks.pool.blocks[block_id]
+            # Not reused since the copy (same key, and holding the layers sent).
+            if block.key == key and layers <= block.layers:
+                block.stored_layers |= layers
