@@ -320,14 +320,6 @@ class Index:
     def count(self, txn: Txn) -> int:
         return int(txn.stat(self.keys)["entries"])
 
-    # -- integrity ------------------------------------------------------------------
-    def check(self, txn: Txn, *, chunks: int, slab_bytes: int) -> None:
-        """Re-derive every cross-reference; raise ``IntegrityError`` on the first mismatch
-        (``index_check.py``)."""
-        from storage_nodes.ssd.index_check import check_index
-
-        check_index(self, txn, chunks=chunks, slab_bytes=slab_bytes)
-
 
 class SlabDeltas:
     """Slab use-count changes of many inserts/removes in one transaction, written once

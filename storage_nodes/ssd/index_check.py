@@ -1,5 +1,5 @@
 """The index's integrity check: every cross-reference between its sub-databases
-re-derived from the ``keys`` records (``Index.check``, ``SSDTier.check_integrity``)."""
+re-derived from the ``keys`` records (``SSDTier.check_integrity``)."""
 
 from __future__ import annotations
 

@@ -31,6 +31,7 @@ from storage_nodes.ssd.config import SSDConfig, slot_bytes_for
 from storage_nodes.ssd.errors import SSDConfigError, SSDIOError
 from storage_nodes.ssd.health import Health
 from storage_nodes.ssd.index import CORRUPT
+from storage_nodes.ssd.index_check import check_index
 from storage_nodes.ssd.io_backend import IOBackend
 from storage_nodes.ssd.lock import DirLock
 from storage_nodes.ssd.opening import IndexLifecycle
@@ -355,7 +356,8 @@ class SSDTier(Tier):
                 with self._index.write() as txn:
                     self._recency.flush_into(self._index, txn)
             with self._index.begin() as txn:
-                self._index.check(txn, chunks=self.config.chunks, slab_bytes=self.config.slab_bytes)
+                cfg = self.config
+                check_index(self._index, txn, chunks=cfg.chunks, slab_bytes=cfg.slab_bytes)
                 self._alloc.check(txn)
             self._sync.check_integrity()
 

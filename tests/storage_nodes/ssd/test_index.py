@@ -9,6 +9,7 @@ import pytest
 from kvstore.errors import IntegrityError
 from storage_nodes.ssd import SSDFormatError
 from storage_nodes.ssd.index import _FREE, _LRU, _SLOT, Index, Location
+from storage_nodes.ssd.index_check import check_index
 
 SLAB = 64 << 10  # 16 slots of 4 KiB
 BB = 2048
@@ -32,7 +33,7 @@ def index(tmp_path: Path):
 
 def _check(ix: Index) -> None:
     with ix.begin() as txn:
-        ix.check(txn, chunks=4, slab_bytes=SLAB)
+        check_index(ix, txn, chunks=4, slab_bytes=SLAB)
 
 
 def test_records_and_scans(index: Index) -> None:
