@@ -26,19 +26,19 @@ drains), with two a call's writes and sync overlap the other caller's.
 Caller rows are page aligned (``--unaligned``: 64 bytes off, which forces a staging
 copy). Figures are MB/s of payload (our slots also carry a 4 KiB header page), medians
 of ``--runs`` rounds (default 11); latency is per call for us (``qd`` blocks) and per
-I/O for fio. Rounds (``bench.fio.bracketed_rounds``): every run of ours sits between two
-runs of each fio peer (fio, ours, fio, ours, fio), and its per-round ratio is taken
-against the mean of those two — this virtual disk's rate moves by tens of percent from
-one 1.5 s run to the next, and a fio run right before and after cancels the drift that
-one fio run per round carried whole into the ratio. Each row gives the ratio of the
-medians and the median of the per-round ratios with their range (and every one of
-them). Fairness: fio's file is laid out before the first round (not inside a measured
-one); odd rounds run the cases in reverse order, so ours and fio's follow each other's
-writes equally often; and every case starts after a ``sync`` and ``--settle-s`` of
-quiet, so a write burst still draining in the virtual disk's host does not land on the
-next case. Run: ``.venv/bin/python -m bench.bench_ssd`` (``--quick``: one size, short
-runs; ``--ops get`` or ``--ops put``: one operation and its fio peers only;
-``--no-batch-peer``: put against ``fio_write`` only). The fio runner is ``bench.fio``.
+I/O for fio. Rounds (``bench.fio.bracketed_rounds``): our runs and fio's strictly
+alternate (fio, ours, fio, ours, …, one chain over all rounds), and each run of ours is
+compared with the mean of the fio runs just before and after it — this virtual disk's
+rate moves by tens of percent from one 1.5 s run to the next (the neighbours cancel the
+drift), and it favours a file read less often (so each file is read every other run).
+Each row gives the ratio of the medians and the median of the per-round ratios with
+their range (and every one of them). Fairness: fio's file is laid out before the first
+round (not inside a measured one); odd rounds run our cases in reverse order; and
+every case starts after a ``sync`` and ``--settle-s`` of quiet, so a write burst still
+draining in the virtual disk's host does not land on the next case.
+Run: ``.venv/bin/python -m bench.bench_ssd`` (``--quick``: one size, short runs;
+``--ops get`` or ``--ops put``: one operation and its fio peer only; ``--batch-peer``:
+put also against ``fio_write_batch``). The fio runner is ``bench.fio``.
 Needs ``fio`` (``apt-get install -y fio``); without it only our figures are printed.
 """
 
@@ -330,13 +330,13 @@ def main() -> int:
         "--ops",
         default="get,put",
         help="operations to measure, e.g. get (with fio_read as its peer) or put (with "
-        "fio_write and fio_write_batch); default both",
+        "fio_write; with --batch-peer also fio_write_batch); default both",
     )
     ap.add_argument(
-        "--no-batch-peer",
-        dest="batch_peer",
-        action="store_false",
-        help="put: leave out the fio_write_batch peer (fio_write only; shorter rounds)",
+        "--batch-peer",
+        action="store_true",
+        help="put: fio_write_batch as a second peer (fio's file is then written two runs "
+        "in three, which this disk does not treat like one in two: see bench.fio)",
     )
     a = ap.parse_args()
     try:

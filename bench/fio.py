@@ -1,17 +1,25 @@
 """fio as the benches' peer: one fio run's throughput and latency (``run_job`` and
 ``rates`` for the SSD and shared-FS benches), the file laid out before any measured
 round, quiet between cases, and rounds in which every run of ours is bracketed by its
-fio peers (``bracketed_rounds``).
+fio peer (``bracketed_rounds``).
 
 Why bracketed: this virtual disk's rate moves by tens of percent from one 1.5 s run to
 the next (fio alone, back to back on one file: 895–1430 MB/s in one set of ten,
 969–1593 in another). With one fio run per round, a round's ratio compared our run
 with a fio run up to a few cases away, so it carried that drift whole (per-round
 ratios 0.72–1.01 for one code). A peer run right before and right after each of ours,
-and the ratio taken against their mean, cancels any drift that is linear over the
-three runs; what is left is the disk's fast jitter, which more rounds (the SSD bench's
-default is 11) average out. Both figures stay visible: the ratio of the medians, and
-the median of the per-round ratios with their range.
+and the ratio taken against their mean, cancels drift that is linear over the three
+runs; more rounds (the SSD bench's default is 11) average out the rest.
+
+Why strictly alternating (``P A P B P A …``, one chain over all rounds): this disk also
+favours a file that was read less often. Rounds of ``P A P B P`` (the peer read three
+times a round, our store twice, and ``P P`` at every round's boundary) put our get at
+1.41–1.56× fio — and with the roles swapped (fio in the middle, our get bracketing it)
+fio came out 1.33× our get: the case in the middle won either way. The old scheme
+(``A B P``, our store read twice as often as fio's file) leaned the other way. With the
+runs alternating, each file is read every other run, whoever is ours. Both figures stay
+visible: the ratio of the medians, and the median of the per-round ratios with their
+range.
 """
 
 from __future__ import annotations
@@ -96,9 +104,9 @@ def settle(seconds: float) -> None:
 @dataclass(frozen=True)
 class Rounds:
     """What ``bracketed_rounds`` measured: every run's figure per case, in the order run
-    (an own case once per round, a peer once before each own case and once at the end
-    of the round), and per own case, peer and round the mean of the two peer runs on
-    either side of it."""
+    (an own case once per round, a peer once before the first run and once after each
+    own run), and per own case, peer and round the mean of the two peer runs on either
+    side of it."""
 
     values: dict[str, list[float]]
     brackets: dict[str, dict[str, list[float]]]
@@ -118,19 +126,21 @@ def bracketed_rounds(
     settle_s: float,
     settle: Callable[[float], None] = settle,
 ) -> Rounds:
-    """``runs`` rounds (at least 3). A round runs every peer, then one own case, then
-    every peer again, and so on: ``P A P B P`` for own cases A, B; each own run is
-    compared with the mean of the peer runs just before and just after it. Odd rounds
-    take the own cases, and the peers within each group, in reverse order, so no case
-    always follows the same neighbour (a write leaves the disk busier than a read).
-    ``settle(settle_s)`` runs before every case."""
+    """``runs`` rounds (at least 3) in one chain: the peers, then an own case, the peers
+    again, the next own case, and so on — ``P A P B P B P A P …`` for own cases A, B
+    (the peer group after a round's last case opens the next round), so with one peer
+    every other run is the peer's; each own run is compared with the mean of the peer
+    runs just before and just after it. Odd rounds take the own cases, and the peers
+    within each group, in reverse order, so no case always follows the same neighbour
+    (a write leaves the disk busier than a read). ``settle(settle_s)`` runs before
+    every case."""
     values: dict[str, list[float]] = {name: [] for name in (*own, *peers)}
     brackets: dict[str, dict[str, list[float]]] = {a: {p: [] for p in peers} for a in own}
+    before = _run_group(peers, list(peers), values, settle, settle_s)
     for r in range(max(3, runs)):
         flip = r % 2 == 1
         order: Sequence[str] = list(own)[::-1] if flip else list(own)
         group: Sequence[str] = list(peers)[::-1] if flip else list(peers)
-        before = _run_group(peers, group, values, settle, settle_s)
         for a in order:
             settle(settle_s)
             values[a].append(own[a]())

@@ -51,7 +51,7 @@ def test_each_own_run_is_bracketed_and_odd_rounds_reverse_the_order() -> None:
     disk = Disk(lambda name, i: 1.0)
     _run(disk, ["A", "B"], ["P", "Q"], 2)  # fewer than 3 rounds asked: 3 run
     names = "".join(n for n, _ in disk.log)
-    assert names == "PQAPQBPQ" + "QPBQPAQP" + "PQAPQBPQ"
+    assert names == "PQ" + "APQBPQ" + "BQPAQP" + "APQBPQ"
     assert disk.settles == len(disk.log)
 
 
@@ -65,7 +65,17 @@ def test_a_linear_drift_of_the_disk_cancels_out_of_the_per_round_ratio() -> None
     got = _run(Disk(rate), ["get1", "get2"], ["fio_read"], 5)
     for own in ("get1", "get2"):
         assert got.ratios(own, "fio_read") == pytest.approx([0.9] * 5)
-    assert len(got.values["fio_read"]) == 5 * 3
+    assert len(got.values["fio_read"]) == 5 * 2 + 1
+
+
+def test_with_one_peer_the_peer_and_ours_strictly_alternate() -> None:
+    """This disk favours a file read less often: no file may be read twice in a row,
+    not even across a round's boundary, and each is read every other run."""
+    disk = Disk(lambda name, i: 1.0)
+    _run(disk, ["get1", "get2"], ["fio_read"], 11)
+    fio_runs = [n == "fio_read" for n, _ in disk.log]
+    assert fio_runs == [i % 2 == 0 for i in range(len(disk.log))]
+    assert len(disk.log) == 2 * 11 * 2 + 1
 
 
 @given(
