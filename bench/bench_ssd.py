@@ -5,7 +5,11 @@ For 64 KiB, 256 KiB and 2 MiB blocks at queue depth 1 and 32:
 * get: ``SSDTier.get_into`` of ``qd`` random stored blocks per call (one io_uring
   submission of ``qd`` O_DIRECT reads, each slot's payload straight into its destination
   row, header and checksum verified there) vs
-  ``fio --rw=randread --ioengine=io_uring --direct=1 --iodepth=qd``;
+  ``fio --rw=randread --ioengine=io_uring --direct=1 --iodepth=qd`` over the store's own
+  slab files (the fill writes whole slabs, so every byte fio reads is a written block):
+  the same region of the disk as our gets, since this virtual disk's rate depends on
+  where and how recently a region was read (``--fio-own-file``: fio's own file, as
+  before the seventh stop);
 * put: ``SSDTier.put`` of ``qd`` new blocks per call (one group commit: ``qd`` writes, one
   fdatasync per slab touched, one LMDB commit; the store is full, so each put also
   evicts; the commit's checksums passed in, as the write-back does) vs two fio figures:
@@ -63,6 +67,7 @@ from bench.fio import bracketed_rounds, fio, lay_out
 from bench.harness import machine, on_callers
 from kvstore.keys import Namespace
 from storage_nodes.ssd import SSDConfig, SSDTier
+from storage_nodes.ssd.config import slot_bytes_for
 
 SIZES = (64 << 10, 256 << 10, 2 << 20)
 QDS = (1, 32)
@@ -125,11 +130,23 @@ class Ours:
         ]
         self.pass_checksums = True
         self.keys: list[bytes] = []
-        n = ws_bytes // block_bytes
+        # Whole slabs only: every slot of every slab file then holds a written block, so
+        # fio's read peer can read the very files our gets read (``slab_files``).
+        per_slab = slab // slot_bytes_for(block_bytes)
+        n = max(1, ws_bytes // block_bytes // per_slab) * per_slab
         for start in range(0, n, 32):
             keys = [self.rng.randbytes(16) for _ in range(min(32, n - start))]
             self.tier.put(self.ns, keys, self.src[: len(keys) * block_bytes])
             self.keys += keys
+        #: the slab files the fill wrote, every slot of them (the disk's blocks our gets read)
+        self.slab_files = sorted((d / "slabs").glob("slab-*"))
+        self.slab_bytes = slab
+        held = self.tier.stats().counters["blocks"]
+        if held != n or len(self.slab_files) * per_slab != n:
+            raise RuntimeError(
+                f"bench fill: {held} of {n} blocks in {len(self.slab_files)} slab files of"
+                f" {per_slab} slots; fio would read slots never written"
+            )
 
     def checksums(self, qd: int) -> list[int] | None:
         return self.sums[:qd] if self.pass_checksums else None
@@ -235,8 +252,12 @@ def compare(
             own[f"put{c}"] = case(f"put{c}", partial(ours.put, qd, a.seconds, c))
     peers: dict[str, Callable[[], float]] = {}
     if fio_file is not None and "get" in a.ops:
+        # By default fio reads the store's own slab files: the same blocks of the disk
+        # as our gets, so whatever the virtual disk does by region hits both alike.
+        where: Path | list[Path] = fio_file if a.fio_own_file else ours.slab_files
+        size = a.ws if a.fio_own_file else len(ours.slab_files) * ours.slab_bytes
         peers["fio_read"] = case(
-            "fio_read", lambda: fio(fio_file, "randread", bs, qd, a.ws, a.seconds)
+            "fio_read", lambda: fio(where, "randread", bs, qd, size, a.seconds)
         )
     if fio_file is not None and "put" in a.ops:
         peers["fio_write"] = case(
@@ -337,6 +358,12 @@ def main() -> int:
         action="store_true",
         help="put: fio_write_batch as a second peer (fio's file is then written two runs "
         "in three, which this disk does not treat like one in two: see bench.fio)",
+    )
+    ap.add_argument(
+        "--fio-own-file",
+        action="store_true",
+        help="get: fio reads its own laid-out file instead of the store's slab files "
+        "(the scheme of the figures before the seventh stop)",
     )
     a = ap.parse_args()
     try:
