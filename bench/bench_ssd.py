@@ -5,11 +5,7 @@ For 64 KiB, 256 KiB and 2 MiB blocks at queue depth 1 and 32:
 * get: ``SSDTier.get_into`` of ``qd`` random stored blocks per call (one io_uring
   submission of ``qd`` O_DIRECT reads, each slot's payload straight into its destination
   row, header and checksum verified there) vs
-  ``fio --rw=randread --ioengine=io_uring --direct=1 --iodepth=qd`` over the store's own
-  slab files (the fill writes whole slabs, so every byte fio reads is a written block):
-  the same region of the disk as our gets, since this virtual disk's rate depends on
-  where and how recently a region was read (``--fio-own-file``: fio's own file, as
-  before the seventh stop);
+  ``fio --rw=randread --ioengine=io_uring --direct=1 --iodepth=qd``;
 * put: ``SSDTier.put`` of ``qd`` new blocks per call (one group commit: ``qd`` writes, one
   fdatasync per slab touched, one LMDB commit; the store is full, so each put also
   evicts; the commit's checksums passed in, as the write-back does) vs two fio figures:
@@ -21,6 +17,13 @@ For 64 KiB, 256 KiB and 2 MiB blocks at queue depth 1 and 32:
   ``qd`` writes and their fdatasync submitted together and all completed before the next
   batch — a put's own shape, since a put acknowledges only once its writes are durable
   (fio still lets that sync run beside its batch's writes; a put orders it after them).
+
+fio runs on the store's own slab files (the fill writes whole slabs, so every byte fio
+reads is a written block): the same region of the disk as ours, since this virtual
+disk's rate depends on where it reads and writes (fio writing its own 1 GiB file ran
+0.87-0.90x fio writing the store's files, alternating). fio's writes overwrite stored
+blocks, so every get phase runs before the first put phase. ``--fio-own-file``: fio on
+a file of its own, laid out before the first round (the figures before the seventh stop).
 
 ``--callers N`` (e.g. ``1,2``): N threads each issue calls of ``qd/N`` blocks, so at most
 ``qd`` I/Os are in flight — what fio's ``--iodepth`` means; with one caller of ``qd``
@@ -36,8 +39,7 @@ compared with the mean of the fio runs just before and after it — this virtual
 rate moves by tens of percent from one 1.5 s run to the next (the neighbours cancel the
 drift), and it favours a file read less often (so each file is read every other run).
 Each row gives the ratio of the medians and the median of the per-round ratios with
-their range (and every one of them). Fairness: fio's file is laid out before the first
-round (not inside a measured one); odd rounds run our cases in reverse order; and
+their range (and every one of them). Fairness: odd rounds run our cases in reverse order; and
 every case starts after a ``sync`` and ``--settle-s`` of quiet, so a write burst still
 draining in the virtual disk's host does not land on the next case.
 Run: ``.venv/bin/python -m bench.bench_ssd`` (``--quick``: one size, short runs;
@@ -50,190 +52,27 @@ from __future__ import annotations
 
 import argparse
 import json
-import mmap
 import os
-import random
 import shutil
 import statistics
-import time
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
-import numpy as np
-import xxhash
-
 from bench.fio import bracketed_rounds, fio, lay_out
-from bench.harness import machine, on_callers
-from kvstore.keys import Namespace
-from storage_nodes.ssd import SSDConfig, SSDTier
-from storage_nodes.ssd.config import slot_bytes_for
+from bench.harness import machine
+from bench.ssd_store import Ours
 
 SIZES = (64 << 10, 256 << 10, 2 << 20)
 QDS = (1, 32)
 
 
-def ns_for(block_bytes: int) -> Namespace:
-    # uint8 K and V of 64 tokens x 1 head: head_dim sets the size exactly
-    return Namespace(
-        model_id=f"bench-{block_bytes}",
-        model_revision="r",
-        kv_dtype="uint8",
-        kv_layout="mha",
-        cached_layers=(0,),
-        kv_heads=1,
-        head_dim=block_bytes // 128,
-        block_tokens=64,
-    )
-
-
-class Ours:
-    def __init__(
-        self,
-        d: Path,
-        block_bytes: int,
-        ws_bytes: int,
-        backend: str,
-        durability: str,
-        unaligned: bool = False,
-    ) -> None:
-        shutil.rmtree(d, ignore_errors=True)
-        slab = 64 << 20
-        cap = (ws_bytes * 9 // 8 // slab + 1) * slab
-        self.tier = SSDTier(
-            SSDConfig(
-                dir=d,
-                capacity_bytes=cap,
-                slab_bytes=slab,
-                io_backend=backend,
-                staging_max_bytes=160 << 20,
-                index_durability=durability,
-            )
-        )
-        self.ns = ns_for(block_bytes)
-        self.tier.register(self.ns)
-        self.bb = block_bytes
-        self.rng = random.Random(1)
-        # Caller rows in page-aligned memory, as the daemon's shared-memory segment gives
-        # them: the tier then moves payloads without a staging copy. ``--unaligned``
-        # offsets them by 64 bytes, which forces the staging copy.
-        skew = 64 if unaligned else 0
-        self._src_map, self._dst_map = (mmap.mmap(-1, 32 * block_bytes + 4096) for _ in "sd")
-        self.src = np.frombuffer(self._src_map, np.uint8, 32 * block_bytes, skew)
-        self.src[:] = np.random.default_rng(1).integers(0, 256, self.src.size, dtype=np.uint8)
-        self.dst = memoryview(self._dst_map)[skew : skew + 32 * block_bytes]
-        #: the commit's checksums of ``src``'s rows: the write-back hands the SSD tier the
-        #: checksum made at commit (DESIGN §4), so the tier does not hash again
-        self.sums = [
-            xxhash.xxh3_64_intdigest(self.src[i * block_bytes : (i + 1) * block_bytes].tobytes())
-            for i in range(32)
-        ]
-        self.pass_checksums = True
-        self.keys: list[bytes] = []
-        # Whole slabs only: every slot of every slab file then holds a written block, so
-        # fio's read peer can read the very files our gets read (``slab_files``).
-        per_slab = slab // slot_bytes_for(block_bytes)
-        n = max(1, ws_bytes // block_bytes // per_slab) * per_slab
-        for start in range(0, n, 32):
-            keys = [self.rng.randbytes(16) for _ in range(min(32, n - start))]
-            self.tier.put(self.ns, keys, self.src[: len(keys) * block_bytes])
-            self.keys += keys
-        #: the slab files the fill wrote, every slot of them (the disk's blocks our gets read)
-        self.slab_files = sorted((d / "slabs").glob("slab-*"))
-        self.slab_bytes = slab
-        held = self.tier.stats().counters["blocks"]
-        if held != n or len(self.slab_files) * per_slab != n:
-            raise RuntimeError(
-                f"bench fill: {held} of {n} blocks in {len(self.slab_files)} slab files of"
-                f" {per_slab} slots; fio would read slots never written"
-            )
-
-    def checksums(self, qd: int) -> list[int] | None:
-        return self.sums[:qd] if self.pass_checksums else None
-
-    def get(self, qd: int, seconds: float, callers: int = 1) -> dict[str, float]:
-        """``callers`` threads, each calling ``get_into`` of ``qd // callers`` random blocks
-        in a loop: at most ``qd`` reads in flight, as fio's ``--iodepth``."""
-        per = qd // callers
-        seeds = [self.rng.randrange(1 << 62) for _ in range(callers)]
-
-        def loop(k: int, lat: list[float]) -> int:
-            rng, done = random.Random(seeds[k]), 0
-            view = self.dst[k * per * self.bb : (k + 1) * per * self.bb]
-            t0 = time.perf_counter()
-            while time.perf_counter() - t0 < seconds:
-                keys = rng.sample(self.keys, per)
-                s = time.perf_counter()
-                got = self.tier.get_into(self.ns, keys, view)
-                lat.append(time.perf_counter() - s)
-                if got != per:
-                    raise RuntimeError(f"bench get returned {got} of {per} blocks")
-                done += got
-            return done
-
-        return self._run(loop, callers)
-
-    def put(self, qd: int, seconds: float, callers: int = 1) -> dict[str, float]:
-        """``callers`` threads, each putting ``qd // callers`` new blocks per call (its own
-        rows of the source): at most ``qd`` writes in flight."""
-        per = qd // callers
-        sums = self.checksums(qd)
-        seeds = [self.rng.randrange(1 << 62) for _ in range(callers)]  # new keys every run
-
-        def loop(k: int, lat: list[float]) -> int:
-            rng, done = random.Random(seeds[k]), 0
-            src = self.src[k * per * self.bb : (k + 1) * per * self.bb]
-            mine = None if sums is None else sums[k * per : (k + 1) * per]
-            t0 = time.perf_counter()
-            while time.perf_counter() - t0 < seconds:
-                keys = [rng.randbytes(16) for _ in range(per)]
-                s = time.perf_counter()
-                r = self.tier.put(self.ns, keys, src, checksums=mine)
-                lat.append(time.perf_counter() - s)
-                if r.inserted != per:
-                    raise RuntimeError(f"bench put stored {r.inserted} of {per} blocks: {r}")
-                done += per
-            # Inside the measured time: the data synced behind the puts is durable before
-            # the run counts as done, as fio's last fdatasync is part of its run.
-            if not self.tier.sync():
-                raise RuntimeError("bench put: the SSD tier's data sync failed")
-            return done
-
-        rounds = self.tier.stats().counters["data_sync_rounds"]
-        out = self._run(loop, callers)
-        calls = out["MBps"] * out["seconds"] * 1e6 / (per * self.bb)
-        out["sync_rounds_per_call"] = (
-            self.tier.stats().counters["data_sync_rounds"] - rounds
-        ) / max(calls, 1)
-        self.keys = self.tier.iter_keys(self.ns)  # puts evicted the least recent blocks
-        return out
-
-    def _run(self, loop: Callable[[int, list[float]], int], callers: int) -> dict[str, float]:
-        """``loop(k, lat)`` on ``callers`` threads at once; MB/s over the whole run."""
-        done, elapsed, lat = on_callers(loop, callers)
-        return _summary(done * self.bb, elapsed, lat)
-
-    def close(self) -> dict[str, str]:
-        info = dict(self.tier.stats().info)
-        self.tier.close()
-        return info
-
-
-def _summary(nbytes: int, elapsed: float, lat: list[float]) -> dict[str, float]:
-    lat.sort()
-    return {
-        "seconds": elapsed,
-        "MBps": nbytes / elapsed / 1e6,
-        "p50_us": lat[len(lat) // 2] * 1e6,
-        "p99_us": lat[min(len(lat) - 1, int(len(lat) * 0.99))] * 1e6,
-    }
-
-
 def compare(
-    ours: Ours, fio_file: Path | None, bs: int, qd: int, a: argparse.Namespace
+    ours: Ours, fio_file: Path | None, bs: int, qd: int, op: str, a: argparse.Namespace
 ) -> list[dict]:
-    """Ours and fio at one size and depth, each run of ours bracketed by fio's
-    (``bench.fio.bracketed_rounds``); one row per operation, caller count and peer."""
+    """Ours and fio at one size and depth for ``op`` (get or put), each run of ours
+    bracketed by fio's (``bench.fio.bracketed_rounds``); one row per caller count and
+    peer."""
     runs: dict[str, list[dict[str, float]]] = {}
 
     def case(name: str, fn: Callable[[], dict[str, float]]) -> Callable[[], float]:
@@ -246,27 +85,28 @@ def compare(
 
     own: dict[str, Callable[[], float]] = {}
     for c in a.callers:
-        if "get" in a.ops:
-            own[f"get{c}"] = case(f"get{c}", partial(ours.get, qd, a.seconds, c))
-        if "put" in a.ops:
-            own[f"put{c}"] = case(f"put{c}", partial(ours.put, qd, a.seconds, c))
+        fn = ours.get if op == "get" else ours.put
+        own[f"{op}{c}"] = case(f"{op}{c}", partial(fn, qd, a.seconds, c))
     peers: dict[str, Callable[[], float]] = {}
-    if fio_file is not None and "get" in a.ops:
-        # By default fio reads the store's own slab files: the same blocks of the disk
-        # as our gets, so whatever the virtual disk does by region hits both alike.
-        where: Path | list[Path] = fio_file if a.fio_own_file else ours.slab_files
-        size = a.ws if a.fio_own_file else len(ours.slab_files) * ours.slab_bytes
+    # By default fio reads and writes the store's own slab files: the same blocks of the
+    # disk as ours, so whatever the virtual disk does by region hits both alike (its
+    # writes overwrite stored blocks: every get phase runs before the first put phase).
+    where: Path | list[Path] | None = fio_file
+    size = a.ws
+    if fio_file is not None and not a.fio_own_file:
+        where, size = ours.slab_files, len(ours.slab_files) * ours.slab_bytes
+    if where is not None and op == "get":
         peers["fio_read"] = case(
             "fio_read", lambda: fio(where, "randread", bs, qd, size, a.seconds)
         )
-    if fio_file is not None and "put" in a.ops:
+    if where is not None and op == "put":
         peers["fio_write"] = case(
-            "fio_write", lambda: fio(fio_file, "randwrite", bs, qd, a.ws, a.seconds)
+            "fio_write", lambda: fio(where, "randwrite", bs, qd, size, a.seconds)
         )
         if a.batch_peer:
             peers["fio_write_batch"] = case(
                 "fio_write_batch",
-                lambda: fio(fio_file, "randwrite", bs, qd, a.ws, a.seconds, batch=True),
+                lambda: fio(where, "randwrite", bs, qd, size, a.seconds, batch=True),
             )
     got = bracketed_rounds(own, peers, a.runs, a.settle_s)
     lat = {
@@ -278,32 +118,32 @@ def compare(
         (kind, c, peer)
         for c in a.callers
         for kind, peer in [("get", "fio_read"), ("put", "fio_write"), ("put", "fio_write_batch")]
-        if kind in a.ops and (peer in peers or (not peers and peer != "fio_write_batch"))
+        if kind == op and (peer in peers or (not peers and peer != "fio_write_batch"))
     ]
     for kind, c, peer in pairs:
-        op = f"{kind}{c}"
+        name = f"{kind}{c}"
         row = {
             "op": kind,
             "callers": c,
             "block": f"{bs >> 10} KiB",
             "qd": qd,
-            "rounds": len(got.values[op]),
-            "MBps": round(got.median(op), 1),
-            "p50_us": round(lat[op]["p50_us"]),
-            "p99_us": round(lat[op]["p99_us"]),
+            "rounds": len(got.values[name]),
+            "MBps": round(got.median(name), 1),
+            "p50_us": round(lat[name]["p50_us"]),
+            "p99_us": round(lat[name]["p99_us"]),
         }
         if kind == "put":  # data sync rounds per put call (fio: one fdatasync per qd writes)
             row["sync_rounds_per_call"] = round(
-                statistics.median(r["sync_rounds_per_call"] for r in runs[op]), 2
+                statistics.median(r["sync_rounds_per_call"] for r in runs[name]), 2
             )
         if peer in peers:
-            ratios = got.ratios(op, peer)
+            ratios = got.ratios(name, peer)
             row.update(
                 vs=peer,
                 fio_MBps=round(got.median(peer), 1),
                 fio_p50_us=round(lat[peer]["p50_us"]),
                 fio_p99_us=round(lat[peer]["p99_us"]),
-                ratio=round(got.median(op) / got.median(peer), 2),
+                ratio=round(got.median(name) / got.median(peer), 2),
                 # each round's run of ours against the mean of the fio runs either side
                 round_ratio=round(statistics.median(ratios), 2),
                 round_range=[round(min(ratios), 2), round(max(ratios), 2)],
@@ -362,8 +202,8 @@ def main() -> int:
     ap.add_argument(
         "--fio-own-file",
         action="store_true",
-        help="get: fio reads its own laid-out file instead of the store's slab files "
-        "(the scheme of the figures before the seventh stop)",
+        help="fio reads and writes its own laid-out file instead of the store's slab "
+        "files (the scheme of the figures before the seventh stop)",
     )
     a = ap.parse_args()
     try:
@@ -395,12 +235,13 @@ def main() -> int:
         )
         ours.pass_checksums = not a.no_checksums
         fio_file = a.dir / f"fio-{bs >> 10}k" if have_fio else None
-        if fio_file is not None:
+        if fio_file is not None and a.fio_own_file:
             lay_out(fio_file, a.ws)
-        for qd in qds:
-            for row in compare(ours, fio_file, bs, qd, a):
-                rows.append(row)
-                print(json.dumps(row), flush=True)
+        for op in ("get", "put"):  # every get first: fio's writes overwrite stored blocks
+            for qd in qds if op in a.ops else ():
+                for row in compare(ours, fio_file, bs, qd, op, a):
+                    rows.append(row)
+                    print(json.dumps(row), flush=True)
         info = ours.close()
         print(f"# {bs >> 10} KiB: io_backend={info['io_backend']} direct_io={info['direct_io']}")
         if fio_file is not None:

@@ -22,8 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.bench_ssd import ns_for
 from bench.harness import machine
+from bench.ssd_store import ns_for
 from storage_nodes.ssd import SSDConfig, SSDTier
 from storage_nodes.testing.crash import abandon
 

@@ -3,12 +3,13 @@ read reaches the kernel (head), after its last completion (tail), blocked on
 completions, CPU, and how much of the run no read of ours was in flight at all (a
 diagnosis, not a ratio; the ratio against fio is ``bench.bench_ssd --ops get``).
 
-The loop is ``bench.bench_ssd``'s: ``--callers N`` threads each read ``qd/N`` random
-stored blocks per call. A call counts as "in flight" from its first io_uring submission
-to the return of its last wait for completions; the union of those intervals over all
-callers is the time the device had something of ours to do, and the rest of the wall
-time is the device idle on our account (fio's queue never empties). Head, tail and
-blocked time are summed over the callers, per ``qd`` blocks read.
+The loop is ``bench.ssd_store``'s (the one ``bench.bench_ssd`` measures): ``--callers
+N`` threads each read ``qd/N`` random stored blocks per call. A call counts as "in
+flight" from its first io_uring submission to the return of its last wait for
+completions; the union of those intervals over all callers is the time the device had
+something of ours to do, and the rest of the wall time is the device idle on our account
+(fio's queue never empties). Head, tail and blocked time are summed over the callers,
+per ``qd`` blocks read.
 Run alone: ``/work/bin/cpu-exclusive .venv/bin/python -m bench.profile_ssd_get``.
 """
 
@@ -24,7 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from bench.bench_ssd import Ours
+from bench.ssd_store import Ours
 from storage_nodes.ssd import SSDTier, uring
 
 _local = threading.local()

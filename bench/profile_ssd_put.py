@@ -22,8 +22,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from bench.bench_ssd import Ours
 from bench.harness import PhaseTimes
+from bench.ssd_store import Ours
 from storage_nodes.ssd import allocator, blockio, index, lookup, writer
 
 _ACC = PhaseTimes()

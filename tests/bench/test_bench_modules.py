@@ -14,7 +14,7 @@ BENCH = Path(__file__).resolve().parents[2] / "bench"
 MODULES = sorted(p.stem for p in BENCH.glob("*.py") if p.stem != "__init__")
 # No command line of their own: the runner of all benchmarks, a worker driven over a pipe,
 # and the shared helpers.
-NO_CLI = {"run_all", "daemon_bench_worker", "harness", "engine_args", "fio"}
+NO_CLI = {"run_all", "daemon_bench_worker", "harness", "engine_args", "fio", "ssd_store"}
 
 
 @pytest.mark.parametrize("name", MODULES)
