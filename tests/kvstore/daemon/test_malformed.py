@@ -289,7 +289,9 @@ _CHECKED_BYTES = st.one_of(st.integers(0, 55), st.integers(HEADER_BYTES, _ENCODE
 
 
 @given(
-    seed=st.integers(0, 2**63),
+    # Above every fixed seed of this module (11-16): the daemon is shared, and a chain this
+    # test stores (hypothesis draws small seeds often) would be a hit in another test.
+    seed=st.integers(1 << 20, 2**63),
     flips=st.lists(st.one_of(st.none(), _CHECKED_BYTES), min_size=2, max_size=2),
     cuts=st.lists(st.lists(st.integers(1, _ENCODED_BYTES - 1), max_size=4), min_size=2, max_size=2),
 )
