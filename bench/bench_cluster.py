@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 import xxhash
 
-from bench.harness import machine
+from bench.harness import byte_namespace, machine
 from kvstore.keys import Namespace, chain_keys
 from storage_nodes.cluster.config import ClusterConfig
 from storage_nodes.cluster.tier import ClusterTier
@@ -41,16 +41,7 @@ _TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
 
 
 def ns_for(run: int) -> Namespace:
-    return Namespace(
-        model_id=f"bench-cluster-{run}",
-        model_revision="r",
-        kv_dtype="uint8",
-        kv_layout="mha",
-        cached_layers=(0,),
-        kv_heads=1,
-        head_dim=BLOCK_BYTES // 128,
-        block_tokens=64,
-    )
+    return byte_namespace(f"bench-cluster-{run}", BLOCK_BYTES)
 
 
 def proc_cpu_s(pid: int) -> float:

@@ -41,7 +41,7 @@ from pathlib import Path
 import numpy as np
 
 from bench.fio import rates, run_job, runtime_arg
-from bench.harness import machine, median_interleaved, on_callers
+from bench.harness import byte_namespace, machine, median_interleaved, on_callers
 from kvstore.keys import Namespace
 from storage_nodes.sharedfs import SharedFSConfig, SharedFSTier
 from tests.dfs.cluster import DFSCluster, start
@@ -53,9 +53,7 @@ WRITE_ENGINES = ("io_uring", "libaio")  # the same sync pattern as ours: one per
 
 
 def ns_for(tag: str) -> Namespace:
-    return Namespace(model_id=f"bench-sharedfs-{tag}", model_revision="r", kv_dtype="uint8",
-                     kv_layout="mha", cached_layers=(0,), kv_heads=1, head_dim=BLOCK // 128,
-                     block_tokens=64)
+    return byte_namespace(f"bench-sharedfs-{tag}", BLOCK)
 
 
 def _summary(nbytes: int, elapsed: float, lat: list[float]) -> dict[str, float]:

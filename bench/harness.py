@@ -12,6 +12,8 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from kvstore.keys import Namespace
+
 
 def median_interleaved(cases: dict[str, Callable[[], float]], runs: int = 5) -> dict[str, float]:
     """Run each case once per round, rounds interleaved, and return the median of each.
@@ -41,6 +43,24 @@ def on_callers(
         with ThreadPoolExecutor(callers) as pool:
             done = sum(pool.map(loop, range(callers), lats))
     return done, time.perf_counter() - t0, [x for lat in lats for x in lat]
+
+
+def byte_namespace(model_id: str, block_bytes: int) -> Namespace:
+    """A namespace whose blocks are exactly ``block_bytes`` (a multiple of 128): uint8 K and
+    V of 64 tokens x 1 head, so ``head_dim`` alone sets the size. The storage benches use
+    it to store opaque blocks of a chosen size."""
+    if block_bytes <= 0 or block_bytes % 128:
+        raise ValueError(f"block size {block_bytes} is not a positive multiple of 128 bytes")
+    return Namespace(
+        model_id=model_id,
+        model_revision="r",
+        kv_dtype="uint8",
+        kv_layout="mha",
+        cached_layers=(0,),
+        kv_heads=1,
+        head_dim=block_bytes // 128,
+        block_tokens=64,
+    )
 
 
 def timed(fn: Callable[[], object], repeat: int = 1) -> float:

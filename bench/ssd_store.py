@@ -16,24 +16,14 @@ from pathlib import Path
 import numpy as np
 import xxhash
 
-from bench.harness import on_callers
+from bench.harness import byte_namespace, on_callers
 from kvstore.keys import Namespace
 from storage_nodes.ssd import SSDConfig, SSDTier
 from storage_nodes.ssd.config import slot_bytes_for
 
 
 def ns_for(block_bytes: int) -> Namespace:
-    # uint8 K and V of 64 tokens x 1 head: head_dim sets the size exactly
-    return Namespace(
-        model_id=f"bench-{block_bytes}",
-        model_revision="r",
-        kv_dtype="uint8",
-        kv_layout="mha",
-        cached_layers=(0,),
-        kv_heads=1,
-        head_dim=block_bytes // 128,
-        block_tokens=64,
-    )
+    return byte_namespace(f"bench-{block_bytes}", block_bytes)
 
 
 class Ours:
