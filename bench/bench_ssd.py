@@ -44,7 +44,9 @@ every case starts after a ``sync`` and ``--settle-s`` of quiet, so a write burst
 draining in the virtual disk's host does not land on the next case.
 Run: ``.venv/bin/python -m bench.bench_ssd`` (``--quick``: one size, short runs;
 ``--ops get`` or ``--ops put``: one operation and its fio peer only; ``--batch-peer``:
-put also against ``fio_write_batch``). The fio runner is ``bench.fio``.
+put also against ``fio_write_batch``, get against ``fio_read_batch`` — ``qd`` reads
+submitted together and all completed before the next batch, one caller's get shape).
+The fio runner is ``bench.fio``.
 Needs ``fio`` (``apt-get install -y fio``); without it only our figures are printed.
 """
 
@@ -99,6 +101,11 @@ def compare(
         peers["fio_read"] = case(
             "fio_read", lambda: fio(where, "randread", bs, qd, size, a.seconds)
         )
+        if a.batch_peer:
+            peers["fio_read_batch"] = case(
+                "fio_read_batch",
+                lambda: fio(where, "randread", bs, qd, size, a.seconds, batch=True),
+            )
     if where is not None and op == "put":
         peers["fio_write"] = case(
             "fio_write", lambda: fio(where, "randwrite", bs, qd, size, a.seconds)
@@ -117,8 +124,13 @@ def compare(
     pairs = [
         (kind, c, peer)
         for c in a.callers
-        for kind, peer in [("get", "fio_read"), ("put", "fio_write"), ("put", "fio_write_batch")]
-        if kind == op and (peer in peers or (not peers and peer != "fio_write_batch"))
+        for kind, peer in [
+            ("get", "fio_read"),
+            ("get", "fio_read_batch"),
+            ("put", "fio_write"),
+            ("put", "fio_write_batch"),
+        ]
+        if kind == op and (peer in peers or (not peers and not peer.endswith("_batch")))
     ]
     for kind, c, peer in pairs:
         name = f"{kind}{c}"
@@ -196,8 +208,9 @@ def main() -> int:
     ap.add_argument(
         "--batch-peer",
         action="store_true",
-        help="put: fio_write_batch as a second peer (fio's file is then written two runs "
-        "in three, which this disk does not treat like one in two: see bench.fio)",
+        help="a second fio peer that drains its queue every qd I/Os, as one caller's call "
+        "does: fio_write_batch for put, fio_read_batch for get (fio's file is then read or "
+        "written two runs in three, which this disk does not treat like one in two)",
     )
     ap.add_argument(
         "--fio-own-file",

@@ -46,10 +46,10 @@ def fio(
     batch: bool = False,
 ) -> dict[str, float]:
     """fio on ``path`` (or on several files, ``size`` bytes over all of them, each I/O at
-    a random offset of the next file in turn); ``batch``: ``qd`` writes and their
-    fdatasync go in together and all complete before the next batch (a group commit's
-    shape)."""
-    depth = qd + 1 if batch else qd
+    a random offset of the next file in turn); ``batch``: ``qd`` I/Os (writes with their
+    fdatasync) go in together and all complete before the next batch — the shape of one
+    caller's get or put of ``qd`` blocks, whose queue drains at the end of each call."""
+    depth = qd + 1 if batch and rw == "randwrite" else qd
     args = [
         "fio",
         "--name=b",
