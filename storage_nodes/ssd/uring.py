@@ -112,6 +112,9 @@ class UringBackend(IOBackend):
         done = [0] * n  # bytes transferred so far per request (short transfers resume)
         pending = deque(range(n))
         keep: list[lu.Iovec | None] = [None] * n  # iovecs must outlive their requests
+        # each request as first taken from ``reqs`` (a lazy batch builds it on every
+        # index): the reaping below reads it again without asking ``reqs``
+        taken: list[IORequest | None] = [None] * n
         slot = self._acquire()
         ring, raw = slot.ring, slot.iovecs
         inflight = unsubmitted = 0
@@ -137,7 +140,8 @@ class UringBackend(IOBackend):
                             error = e
                             pending.clear()
                             break
-                    r = reqs[i]
+                    r = taken[i] or reqs[i]
+                    taken[i] = r
                     sqe = _get_sqe(ring)
                     if r.head is None and not r.more:
                         iov = _IOVECS.get(r.buf[done[i] :] if done[i] else r.buf)
@@ -191,18 +195,19 @@ class UringBackend(IOBackend):
                     if i >= n:
                         synced[i - n] = min(res, 0)
                         continue
-                    if raw is not None and reqs[i].head is not None:
+                    r = taken[i]  # type: ignore[assignment]
+                    if raw is not None and r.head is not None:
                         raw.release(i)
                     if res > 0:
                         done[i] += res
-                        if done[i] < reqs[i].nbytes:
+                        if done[i] < r.nbytes:
                             pending.append(i)  # short transfer: resubmit the rest
                             continue
                         res = done[i]
                     elif res == 0:
                         res = -errno.EIO  # EOF inside a preallocated slab
                     results[i] = res
-                    fd = reqs[i].fd
+                    fd = r.fd
                     if fd in unwritten:
                         unwritten[fd] -= 1
                         if not unwritten[fd]:
