@@ -1,0 +1,141 @@
+"""What bounds a verified SSD get on this machine: the tier's get against bare reads of
+the same shape, with and without touching what they read (a diagnosis beside
+``bench.bench_ssd``, whose peer is fio).
+
+fio's reads never look at the bytes they move; a get must (DESIGN §4: the payload's
+xxh3 is checked in the caller's row as each read lands). The cases, each ``qd`` random
+slots of the store's own slab files per call, in page-aligned rows, on the tier's own
+I/O backend:
+
+* ``raw``: the reads alone, two segments per slot (header page, payload), as the tier
+  issues them — no look-up, no header check, no hash;
+* ``raw_hash``: the same, plus the payload's xxh3 as each read lands (the bytes a
+  verified get must touch, and nothing of the store);
+* ``raw_spin``: the same, plus a busy wait as long as that hash per read (CPU time
+  without the memory traffic: tells the two costs apart);
+* ``get``: ``SSDTier.get_into`` of ``qd`` random stored blocks (look-up, header check,
+  hash, recency).
+
+All are compared with ``fio --rw=randread --iodepth=qd`` on the same files, in the rounds
+of ``bench.fio.bracketed_rounds`` (every run of ours between two fio runs). Run alone:
+``/work/bin/cpu-exclusive .venv/bin/python -m bench.ssd_get_bounds``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import mmap
+import os
+import random
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import xxhash
+
+from bench.fio import bracketed_rounds, fio
+from bench.harness import machine
+from bench.ssd_store import Ours
+from storage_nodes.ssd.config import slot_bytes_for
+from storage_nodes.ssd.io_backend import IOBackend, IORequest
+
+BLOCK = 256 << 10
+HEAD = 4096
+
+
+class BareReads:
+    """Calls of ``qd`` reads of random slots of the store's slab files on ``io``."""
+
+    def __init__(self, ours: Ours, io: IOBackend, qd: int) -> None:
+        self._io, self._qd = io, qd
+        self._sb = slot_bytes_for(BLOCK)
+        self._per_slab = ours.slab_bytes // self._sb
+        flags = os.O_RDONLY | (os.O_DIRECT if hasattr(os, "O_DIRECT") else 0)
+        self._fds = [os.open(f, flags) for f in ours.slab_files]
+        self._rows = memoryview(mmap.mmap(-1, qd * BLOCK))
+        self._heads = memoryview(mmap.mmap(-1, qd * HEAD))
+        self._rng = random.Random(7)
+        sample = self._rows[:BLOCK]
+        t0 = time.perf_counter()
+        for _ in range(200):
+            xxhash.xxh3_64_intdigest(sample)
+        #: one payload's hash, timed on a row in cache: what ``raw_spin`` waits per read
+        self.hash_s = (time.perf_counter() - t0) / 200
+
+    def run(self, seconds: float, on_done: Callable[[int, int], None] | None) -> float:
+        """MB/s of payload over ``seconds`` of back-to-back calls."""
+        rows, heads, qd, sb = self._rows, self._heads, self._qd, self._sb
+        n, t0 = 0, time.perf_counter()
+        while time.perf_counter() - t0 < seconds:
+            reqs = [
+                IORequest(
+                    self._rng.choice(self._fds),
+                    self._rng.randrange(self._per_slab) * sb,
+                    rows[j * BLOCK : (j + 1) * BLOCK],
+                    head=heads[j * HEAD : (j + 1) * HEAD],
+                )
+                for j in range(qd)
+            ]
+            res = self._io.read_batch(reqs, on_done)
+            if any(r <= 0 for r in res):
+                raise RuntimeError(f"bare read failed: {min(res)}")
+            n += qd
+        return n * BLOCK / (time.perf_counter() - t0) / 1e6
+
+    def hash_landed(self, i: int, res: int) -> None:
+        xxhash.xxh3_64_intdigest(self._rows[i * BLOCK : (i + 1) * BLOCK])
+
+    def spin_landed(self, i: int, res: int) -> None:
+        end = time.perf_counter() + self.hash_s
+        while time.perf_counter() < end:
+            pass
+
+    def close(self) -> None:
+        for fd in self._fds:
+            os.close(fd)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--dir", type=Path, default=Path("bench/out/get-bounds"))
+    ap.add_argument("--ws", type=int, default=1 << 30, help="bytes stored first")
+    ap.add_argument("--qd", type=int, default=32, help="reads per call")
+    ap.add_argument("--seconds", type=float, default=1.5)
+    ap.add_argument("--runs", type=int, default=7, help="rounds (at least 3)")
+    ap.add_argument("--settle-s", type=float, default=0.5)
+    a = ap.parse_args()
+    ours = Ours(a.dir, BLOCK, a.ws, "auto", "fast")
+    bare = BareReads(ours, ours.io_backend(), a.qd)
+    size = len(ours.slab_files) * ours.slab_bytes
+    own = {
+        "raw": lambda: bare.run(a.seconds, None),
+        "raw_hash": lambda: bare.run(a.seconds, bare.hash_landed),
+        "raw_spin": lambda: bare.run(a.seconds, bare.spin_landed),
+        "get": lambda: ours.get(a.qd, a.seconds)["MBps"],
+    }
+    peers = {
+        "fio_read": lambda: fio(ours.slab_files, "randread", BLOCK, a.qd, size, a.seconds)["MBps"]
+    }
+    print(f"# {machine()}; qd {a.qd}; hash of one payload {bare.hash_s * 1e6:.1f} µs (in cache)")
+    got = bracketed_rounds(own, peers, a.runs, a.settle_s)
+    bare.close()
+    info = ours.close()
+    print(f"# io_backend={info['io_backend']} direct_io={info['direct_io']}")
+    print("\n| case | MB/s | ratio to fio_read, per round: median [min–max] | ratio to raw_hash |")
+    print("|---|---|---|---|")
+    print(f"| fio_read | {got.median('fio_read'):.0f} | 1 | |")
+    for name in own:
+        r = got.ratios(name, "fio_read")
+        to_hash = [x / h for x, h in zip(got.values[name], got.values["raw_hash"], strict=True)]
+        print(
+            f"| {name} | {got.median(name):.0f} | {statistics.median(r):.2f} "
+            f"[{min(r):.2f}–{max(r):.2f}] | {statistics.median(to_hash):.2f} |"
+        )
+    print(json.dumps({k: [round(x) for x in v] for k, v in got.values.items()}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
