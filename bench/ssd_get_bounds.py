@@ -107,7 +107,7 @@ def main() -> int:
     ap.add_argument("--settle-s", type=float, default=0.5)
     a = ap.parse_args()
     ours = Ours(a.dir, BLOCK, a.ws, "auto", "fast")
-    bare = BareReads(ours, ours.io_backend(), a.qd)
+    bare = BareReads(ours, ours.tier.io_backend, a.qd)
     size = len(ours.slab_files) * ours.slab_bytes
     own = {
         "raw": lambda: bare.run(a.seconds, None),

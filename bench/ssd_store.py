@@ -20,7 +20,6 @@ from bench.harness import byte_namespace, on_callers
 from kvstore.keys import Namespace
 from storage_nodes.ssd import SSDConfig, SSDTier
 from storage_nodes.ssd.config import slot_bytes_for
-from storage_nodes.ssd.io_backend import IOBackend
 
 
 def ns_for(block_bytes: int) -> Namespace:
@@ -87,11 +86,6 @@ class Ours:
                 f"bench fill: {held} of {n} blocks in {len(self.slab_files)} slab files of"
                 f" {per_slab} slots; fio would read slots never written"
             )
-
-    def io_backend(self) -> IOBackend:
-        """The tier's own I/O backend (its ring pool): bare reads on it differ from the
-        tier's get only by what the tier does around the I/O."""
-        return self.tier._blocks._io
 
     def checksums(self, qd: int) -> list[int] | None:
         return self.sums[:qd] if self.pass_checksums else None
