@@ -53,7 +53,7 @@ bench: setup
 
 lint: setup
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/mypy kvstore storage_nodes clients engine kernels
+	$(VENV)/bin/mypy kvstore storage_nodes clients engine kernels bounded_replay bench
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis .mypy_cache .ruff_cache

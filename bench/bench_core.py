@@ -140,7 +140,7 @@ def bench_dram_out_of_cache(
 
         return total / timed(one)
 
-    src_mv, dst_mv = memoryview(pool.numpy()), memoryview(dst.numpy())
+    src_mv, dst_mv = pool.numpy().data, dst.numpy().data
 
     def memcpy_rate() -> float:  # one core, one memcpy per batch
         def one() -> None:
@@ -240,7 +240,7 @@ def main() -> None:
     print("|---|---|---|---|---|---|")
     for r in dram:
         print(
-            f"| {r['block_bytes'] >> 10} KiB | {r['copy_GBps']:.2f} | {r['get_GBps']:.2f}"
+            f"| {int(r['block_bytes']) >> 10} KiB | {r['copy_GBps']:.2f} | {r['get_GBps']:.2f}"
             f" | {r['put_GBps']:.2f} | {r['get_vs_copy']:.2f} | {r['put_vs_copy']:.2f} |"
         )
     cold = [bench_dram_out_of_cache(s, ws, runs) for s in sizes]
@@ -259,7 +259,7 @@ def main() -> None:
 
     for r in cold:
         print(
-            f"| {r['block_bytes'] >> 10} KiB | {r['copy__GBps']:.2f} | {r['memcpy_GBps']:.2f}"
+            f"| {int(r['block_bytes']) >> 10} KiB | {r['copy__GBps']:.2f} | {r['memcpy_GBps']:.2f}"
             f" | {r['get_into_GBps']:.2f} | {ratio(r, 'get_into_vs_copy_')}"
             f" | {ratio(r, 'get_into_vs_memcpy')} | {r['get_into_1thread_GBps']:.2f}"
             f" | {ratio(r, 'get_into_1thread_vs_copy_')}"
@@ -267,7 +267,7 @@ def main() -> None:
         )
     for r in cold:
         print(
-            f"\n{r['block_bytes'] >> 10} KiB, the row copier alone on the same rows (no tier"
+            f"\n{int(r['block_bytes']) >> 10} KiB, the row copier alone on the same rows (no tier"
             f" around it): {r['copier_GBps']:.2f} GB/s, / copy_ {ratio(r, 'copier_vs_copy_')},"
             f" / memcpy {ratio(r, 'copier_vs_memcpy')}"
         )

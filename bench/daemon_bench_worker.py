@@ -12,7 +12,8 @@ from __future__ import annotations
 import json
 import sys
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -27,6 +28,16 @@ def make_data(n: int, size: int, seed: int) -> tuple[list[bytes], np.ndarray]:
         values[i] = pool[off : off + size]
         values[i, :8] = np.frombuffer(i.to_bytes(8, "little"), np.uint8)  # all distinct
     return keys, values
+
+
+class Driver(Protocol):
+    """What the worker asks of each system it drives."""
+
+    def put(self, keys: list[bytes], values: np.ndarray) -> None: ...
+
+    def get(self, keys: list[bytes]) -> Any: ...
+
+    def close(self) -> None: ...
 
 
 class KVStoreDriver:
@@ -149,7 +160,7 @@ class MemcpyDriver:
         pass
 
 
-DRIVERS = {
+DRIVERS: dict[str, Callable[[dict[str, Any]], Driver]] = {
     "kvstore-grpc": KVStoreDriver,
     "kvstore-shm": KVStoreDriver,
     "kvstore-shm-zc": KVStoreDriver,
@@ -165,7 +176,7 @@ def say(obj: dict[str, Any]) -> None:
 
 
 def run_phase(
-    driver: Any,
+    driver: Driver,
     op: str,
     keys: list[bytes],
     values: np.ndarray,
