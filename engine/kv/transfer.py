@@ -20,6 +20,7 @@ import torch
 import kernels
 from engine.kv.cache import KVCache
 from engine.kv.store_link import StoreLink
+from kvstore.buffers import io_buffer
 
 
 class Job(Protocol):
@@ -56,9 +57,21 @@ class PayloadBuffer:
         shape = (layers, 2, s.block_tokens, s.kv_heads, s.head_dim)
         row = layers * 2 * s.block_tokens * s.kv_heads * s.head_dim
         if self._flat is None or self._flat.numel() < n * row:
-            self._flat = torch.empty(n * row, dtype=s.dtype,
-                                     pin_memory=self.cache.device.type == "cuda")
+            self._flat = self._alloc(n * row, s.dtype)
         return self._flat[: n * row].view(n, *shape)
+
+    def _alloc(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
+        if numel == 0:
+            return torch.empty(0, dtype=dtype)
+        if self.cache.device.type == "cuda":
+            return torch.empty(numel, dtype=dtype, pin_memory=True)
+        # On the CPU, page-aligned memory on huge pages (kvstore.buffers.io_buffer): the
+        # SSD tier then reads straight into these rows (torch's allocator aligns to 64
+        # bytes, which forced a staging copy) and each block's read is one contiguous
+        # segment for the disk.
+        elem = torch.empty((), dtype=dtype).element_size()
+        # the tensor holds a reference to the mapping: it lives as long as any row does
+        return torch.frombuffer(io_buffer(numel * elem), dtype=dtype, count=numel)
 
 
 class TransferThread(ABC, Generic[J]):

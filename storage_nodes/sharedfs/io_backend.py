@@ -27,6 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import ClassVar
 
+from kvstore.buffers import io_buffer
 from kvstore.slot_io import IORequest, full_transfer
 from storage_nodes.sharedfs.config import ALIGN_BYTES
 
@@ -137,7 +138,7 @@ class PosixBackend(IOBackend):
                     m = self._idle.pop(i)
                     break
             else:
-                m = mmap.mmap(-1, size)  # page aligned, as O_DIRECT needs
+                m = io_buffer(size)  # page aligned, as O_DIRECT needs; huge pages
             mv = memoryview(m)[:nbytes]
             self._lent[id(mv)] = m
             return mv

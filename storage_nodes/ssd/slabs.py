@@ -17,12 +17,15 @@ from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 
+from kvstore.buffers import io_buffer
 from storage_nodes.ssd.config import ALIGN_BYTES
 from storage_nodes.ssd.errors import SSDConfigError, SSDIOError
 
 
 class StagingPool:
-    """Page-aligned anonymous buffers (mmap), reused between calls.
+    """Page-aligned anonymous buffers (``kvstore.buffers.io_buffer``: on huge pages where
+    the kernel gives them, so a slot's transfer is one contiguous segment), reused
+    between calls.
 
     O_DIRECT needs aligned memory; anonymous mmaps are page aligned. Buffers are never
     unmapped: the io_uring binding pins every buffer it is handed (see
@@ -40,7 +43,7 @@ class StagingPool:
                 if len(m) >= nbytes:
                     return self._idle.pop(i)
         size = max(1 << 20, 1 << (max(nbytes, 1) - 1).bit_length())
-        return mmap.mmap(-1, size)
+        return io_buffer(size)
 
     def release(self, m: mmap.mmap) -> None:
         with self._lock:

@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 import torch
 
-from kvstore.buffers import AddressedRows, as_view, writable_rows
+from kvstore.buffers import AddressedRows, as_view, buffer_address, io_buffer, writable_rows
 from kvstore.errors import BufferSizeError, InvalidArgument
+from tests.huge_pages import huge_kib, thp_advised
 
 
 @pytest.mark.parametrize("dtype", [torch.uint8, torch.bfloat16, torch.float32])
@@ -46,3 +47,26 @@ def test_other_buffers_are_plain_writable_views() -> None:
     p = torch.nn.Parameter(torch.zeros(8), requires_grad=False)
     assert isinstance(writable_rows(p, 2, 16), memoryview)
     assert len(as_view(AddressedRows(0, 0, None))) == 0
+
+
+def test_an_io_buffer_is_zeroed_page_aligned_writable_memory() -> None:
+    for n in (1, 4096, 5000, 3 << 20):
+        m = io_buffer(n)
+        view = memoryview(m)
+        assert len(view) >= n and buffer_address(view) % 4096 == 0
+        assert not any(view[: min(n, 1 << 16)])
+        view[n - 1] = 7
+        assert m[n - 1] == 7
+        view.release()
+        m.close()
+
+
+@pytest.mark.skipif(not thp_advised(), reason="transparent huge pages are off on this kernel")
+def test_a_large_io_buffer_lies_on_huge_pages() -> None:
+    """The property the SSD tier's reads depend on (one contiguous segment per block, see
+    ``io_buffer``). Shared anonymous memory, what ``mmap.mmap(-1, n)`` gives and what the
+    SSD staging used to be, is shmem: on huge pages only where ``shmem_enabled`` says so."""
+    n = 8 << 20
+    m = io_buffer(n)
+    m[:] = b"\1" * n
+    assert huge_kib(buffer_address(memoryview(m)), n) >= 2048

@@ -9,7 +9,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from engine.kv.cache import KVCache, KVCacheShape
 from engine.kv.store_link import COUNTERS
+from engine.kv.transfer import PayloadBuffer
 from engine.sampling_params import SamplingParams
 from engine.sequence import SequenceStatus
 from tests.engine.engine_harness import (
@@ -235,3 +237,21 @@ def test_running_requests_keep_computing_while_one_loads(store: WrappedStore) ->
         assert loading.stats.hit_tokens["dram"] == (len(p) - 1) // BT * BT  # 7 full blocks
         assert loading.stats.load_gave_up == 0
         assert loading.output_ids == greedy_continuation(p, GREEDY.max_new_tokens)
+
+
+def test_cpu_payload_rows_are_page_aligned_for_the_ssd_tier() -> None:
+    """The rows a store load lands in: page aligned (the SSD tier then reads into them
+    directly; torch's allocator aligns to 64 bytes, which forced its staging copy), and
+    they stay valid after the buffer grows."""
+    shape = KVCacheShape(num_layers=2, num_blocks=4, block_tokens=16, kv_heads=2, head_dim=32,
+                         dtype=torch.bfloat16)
+    buf = PayloadBuffer(KVCache(shape, torch.device("cpu")), layers=[0, 1])
+    assert buf.rows(0).shape == (0, 2, 2, 16, 2, 32)  # a load of nothing
+    small = buf.rows(1)
+    small.fill_(3)
+    rows = buf.rows(8)  # grows: a new allocation
+    assert rows.data_ptr() % 4096 == 0 and small.data_ptr() % 4096 == 0
+    assert rows.shape == (8, 2, 2, 16, 2, 32)
+    assert (small == 3).all()  # the old rows' memory outlives the buffer's swap
+    row_bytes = shape.bytes_per_block
+    assert all((rows[i].data_ptr() - rows.data_ptr()) == i * row_bytes for i in range(8))
