@@ -31,7 +31,13 @@ blocks the device's queue drains at the end of every call by construction (fio's
 drains), with two a call's writes and sync overlap the other caller's.
 
 Caller rows are page aligned (``--unaligned``: 64 bytes off, which forces a staging
-copy). Figures are MB/s of payload (our slots also carry a 4 KiB header page), medians
+copy) and, by default, on huge pages (``--rows huge``: ``kvstore.buffers.io_buffer``, as
+the DRAM tier's pool and the engine's load rows are) with fio's buffers on huge pages too
+(``--iomem=shmhuge``; the bench reserves ``vm.nr_hugepages`` for the run, as root) —
+this virtual disk moves a request's memory one physically contiguous segment at a time,
+so 4 KiB pages cost up to half the rate, fio's as ours. ``--rows shared``: rows on 4 KiB
+pages of shared memory (the daemon's segment), fio on its malloc'd buffers.
+Figures are MB/s of payload (our slots also carry a 4 KiB header page), medians
 of ``--runs`` rounds (default 11); latency is per call for us (``qd`` blocks) and per
 I/O for fio. Rounds (``bench.fio.bracketed_rounds``): our runs and fio's strictly
 alternate (fio, ours, fio, ours, …, one chain over all rounds), and each run of ours is
@@ -53,6 +59,7 @@ Needs ``fio`` (``apt-get install -y fio``); without it only our figures are prin
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -61,9 +68,9 @@ from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
-from bench.fio import bracketed_rounds, fio, lay_out
+from bench.fio import bracketed_rounds, fio, hugetlb_pages, lay_out
 from bench.harness import machine
-from bench.ssd_store import Ours
+from bench.ssd_store import ROWS, Ours
 
 SIZES = (64 << 10, 256 << 10, 2 << 20)
 QDS = (1, 32)
@@ -99,21 +106,25 @@ def compare(
         where, size = ours.slab_files, len(ours.slab_files) * ours.slab_bytes
     if where is not None and op == "get":
         peers["fio_read"] = case(
-            "fio_read", lambda: fio(where, "randread", bs, qd, size, a.seconds)
+            "fio_read", lambda: fio(where, "randread", bs, qd, size, a.seconds, huge=a.fio_huge)
         )
         if a.batch_peer:
             peers["fio_read_batch"] = case(
                 "fio_read_batch",
-                lambda: fio(where, "randread", bs, qd, size, a.seconds, batch=True),
+                lambda: fio(
+                    where, "randread", bs, qd, size, a.seconds, batch=True, huge=a.fio_huge
+                ),
             )
     if where is not None and op == "put":
         peers["fio_write"] = case(
-            "fio_write", lambda: fio(where, "randwrite", bs, qd, size, a.seconds)
+            "fio_write", lambda: fio(where, "randwrite", bs, qd, size, a.seconds, huge=a.fio_huge)
         )
         if a.batch_peer:
             peers["fio_write_batch"] = case(
                 "fio_write_batch",
-                lambda: fio(where, "randwrite", bs, qd, size, a.seconds, batch=True),
+                lambda: fio(
+                    where, "randwrite", bs, qd, size, a.seconds, batch=True, huge=a.fio_huge
+                ),
             )
     got = bracketed_rounds(own, peers, a.runs, a.settle_s)
     lat = {
@@ -189,6 +200,15 @@ def main() -> int:
         help="caller rows 64 bytes off a page boundary (forces the staging copy)",
     )
     ap.add_argument(
+        "--rows",
+        choices=ROWS,
+        default="huge",
+        help="the memory of the rows ours read into and write from: huge (io_buffer: the "
+        "DRAM tier's pool, the engine's load rows; fio then gets huge-page buffers too, "
+        "--iomem=shmhuge, reserving vm.nr_hugepages for the run) or shared (4 KiB pages, "
+        "as the daemon's shared-memory segment; fio on malloc'd buffers)",
+    )
+    ap.add_argument(
         "--no-checksums",
         action="store_true",
         help="put without the commit's checksums (the tier hashes the payloads)",
@@ -241,10 +261,37 @@ def main() -> int:
         f"# {machine()}; dir {a.dir.resolve()}; fio {'yes' if have_fio else 'NOT INSTALLED'}; "
         f"load average at start {os.getloadavg()[0]:.1f}"
     )
+    with contextlib.ExitStack() as stack:
+        a.fio_huge = False
+        if have_fio and a.rows == "huge":
+            try:
+                stack.enter_context(hugetlb_pages((max(qds) + 1) * max(sizes) + (4 << 20)))
+                a.fio_huge = True
+            except OSError as e:
+                print(
+                    f"# fio's buffers stay on 4 KiB pages (no huge pages: {e}); ours are on "
+                    "huge pages, so the ratios are not like for like"
+                )
+        print(f"# caller rows: {a.rows}; fio's buffers: {'huge pages' if a.fio_huge else 'malloc'}")
+        rows = measure(a, sizes, qds, have_fio)
+    shutil.rmtree(a.dir, ignore_errors=True)
+    print_table(rows)
+    return 0
+
+
+def measure(
+    a: argparse.Namespace, sizes: tuple[int, ...], qds: tuple[int, ...], have_fio: bool
+) -> list[dict]:
     rows = []
     for bs in sizes:
         ours = Ours(
-            a.dir / f"store-{bs >> 10}k", bs, a.ws, a.backend, a.index_durability, a.unaligned
+            a.dir / f"store-{bs >> 10}k",
+            bs,
+            a.ws,
+            a.backend,
+            a.index_durability,
+            a.unaligned,
+            rows=a.rows,
         )
         ours.pass_checksums = not a.no_checksums
         fio_file = a.dir / f"fio-{bs >> 10}k" if have_fio else None
@@ -259,7 +306,10 @@ def main() -> int:
         print(f"# {bs >> 10} KiB: io_backend={info['io_backend']} direct_io={info['direct_io']}")
         if fio_file is not None:
             fio_file.unlink(missing_ok=True)
-    shutil.rmtree(a.dir, ignore_errors=True)
+    return rows
+
+
+def print_table(rows: list[dict]) -> None:
     print(
         "\n| op | callers | block | qd | ours MB/s | p50/p99 µs (call) | vs | fio MB/s "
         "| fio p50/p99 µs (I/O) | ratio | per-round ratio, median [min–max] |"
@@ -274,7 +324,6 @@ def main() -> int:
             f"| {r.get('ratio', '—')} | {r.get('round_ratio', '—')} "
             f"[{'–'.join(str(x) for x in r.get('round_range', ['—']))}] |"
         )
-    return 0
 
 
 if __name__ == "__main__":

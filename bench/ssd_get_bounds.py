@@ -24,20 +24,20 @@ of ``bench.fio.bracketed_rounds`` (every run of ours between two fio runs). Run 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
-import mmap
 import os
 import random
 import statistics
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import xxhash
 
-from bench.fio import bracketed_rounds, fio
-from bench.harness import machine
-from bench.ssd_store import Ours
+from bench.fio import bracketed_rounds, fio, hugetlb_pages
+from bench.harness import machine, on_callers
+from bench.ssd_store import ROWS, Ours
+from kvstore.buffers import io_buffer
 from storage_nodes.ssd.config import slot_bytes_for
 from storage_nodes.ssd.io_backend import IOBackend, IORequest
 
@@ -46,7 +46,8 @@ HEAD = 4096
 
 
 class BareReads:
-    """Calls of ``qd`` reads of random slots of the store's slab files on ``io``."""
+    """Calls of ``qd // callers`` reads of random slots of the store's slab files on
+    ``io``, from ``callers`` threads (each with rows of its own)."""
 
     def __init__(self, ours: Ours, io: IOBackend, qd: int) -> None:
         self._io, self._qd = io, qd
@@ -54,9 +55,9 @@ class BareReads:
         self._per_slab = ours.slab_bytes // self._sb
         flags = os.O_RDONLY | (os.O_DIRECT if hasattr(os, "O_DIRECT") else 0)
         self._fds = [os.open(f, flags) for f in ours.slab_files]
-        self._rows = memoryview(mmap.mmap(-1, qd * BLOCK))
-        self._heads = memoryview(mmap.mmap(-1, qd * HEAD))
-        self._rng = random.Random(7)
+        self._rows = memoryview(ours.rows_mapping(qd * BLOCK))  # the memory ours reads into
+        self._heads = memoryview(io_buffer(qd * HEAD))
+        self._seed = random.Random(7)
         sample = self._rows[:BLOCK]
         t0 = time.perf_counter()
         for _ in range(200):
@@ -64,33 +65,46 @@ class BareReads:
         #: one payload's hash, timed on a row in cache: what ``raw_spin`` waits per read
         self.hash_s = (time.perf_counter() - t0) / 200
 
-    def run(self, seconds: float, on_done: Callable[[int, int], None] | None) -> float:
-        """MB/s of payload over ``seconds`` of back-to-back calls."""
-        rows, heads, qd, sb = self._rows, self._heads, self._qd, self._sb
-        n, t0 = 0, time.perf_counter()
-        while time.perf_counter() - t0 < seconds:
-            reqs = [
-                IORequest(
-                    self._rng.choice(self._fds),
-                    self._rng.randrange(self._per_slab) * sb,
-                    rows[j * BLOCK : (j + 1) * BLOCK],
-                    head=heads[j * HEAD : (j + 1) * HEAD],
-                )
-                for j in range(qd)
-            ]
-            res = self._io.read_batch(reqs, on_done)
-            if any(r <= 0 for r in res):
-                raise RuntimeError(f"bare read failed: {min(res)}")
-            n += qd
-        return n * BLOCK / (time.perf_counter() - t0) / 1e6
+    def run(self, seconds: float, landed: str, callers: int = 1) -> float:
+        """MB/s of payload over ``seconds`` of back-to-back calls; per landed read:
+        nothing (``"none"``), its payload's xxh3 (``"hash"``) or a busy wait of
+        ``hash_s`` (``"spin"``)."""
+        per, sb = self._qd // callers, self._sb
+        seeds = [self._seed.randrange(1 << 62) for _ in range(callers)]
 
-    def hash_landed(self, i: int, res: int) -> None:
-        xxhash.xxh3_64_intdigest(self._rows[i * BLOCK : (i + 1) * BLOCK])
+        def loop(k: int, lat: list[float]) -> int:
+            rng, n = random.Random(seeds[k]), 0
+            rows = self._rows[k * per * BLOCK : (k + 1) * per * BLOCK]
+            heads = self._heads[k * per * HEAD : (k + 1) * per * HEAD]
 
-    def spin_landed(self, i: int, res: int) -> None:
-        end = time.perf_counter() + self.hash_s
-        while time.perf_counter() < end:
-            pass
+            def hashed(i: int, res: int) -> None:
+                xxhash.xxh3_64_intdigest(rows[i * BLOCK : (i + 1) * BLOCK])
+
+            def spun(i: int, res: int) -> None:
+                end = time.perf_counter() + self.hash_s
+                while time.perf_counter() < end:
+                    pass
+
+            on_done = {"none": None, "hash": hashed, "spin": spun}[landed]
+            t0 = time.perf_counter()
+            while time.perf_counter() - t0 < seconds:
+                reqs = [
+                    IORequest(
+                        rng.choice(self._fds),
+                        rng.randrange(self._per_slab) * sb,
+                        rows[j * BLOCK : (j + 1) * BLOCK],
+                        head=heads[j * HEAD : (j + 1) * HEAD],
+                    )
+                    for j in range(per)
+                ]
+                res = self._io.read_batch(reqs, on_done)
+                if any(r <= 0 for r in res):
+                    raise RuntimeError(f"bare read failed: {min(res)}")
+                n += per
+            return n
+
+        done, elapsed, _ = on_callers(loop, callers)
+        return done * BLOCK / elapsed / 1e6
 
     def close(self) -> None:
         for fd in self._fds:
@@ -105,21 +119,42 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=1.5)
     ap.add_argument("--runs", type=int, default=7, help="rounds (at least 3)")
     ap.add_argument("--settle-s", type=float, default=0.5)
+    ap.add_argument(
+        "--callers",
+        type=int,
+        default=1,
+        help="threads, each calling with qd/N reads (at most qd in flight, as bench_ssd)",
+    )
+    ap.add_argument(
+        "--rows",
+        choices=ROWS,
+        default="huge",
+        help="memory read into, as bench_ssd --rows (fio's buffers match it)",
+    )
     a = ap.parse_args()
-    ours = Ours(a.dir, BLOCK, a.ws, "auto", "fast")
+    if a.callers < 1 or a.qd % a.callers:
+        ap.exit(2, "ssd_get_bounds: error: --callers must divide --qd\n")
+    ours = Ours(a.dir, BLOCK, a.ws, "auto", "fast", rows=a.rows)
     bare = BareReads(ours, ours.tier.io_backend, a.qd)
     size = len(ours.slab_files) * ours.slab_bytes
     own = {
-        "raw": lambda: bare.run(a.seconds, None),
-        "raw_hash": lambda: bare.run(a.seconds, bare.hash_landed),
-        "raw_spin": lambda: bare.run(a.seconds, bare.spin_landed),
-        "get": lambda: ours.get(a.qd, a.seconds)["MBps"],
+        "raw": lambda: bare.run(a.seconds, "none", a.callers),
+        "raw_hash": lambda: bare.run(a.seconds, "hash", a.callers),
+        "raw_spin": lambda: bare.run(a.seconds, "spin", a.callers),
+        "get": lambda: ours.get(a.qd, a.seconds, a.callers)["MBps"],
     }
+    huge = a.rows == "huge"
     peers = {
-        "fio_read": lambda: fio(ours.slab_files, "randread", BLOCK, a.qd, size, a.seconds)["MBps"]
+        "fio_read": lambda: fio(
+            ours.slab_files, "randread", BLOCK, a.qd, size, a.seconds, huge=huge
+        )["MBps"]
     }
-    print(f"# {machine()}; qd {a.qd}; hash of one payload {bare.hash_s * 1e6:.1f} µs (in cache)")
-    got = bracketed_rounds(own, peers, a.runs, a.settle_s)
+    print(
+        f"# {machine()}; qd {a.qd} over {a.callers} caller(s); "
+        f"hash of one payload {bare.hash_s * 1e6:.1f} µs (in cache)"
+    )
+    with hugetlb_pages((a.qd + 1) * BLOCK + (4 << 20)) if huge else contextlib.nullcontext():
+        got = bracketed_rounds(own, peers, a.runs, a.settle_s)
     bare.close()
     info = ours.close()
     print(f"# io_backend={info['io_backend']} direct_io={info['direct_io']}")

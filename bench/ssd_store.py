@@ -17,9 +17,13 @@ import numpy as np
 import xxhash
 
 from bench.harness import byte_namespace, on_callers
+from kvstore.buffers import io_buffer
 from kvstore.keys import Namespace
 from storage_nodes.ssd import SSDConfig, SSDTier
 from storage_nodes.ssd.config import slot_bytes_for
+
+#: the kinds of caller memory the benches can hand the tier (``Ours(rows=...)``)
+ROWS = ("huge", "shared")
 
 
 def ns_for(block_bytes: int) -> Namespace:
@@ -35,6 +39,7 @@ class Ours:
         backend: str,
         durability: str,
         unaligned: bool = False,
+        rows: str = "huge",
     ) -> None:
         shutil.rmtree(d, ignore_errors=True)
         slab = 64 << 20
@@ -53,11 +58,17 @@ class Ours:
         self.tier.register(self.ns)
         self.bb = block_bytes
         self.rng = random.Random(1)
-        # Caller rows in page-aligned memory, as the daemon's shared-memory segment gives
-        # them: the tier then moves payloads without a staging copy. ``--unaligned``
-        # offsets them by 64 bytes, which forces the staging copy.
+        # Caller rows in page-aligned memory: the tier then moves payloads without a
+        # staging copy. ``rows``: "huge" — ``io_buffer``, as the DRAM tier's pool (the
+        # write-back's source) and the engine's load rows are; "shared" — a shared
+        # anonymous mapping on 4 KiB pages, as the daemon's shared-memory segment is (a
+        # block then reaches the disk in up to 64 segments). ``--unaligned`` offsets them
+        # by 64 bytes, which forces the staging copy.
+        if rows not in ROWS:
+            raise ValueError(f"rows must be one of {ROWS}, got {rows!r}")
+        self.rows = rows
         skew = 64 if unaligned else 0
-        self._src_map, self._dst_map = (mmap.mmap(-1, 32 * block_bytes + 4096) for _ in "sd")
+        self._src_map, self._dst_map = (self.rows_mapping(32 * block_bytes + 4096) for _ in "sd")
         self.src = np.frombuffer(self._src_map, np.uint8, 32 * block_bytes, skew)
         self.src[:] = np.random.default_rng(1).integers(0, 256, self.src.size, dtype=np.uint8)
         self.dst = memoryview(self._dst_map)[skew : skew + 32 * block_bytes]
@@ -86,6 +97,10 @@ class Ours:
                 f"bench fill: {held} of {n} blocks in {len(self.slab_files)} slab files of"
                 f" {per_slab} slots; fio would read slots never written"
             )
+
+    def rows_mapping(self, nbytes: int) -> mmap.mmap:
+        """Memory of the kind this store's caller rows are (``rows``)."""
+        return io_buffer(nbytes) if self.rows == "huge" else mmap.mmap(-1, nbytes)
 
     def checksums(self, qd: int) -> list[int] | None:
         return self.sums[:qd] if self.pass_checksums else None
