@@ -122,8 +122,9 @@ HUGE_PAGE_BYTES = 2 << 20
 
 
 def io_buffer(nbytes: int) -> mmap.mmap:
-    """Zeroed, page-aligned memory for block I/O (O_DIRECT staging, rows a disk reads
-    into or writes from), on transparent huge pages where the kernel gives them.
+    """At least ``nbytes`` of zeroed, page-aligned memory for block I/O (O_DIRECT
+    staging, rows a disk reads into or writes from), on transparent huge pages where the
+    kernel gives them; from 2 MiB up, whole huge pages (the length rounded up).
 
     Why huge pages: a block device is handed a request's memory as physically contiguous
     segments, and 4 KiB pages come from the page allocator in no particular order — a
@@ -133,8 +134,14 @@ def io_buffer(nbytes: int) -> mmap.mmap:
     fio likewise at 1.9–2.5 against 3.7–3.8 GB/s with huge-page buffers
     (bench/RESULTS.md, SSD, stop 22). The mapping is private: shared anonymous memory is
     shmem, which gets huge pages only where ``shmem_enabled`` allows (``never`` here)."""
-    m = mmap.mmap(-1, max(nbytes, 1), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    if nbytes >= HUGE_PAGE_BYTES and hasattr(mmap, "MADV_HUGEPAGE"):
+    size = max(nbytes, 1)
+    if size >= HUGE_PAGE_BYTES:
+        # whole huge pages: the kernel then places the mapping on a huge-page boundary
+        # (8 MiB + 4 KiB started 4 KiB short of one here, so its first row straddled a
+        # 4 KiB page and a huge page: two segments)
+        size = -(-size // HUGE_PAGE_BYTES) * HUGE_PAGE_BYTES
+    m = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    if size >= HUGE_PAGE_BYTES and hasattr(mmap, "MADV_HUGEPAGE"):
         # THP compiled out or refused: 4 KiB pages, slower on such a disk, still correct
         with contextlib.suppress(OSError):
             m.madvise(mmap.MADV_HUGEPAGE)

@@ -62,7 +62,7 @@ class WriteBack(ABC):
 
     @abstractmethod
     def submit(
-        self, ns: Namespace, keys: Sequence[Key], data: bytes, checksums: Sequence[int]
+        self, ns: Namespace, keys: Sequence[Key], data: memoryview, checksums: Sequence[int]
     ) -> Ticket: ...
 
     @abstractmethod
@@ -104,7 +104,7 @@ class NullWriteBack(WriteBack):
         return 0
 
     def submit(
-        self, ns: Namespace, keys: Sequence[Key], data: bytes, checksums: Sequence[int]
+        self, ns: Namespace, keys: Sequence[Key], data: memoryview, checksums: Sequence[int]
     ) -> Ticket:
         return Ticket(0, len(keys))
 

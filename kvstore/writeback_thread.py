@@ -37,7 +37,7 @@ log = logging.getLogger(__name__)
 class _Batch:
     ns: Namespace
     keys: tuple[Key, ...]
-    data: bytes  # rows of ns.block_bytes, one per key
+    data: memoryview  # rows of ns.block_bytes, one per key (page aligned: see manager)
     checksums: tuple[int, ...]  # made at commit, one per key
     ticket: Ticket
 
@@ -131,7 +131,7 @@ class ThreadWriteBack(WriteBack):
             return self._next_seq - 1
 
     def submit(
-        self, ns: Namespace, keys: Sequence[Key], data: bytes, checksums: Sequence[int]
+        self, ns: Namespace, keys: Sequence[Key], data: memoryview, checksums: Sequence[int]
     ) -> Ticket:
         with self._cond:
             self._reserved -= len(data)
