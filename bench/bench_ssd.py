@@ -104,27 +104,13 @@ def compare(
     size = a.ws
     if fio_file is not None and not a.fio_own_file:
         where, size = ours.slab_files, len(ours.slab_files) * ours.slab_bytes
-    if where is not None and op == "get":
-        peers["fio_read"] = case(
-            "fio_read", lambda: fio(where, "randread", bs, qd, size, a.seconds, huge=a.fio_huge)
-        )
-        if a.batch_peer:
-            peers["fio_read_batch"] = case(
-                "fio_read_batch",
-                lambda: fio(
-                    where, "randread", bs, qd, size, a.seconds, batch=True, huge=a.fio_huge
-                ),
-            )
-    if where is not None and op == "put":
-        peers["fio_write"] = case(
-            "fio_write", lambda: fio(where, "randwrite", bs, qd, size, a.seconds, huge=a.fio_huge)
-        )
-        if a.batch_peer:
-            peers["fio_write_batch"] = case(
-                "fio_write_batch",
-                lambda: fio(
-                    where, "randwrite", bs, qd, size, a.seconds, batch=True, huge=a.fio_huge
-                ),
+    if where is not None:
+        name, rw = ("fio_read", "randread") if op == "get" else ("fio_write", "randwrite")
+        for batch in (False, True) if a.batch_peer else (False,):
+            peer = f"{name}_batch" if batch else name
+            peers[peer] = case(
+                peer,
+                partial(fio, where, rw, bs, qd, size, a.seconds, batch=batch, huge=a.fio_huge),
             )
     got = bracketed_rounds(own, peers, a.runs, a.settle_s)
     lat = {
@@ -265,7 +251,7 @@ def main() -> int:
         a.fio_huge = False
         if have_fio and a.rows == "huge":
             try:
-                stack.enter_context(hugetlb_pages((max(qds) + 1) * max(sizes) + (4 << 20)))
+                stack.enter_context(hugetlb_pages(2 * (max(qds) + 1) * max(sizes) + (8 << 20)))
                 a.fio_huge = True
             except OSError as e:
                 print(

@@ -91,8 +91,16 @@ def filename_arg(path: Path | Sequence[Path]) -> str:
 
 def run_job(args: list[str]) -> dict[str, Any]:
     """Run fio (``args`` with ``--output-format=json``); its first job's report."""
-    out = subprocess.run(args, capture_output=True, text=True, check=True).stdout
-    job: dict[str, Any] = json.loads(out[out.index("{") :])["jobs"][0]
+    done = subprocess.run(args, capture_output=True, text=True)
+    out = done.stdout
+    try:
+        job: dict[str, Any] = json.loads(out[out.index("{") :])["jobs"][0]
+    except (ValueError, KeyError, IndexError):
+        job = {"error": done.returncode or -1}
+    if job.get("error"):
+        raise RuntimeError(f"fio failed ({job['error']}): {done.stderr.strip()[-300:]}")
+    # A whole report is a finished run: fio 3.33 can abort at exit after it (a double
+    # free once its ``--iomem=shmhuge`` buffers are released, at some depths).
     return job
 
 

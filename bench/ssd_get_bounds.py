@@ -153,7 +153,7 @@ def main() -> int:
         f"# {machine()}; qd {a.qd} over {a.callers} caller(s); "
         f"hash of one payload {bare.hash_s * 1e6:.1f} µs (in cache)"
     )
-    with hugetlb_pages((a.qd + 1) * BLOCK + (4 << 20)) if huge else contextlib.nullcontext():
+    with hugetlb_pages(2 * (a.qd + 1) * BLOCK + (8 << 20)) if huge else contextlib.nullcontext():
         got = bracketed_rounds(own, peers, a.runs, a.settle_s)
     bare.close()
     info = ours.close()
