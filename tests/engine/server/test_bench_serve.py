@@ -175,8 +175,16 @@ def test_replay_of_real_agent_sessions(tiny_dir: Path, tmp_path: Path,
     # simulator has no such thing), a timing-dependent excess.
     with embedded_server(tiny_dir, tmp_path, 6144, "--max-num-seqs", "1") as server:
         out = bench(server, paths, capsys, "--requests-per-session", "5")
+        # What to look at if it ever falls short again (once in four CI runs on
+        # 2026-12-01, by 0.05, never reproduced): store calls that took over a second.
+        slow = {call: server.metric("kvengine_store_call_seconds_count", f'call="{call}"')
+                - server.metric("kvengine_store_call_seconds_bucket", f'call="{call}",le="1.0"')
+                for call in ("lookup", "get", "commit")}
+        tail = server.stderr_lines[-5:]
     assert out["requests"] == 10
-    assert abs(out["token_hit_rate"] - out["predicted"]["token_hit_rate"]) <= 0.01
+    assert abs(out["token_hit_rate"] - out["predicted"]["token_hit_rate"]) <= 0.01, (
+        f"by tier {out['hit_rate_by_tier']}, predicted {out['predicted']['hit_rate_by_tier']};"
+        f" store calls over 1 s: {slow}; server stderr: {tail}")
 
 
 @pytest.mark.traces
