@@ -68,7 +68,7 @@ from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
-from bench.fio import bracketed_rounds, fio, hugetlb_pages, lay_out
+from bench.fio import bracketed_rounds, fio, fio_memory_like, lay_out
 from bench.harness import machine
 from bench.ssd_store import ROWS, Ours
 
@@ -248,16 +248,7 @@ def main() -> int:
         f"load average at start {os.getloadavg()[0]:.1f}"
     )
     with contextlib.ExitStack() as stack:
-        a.fio_huge = False
-        if have_fio and a.rows == "huge":
-            try:
-                stack.enter_context(hugetlb_pages(2 * (max(qds) + 1) * max(sizes) + (8 << 20)))
-                a.fio_huge = True
-            except OSError as e:
-                print(
-                    f"# fio's buffers stay on 4 KiB pages (no huge pages: {e}); ours are on "
-                    "huge pages, so the ratios are not like for like"
-                )
+        a.fio_huge = have_fio and fio_memory_like(stack, a.rows, max(qds), max(sizes))
         print(f"# caller rows: {a.rows}; fio's buffers: {'huge pages' if a.fio_huge else 'malloc'}")
         rows = measure(a, sizes, qds, have_fio)
     shutil.rmtree(a.dir, ignore_errors=True)

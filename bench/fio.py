@@ -144,6 +144,24 @@ def hugetlb_pages(nbytes: int) -> Iterator[None]:
         path.write_text(f"{before}\n")
 
 
+def fio_memory_like(stack: contextlib.ExitStack, rows: str, qd: int, block_bytes: int) -> bool:
+    """Whether fio's buffers go on huge pages, as ours do with ``rows == "huge"``: then
+    enough huge pages for two fio buffers of ``qd + 1`` blocks are reserved on ``stack``
+    (``hugetlb_pages``). Where that is refused (not root), it says so and fio keeps its
+    malloc'd buffers."""
+    if rows != "huge":
+        return False
+    try:
+        stack.enter_context(hugetlb_pages(2 * (qd + 1) * block_bytes + (8 << 20)))
+    except OSError as e:
+        print(
+            f"# fio's buffers stay on 4 KiB pages (no huge pages: {e}); ours are on huge "
+            "pages, so the ratios are not like for like"
+        )
+        return False
+    return True
+
+
 def settle(seconds: float) -> None:
     """Let the disk go quiet between cases: what the last case wrote is flushed first."""
     os.sync()

@@ -34,7 +34,7 @@ from pathlib import Path
 
 import xxhash
 
-from bench.fio import bracketed_rounds, fio, hugetlb_pages
+from bench.fio import bracketed_rounds, fio, fio_memory_like
 from bench.harness import machine, on_callers
 from bench.ssd_store import ROWS, Ours
 from kvstore.buffers import io_buffer
@@ -143,18 +143,18 @@ def main() -> int:
         "raw_spin": lambda: bare.run(a.seconds, "spin", a.callers),
         "get": lambda: ours.get(a.qd, a.seconds, a.callers)["MBps"],
     }
-    huge = a.rows == "huge"
-    peers = {
-        "fio_read": lambda: fio(
-            ours.slab_files, "randread", BLOCK, a.qd, size, a.seconds, huge=huge
-        )["MBps"]
-    }
     print(
         f"# {machine()}; qd {a.qd} over {a.callers} caller(s); "
         f"hash of one payload {bare.hash_s * 1e6:.1f} µs (in cache)"
     )
-    with hugetlb_pages(2 * (a.qd + 1) * BLOCK + (8 << 20)) if huge else contextlib.nullcontext():
-        got = bracketed_rounds(own, peers, a.runs, a.settle_s)
+    with contextlib.ExitStack() as stack:
+        huge = fio_memory_like(stack, a.rows, a.qd, BLOCK)
+
+        def fio_read() -> float:
+            mbps = fio(ours.slab_files, "randread", BLOCK, a.qd, size, a.seconds, huge=huge)
+            return mbps["MBps"]
+
+        got = bracketed_rounds(own, {"fio_read": fio_read}, a.runs, a.settle_s)
     bare.close()
     info = ours.close()
     print(f"# io_backend={info['io_backend']} direct_io={info['direct_io']}")
