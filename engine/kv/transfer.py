@@ -69,9 +69,8 @@ class PayloadBuffer:
         # SSD tier then reads straight into these rows (torch's allocator aligns to 64
         # bytes, which forced a staging copy) and each block's read is one contiguous
         # segment for the disk.
-        elem = torch.empty((), dtype=dtype).element_size()
         # the tensor holds a reference to the mapping: it lives as long as any row does
-        return torch.frombuffer(io_buffer(numel * elem), dtype=dtype, count=numel)
+        return torch.frombuffer(io_buffer(numel * dtype.itemsize), dtype=dtype, count=numel)
 
 
 class TransferThread(ABC, Generic[J]):

@@ -112,8 +112,8 @@ class UringBackend(IOBackend):
         done = [0] * n  # bytes transferred so far per request (short transfers resume)
         pending = deque(range(n))
         keep: list[lu.Iovec | None] = [None] * n  # iovecs must outlive their requests
-        # each request as first taken from ``reqs`` (a lazy batch builds it on every
-        # index): the reaping below reads it again without asking ``reqs``
+        # each request as first taken from ``reqs``: the reaping below reads it again
+        # without indexing ``reqs`` (for a lazy batch every index is a Python call)
         taken: list[IORequest | None] = [None] * n
         slot = self._acquire()
         ring, raw = slot.ring, slot.iovecs
