@@ -228,6 +228,9 @@ def check_keys(keys: Sequence[Any]) -> list[Key]:
     every tier and server: a misuse is refused before anything is stored."""
     out: list[Key] = []
     for k in keys:
+        if type(k) is bytes and len(k) == KEY_BYTES:  # the common case, at no copy
+            out.append(k)
+            continue
         if not isinstance(k, bytes | bytearray | memoryview) or len(k) != KEY_BYTES:
             got = f"{len(k)} bytes" if isinstance(k, bytes | bytearray | memoryview) else type(k)
             raise InvalidArgument(f"keys must be {KEY_BYTES}-byte strings, got {got}")

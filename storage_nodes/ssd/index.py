@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import lmdb
 
@@ -46,8 +47,12 @@ Txn = lmdb.Transaction
 CORRUPT = (lmdb.CorruptedError, lmdb.InvalidError, lmdb.PageNotFoundError)
 
 
-@dataclass(frozen=True, slots=True)
-class Location:
+class Location(NamedTuple):
+    """Where a block lives and how recent it is. A named tuple, not a dataclass: every
+    get builds one per block from the index, and a tuple's constructor is a third of a
+    frozen dataclass's (~0.2 against ~0.55 µs; a 32-block get looks up 32 before its
+    first read goes in)."""
+
     slab: int
     slot: int
     bucket: int
@@ -171,7 +176,7 @@ class Index:
     # -- records --------------------------------------------------------------------
     def get(self, txn: Txn, fkey: bytes) -> Location | None:
         v = txn.get(fkey, db=self.keys)
-        return None if v is None else Location(*_LOC.unpack(v))
+        return None if v is None else Location._make(_LOC.unpack(v))
 
     def insert(self, txn: Txn, fkey: bytes, loc: Location, used: SlabDeltas | None = None) -> None:
         """Publish ``fkey`` at a slot that must be free (the data is already durable).

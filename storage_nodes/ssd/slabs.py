@@ -29,7 +29,7 @@ class StagingPool:
 
     O_DIRECT needs aligned memory; anonymous mmaps are page aligned. Buffers are never
     unmapped: the io_uring binding pins every buffer it is handed (see
-    ``uring._IovecCache``), so a dropped buffer would only leak. Their number is bounded
+    ``uring_iovecs.IovecCache``), so a dropped buffer would only leak. Their number is bounded
     by the calls in flight at once, times the distinct power-of-two sizes asked for.
     """
 

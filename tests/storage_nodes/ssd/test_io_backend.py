@@ -144,56 +144,100 @@ def test_a_backend_name_is_registered_once() -> None:
         register_backend("faulty", BACKENDS["pread"])
 
 
-def test_uring_reads_go_in_as_built_and_all_before_the_first_wait(
+def test_uring_reads_go_in_as_built_and_the_held_back_ones_before_any_check(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A get's reads reach the kernel in chunks as their requests are built (the device
-    starts before the whole batch is prepared), and all N <= queue_depth of them are in
-    flight before the first wait for a completion (the queue is filled, not fed one read
-    at a time)."""
+    starts before the whole batch is prepared); all but the held-back eighth are in flight
+    before the first wait for a completion, the held-back ones are prepared before that
+    wait too and handed over right after it, before the first landed read is checked
+    (a device that completes a whole queue at once then reads them while the CPU checks)."""
     skip_without_uring()
     from storage_nodes.ssd import SSDTier, blockio, uring
     from tests.storage_nodes.ssd.helpers import chain, make_config, rows, small_ns
 
     log: list[str] = []
     real_req, real_submit, real_wait = blockio.IORequest, uring._submit, uring._wait_cqes
-
+    real_check = blockio.check_header_fields
     me = threading.get_ident()  # only this thread's events: the tier has its syncer
 
-    def built(*a: object, **k: object) -> IORequest:
-        if threading.get_ident() == me:
-            log.append("built")
-        return real_req(*a, **k)  # type: ignore[arg-type]
+    def logged(event: str, real):  # type: ignore[no-untyped-def]
+        def call(*a: object, **k: object) -> object:
+            if threading.get_ident() == me:
+                log.append(event)
+            return real(*a, **k)
 
-    def submit(ring: object) -> None:
-        if threading.get_ident() == me:
-            log.append("submit")
-        real_submit(ring)  # type: ignore[arg-type]
-
-    def wait(ring: object) -> None:
-        if threading.get_ident() == me:
-            log.append("wait")
-        real_wait(ring)  # type: ignore[arg-type]
+        return call
 
     ns = small_ns()
+    n = 24
     t = SSDTier(make_config(tmp_path / "ssd", io_backend="uring", queue_depth=32))
     t.register(ns)
-    keys = chain(ns, 24)
+    keys = chain(ns, n)
     data = rows(ns, keys)
     t.put(ns, keys, data)
     assert t.sync()  # the data syncer's submissions are over
-    monkeypatch.setattr(blockio, "IORequest", built)
-    monkeypatch.setattr(uring, "_submit", submit)
-    monkeypatch.setattr(uring, "_wait_cqes", wait)
-    out = bytearray(24 * ns.block_bytes)
-    assert t.get_into(ns, keys, out) == 24
+    monkeypatch.setattr(blockio, "IORequest", logged("built", real_req))
+    monkeypatch.setattr(blockio, "check_header_fields", logged("check", real_check))
+    monkeypatch.setattr(uring, "_submit", logged("submit", real_submit))
+    monkeypatch.setattr(uring, "_wait_cqes", logged("wait", real_wait))
+    out = bytearray(n * ns.block_bytes)
+    assert t.get_into(ns, keys, out) == n
     assert out == bytes(data)
     t.close()
-    assert log.count("built") == 24  # each request built once
-    first_submit = log.index("submit")
+    held = uring.held_back_reads(n)
+    assert held == 3
+    assert log.count("built") == n  # each request built once
+    assert log.count("check") == n
+    first_submit, first_wait = log.index("submit"), log.index("wait")
     assert log[:first_submit].count("built") == uring._SUBMIT_EVERY
-    assert first_submit < len(log) - 1 - log[::-1].index("built")  # before the last build
-    assert "wait" not in log[: len(log) - 1 - log[::-1].index("submit")]
+    assert first_submit < log.index("built", first_submit)  # before the last build
+    before_wait = log[:first_wait]
+    assert before_wait.count("built") == n  # the held-back ones prepared too ...
+    last_submit_before_wait = len(before_wait) - 1 - before_wait[::-1].index("submit")
+    assert log[last_submit_before_wait:first_wait].count("built") == held  # ... not handed over
+    assert log[first_wait + 1] == "submit"  # ... until the first completions arrived
+    assert log.index("check") > first_wait + 1
+    assert log.count("submit") == log[: first_wait + 2].count("submit")  # no later submits
+
+
+@pytest.mark.parametrize("n", [1, 7, 8, 9, 16, 17, 40])
+def test_uring_checked_reads_with_held_back_tail(tmp_path: Path, n: int) -> None:
+    """Every read of a checked batch lands once and is handed to ``on_done`` once, with
+    its data, whether its tail is held back or not, and with the queue shallower than the
+    batch (queue depth 8: the held-back reads then wait for room like any other)."""
+    skip_without_uring()
+    from storage_nodes.ssd import uring
+
+    sz = 8192
+    backend = make_backend("uring", queue_depth=8)
+    fd = _direct_fd(tmp_path / "f", n * sz)
+    try:
+        wbuf, rbuf = mmap.mmap(-1, n * sz), mmap.mmap(-1, n * sz)
+        wbuf[:] = random.Random(n).randbytes(n * sz)
+        w, r = memoryview(wbuf), memoryview(rbuf)
+        assert backend.write_batch(
+            [IORequest(fd, i * sz, w[i * sz : (i + 1) * sz]) for i in range(n)]
+        ) == [sz] * n
+        reqs = [IORequest(fd, i * sz, r[i * sz : (i + 1) * sz]) for i in range(n)]
+        bad = n - 1  # the last read, held back whenever any is, fails
+        reqs[bad] = IORequest(987654, 0, r[bad * sz : (bad + 1) * sz])
+        seen: dict[int, tuple[int, bytes]] = {}
+
+        def landed(i: int, res: int) -> None:
+            assert i not in seen
+            seen[i] = (res, bytes(r[i * sz : (i + 1) * sz]) if res > 0 else b"")
+
+        res = backend.read_batch(reqs, landed)
+        assert res == [sz] * (n - 1) + [-errno.EBADF]
+        assert sorted(seen) == list(range(n))
+        for i in range(n - 1):
+            assert seen[i] == (sz, wbuf[i * sz : (i + 1) * sz])
+        assert seen[bad] == (-errno.EBADF, b"")
+        assert uring.held_back_reads(n) == n // 8
+    finally:
+        os.close(fd)
+        backend.close()
 
 
 def test_uring_syncs_each_file_once_its_own_writes_completed(
@@ -289,7 +333,7 @@ def test_uring_pins_a_bounded_set_of_buffers(tmp_path: Path) -> None:
     skip_without_uring()
     # liburing's Iovec never releases the buffers it is given; the backend must reuse one
     # per region, so steady-state I/O over reused staging memory pins nothing new.
-    from storage_nodes.ssd import uring
+    from storage_nodes.ssd import uring_iovecs
 
     backend = make_backend("uring", queue_depth=8)
     fd = os.open(tmp_path / "f", os.O_RDWR | os.O_CREAT)
@@ -303,10 +347,10 @@ def test_uring_pins_a_bounded_set_of_buffers(tmp_path: Path) -> None:
         assert backend.read_batch(reqs) == [4096] * 16
 
     one_round()
-    pinned = len(uring._IOVECS)
+    pinned = len(uring_iovecs.IOVECS)
     for _ in range(50):
         one_round()
-    assert len(uring._IOVECS) == pinned
+    assert len(uring_iovecs.IOVECS) == pinned
     os.close(fd)
     backend.close()
 
