@@ -3,13 +3,17 @@ every figure a ratio against a limit or a peer measured in the same run."""
 
 from __future__ import annotations
 
+import argparse
 import os
 import platform
+import resource
 import statistics
 import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from kvstore.keys import Namespace
@@ -95,3 +99,46 @@ class PhaseTimes(dict[str, float]):
                     self[label] = self.get(label, 0.0) + dt
 
         return run
+
+
+def profile_args(
+    doc: str, prog: str, default_dir: str, default_ws: int, calls_help: str
+) -> argparse.ArgumentParser:
+    """A parser with the options every ``profile_ssd_*`` diagnosis takes (``--dir --ws
+    --qd --calls --rounds --callers``), for the caller to add its own to; after parsing,
+    ``check_callers`` refuses a ``--callers`` that does not divide ``--qd``."""
+    ap = argparse.ArgumentParser(prog=prog, description=doc.split("\n")[0])
+    ap.add_argument("--dir", type=Path, default=Path(default_dir))
+    ap.add_argument("--ws", type=int, default=default_ws, help="bytes stored first")
+    ap.add_argument("--qd", type=int, default=32, help="blocks in flight (over all callers)")
+    ap.add_argument("--calls", type=int, default=300, help=calls_help)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--callers", type=int, default=1, help="threads calling at once")
+    return ap
+
+
+def check_callers(ap: argparse.ArgumentParser, a: argparse.Namespace) -> int:
+    """``qd // callers`` (blocks per call of one caller), or exit 2 with one line."""
+    if a.callers < 1 or a.qd % a.callers:
+        ap.exit(2, f"{ap.prog}: error: --callers must divide --qd\n")
+    return int(a.qd // a.callers)
+
+
+@dataclass(frozen=True)
+class Round:
+    """One timed round of callers: wall and CPU seconds (user, system) of the process."""
+
+    wall_s: float
+    user_s: float
+    sys_s: float
+
+
+def timed_round(loop: Callable[[int], None], callers: int) -> Round:
+    """``loop(k)`` on ``callers`` threads at once, timed (wall and the process's CPU)."""
+    r0 = resource.getrusage(resource.RUSAGE_SELF)
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(callers) as pool:
+        list(pool.map(loop, range(callers)))
+    wall = time.perf_counter() - t0
+    r1 = resource.getrusage(resource.RUSAGE_SELF)
+    return Round(wall, r1.ru_utime - r0.ru_utime, r1.ru_stime - r0.ru_stime)

@@ -15,16 +15,13 @@ Run alone: ``/work/bin/cpu-exclusive .venv/bin/python -m bench.profile_ssd_get``
 
 from __future__ import annotations
 
-import argparse
 import random
-import resource
 import shutil
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any
 
+from bench.harness import check_callers, profile_args, timed_round
 from bench.ssd_store import Ours
 from storage_nodes.ssd import SSDTier, uring
 
@@ -81,19 +78,13 @@ def _idle(calls: list[tuple[float, float, float, float, float]], t0: float, t1: 
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--dir", type=Path, default=Path("bench/out/profile-get"))
-    ap.add_argument("--ws", type=int, default=1 << 30, help="bytes stored first")
-    ap.add_argument("--qd", type=int, default=32, help="blocks in flight (over all callers)")
-    ap.add_argument("--calls", type=int, default=300, help="calls per caller per round")
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--callers", type=int, default=1, help="threads reading at once")
+    ap = profile_args(
+        __doc__, "profile_ssd_get", "bench/out/profile-get", 1 << 30, "calls per caller per round"
+    )
     a = ap.parse_args()
-    if a.callers < 1 or a.qd % a.callers:
-        ap.exit(2, "profile_ssd_get: error: --callers must divide --qd\n")
+    per = check_callers(ap, a)
     ours = Ours(a.dir, 256 << 10, a.ws, "auto", "fast")
     _instrument()
-    per = a.qd // a.callers
 
     def loop(k: int) -> None:
         rng = random.Random(k)
@@ -105,20 +96,16 @@ def main() -> int:
     try:
         for r in range(a.rounds):
             _calls.clear()
-            r0 = resource.getrusage(resource.RUSAGE_SELF)
             t0 = time.perf_counter()
-            with ThreadPoolExecutor(a.callers) as pool:
-                list(pool.map(loop, range(a.callers)))
-            t1 = time.perf_counter()
-            r1 = resource.getrusage(resource.RUSAGE_SELF)
+            got = timed_round(loop, a.callers)
+            t1 = t0 + got.wall_s
             n = len(_calls) / a.callers  # per call of qd blocks in all
             ms = 1e3 / n
 
             print(
                 f"round {r} ({a.callers} x {per}): {(t1 - t0) * ms:.2f} ms per {a.qd} blocks, "
                 f"{a.calls * a.callers * per * ours.bb / (t1 - t0) / 1e6:.0f} MB/s; "
-                f"CPU user {(r1.ru_utime - r0.ru_utime) * ms:.2f} "
-                f"sys {(r1.ru_stime - r0.ru_stime) * ms:.2f}; "
+                f"CPU user {got.user_s * ms:.2f} sys {got.sys_s * ms:.2f}; "
                 f"head {_total(lambda c: c[1] - c[0], ms):.2f} "
                 f"tail {_total(lambda c: c[3] - c[2], ms):.2f} "
                 f"blocked {_total(lambda c: c[4], ms):.2f}; "

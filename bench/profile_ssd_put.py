@@ -15,14 +15,9 @@ Run alone: ``/work/bin/cpu-exclusive .venv/bin/python -m bench.profile_ssd_put``
 
 from __future__ import annotations
 
-import argparse
-import resource
 import shutil
-import time
-from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
-from bench.harness import PhaseTimes
+from bench.harness import PhaseTimes, check_callers, profile_args, timed_round
 from bench.ssd_store import Ours
 from storage_nodes.ssd import allocator, blockio, index, lookup, writer
 
@@ -49,24 +44,18 @@ def _instrument() -> None:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--dir", type=Path, default=Path("bench/out/profile-put"))
-    ap.add_argument("--ws", type=int, default=512 << 20, help="bytes stored first")
-    ap.add_argument("--qd", type=int, default=32, help="blocks per put")
-    ap.add_argument("--calls", type=int, default=300, help="puts per round")
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--callers", type=int, default=1, help="threads putting at once")
+    ap = profile_args(
+        __doc__, "profile_ssd_put", "bench/out/profile-put", 512 << 20, "puts per round"
+    )
     ap.add_argument(
         "--no-checksums",
         action="store_true",
         help="let the tier hash the payloads (the write-back passes the commit's checksums)",
     )
     a = ap.parse_args()
+    per = check_callers(ap, a)
     _instrument()
     ours = Ours(a.dir, 256 << 10, a.ws, "auto", "fast")
-    if a.callers < 1 or a.qd % a.callers:
-        ap.exit(2, "profile_ssd_put: error: --callers must divide --qd\n")
-    per = a.qd // a.callers
     sums = None if a.no_checksums else ours.checksums(a.qd)
 
     def loop(k: int) -> None:
@@ -79,18 +68,13 @@ def main() -> int:
     try:
         for r in range(a.rounds):
             _ACC.clear()
-            t0 = time.perf_counter()
-            r0 = resource.getrusage(resource.RUSAGE_SELF)
-            with ThreadPoolExecutor(a.callers) as pool:
-                list(pool.map(loop, range(a.callers)))
-            wall = time.perf_counter() - t0
-            r1 = resource.getrusage(resource.RUSAGE_SELF)
+            got = timed_round(loop, a.callers)
+            wall = got.wall_s
             n = a.calls
             print(
                 f"round {r}: {wall / n * 1e3:.2f} ms/call, "
                 f"{n * a.qd * ours.bb / wall / 1e6:.0f} MB/s; CPU user "
-                f"{(r1.ru_utime - r0.ru_utime) / n * 1e3:.2f} sys "
-                f"{(r1.ru_stime - r0.ru_stime) / n * 1e3:.2f} ms/call; "
+                f"{got.user_s / n * 1e3:.2f} sys {got.sys_s / n * 1e3:.2f} ms/call; "
                 + ", ".join(f"{k} {v / n * 1e3:.2f}" for k, v in sorted(_ACC.items()))
             )
     finally:

@@ -11,6 +11,7 @@ import contextlib
 import ctypes
 import mmap
 import sys
+import threading
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -146,3 +147,39 @@ def io_buffer(nbytes: int) -> mmap.mmap:
         with contextlib.suppress(OSError):
             m.madvise(mmap.MADV_HUGEPAGE)
     return m
+
+
+class BufferPool:
+    """``io_buffer`` mappings for block I/O, reused between calls: the SSD tier's and the
+    shared-FS tier's staging.
+
+    Buffers are never unmapped while the pool is open: the io_uring binding pins every
+    buffer it is handed (``storage_nodes.ssd.uring_iovecs.IovecCache``), so a dropped
+    buffer would only leak. Their number is bounded by the calls in flight at once, times
+    the distinct power-of-two sizes asked for (at least 1 MiB each)."""
+
+    def __init__(self) -> None:
+        self._idle: list[mmap.mmap] = []
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def acquire(self, nbytes: int) -> mmap.mmap:
+        """An idle buffer of at least ``nbytes``, or a new one."""
+        with self._lock:
+            for i, m in enumerate(self._idle):
+                if len(m) >= nbytes:
+                    return self._idle.pop(i)
+        return io_buffer(max(1 << 20, 1 << (max(nbytes, 1) - 1).bit_length()))
+
+    def release(self, m: mmap.mmap) -> None:
+        """Hand ``m`` back for reuse (dropped once the pool is closed)."""
+        with self._lock:
+            if not self._closed:
+                self._idle.append(m)
+                self._idle.sort(key=len)
+
+    def close(self) -> None:
+        """Drop the idle buffers; later releases are dropped too."""
+        with self._lock:
+            self._closed = True
+            self._idle.clear()

@@ -27,7 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import ClassVar
 
-from kvstore.buffers import io_buffer
+from kvstore.buffers import BufferPool
 from kvstore.slot_io import IORequest, full_transfer
 from storage_nodes.sharedfs.config import ALIGN_BYTES
 
@@ -117,7 +117,7 @@ class PosixBackend(IOBackend):
         # file systems do, a local disk wants aligned memory).
         self.user_memory = user_memory or not direct
         self._pool = ThreadPoolExecutor(max(1, queue_depth), thread_name_prefix="sharedfs-io")
-        self._idle: list[mmap.mmap] = []
+        self._buffers = BufferPool()  # page aligned, as O_DIRECT needs; huge pages
         self._lent: dict[int, mmap.mmap] = {}
         self._lock = threading.Lock()
         self._closed = False
@@ -131,24 +131,17 @@ class PosixBackend(IOBackend):
         return os.open(path, flags, 0o640)
 
     def alloc(self, nbytes: int) -> memoryview:
-        size = max(1 << 20, 1 << (max(nbytes, 1) - 1).bit_length())
+        m = self._buffers.acquire(nbytes)
+        mv = memoryview(m)[:nbytes]
         with self._lock:
-            for i, m in enumerate(self._idle):
-                if len(m) >= nbytes:
-                    m = self._idle.pop(i)
-                    break
-            else:
-                m = io_buffer(size)  # page aligned, as O_DIRECT needs; huge pages
-            mv = memoryview(m)[:nbytes]
             self._lent[id(mv)] = m
-            return mv
+        return mv
 
     def free(self, buf: memoryview) -> None:
         with self._lock:
             m = self._lent.pop(id(buf), None)
-            if m is not None and not self._closed:
-                self._idle.append(m)
-                self._idle.sort(key=len)
+        if m is not None:
+            self._buffers.release(m)
 
     def _batch(self, op: Callable[[int], int], n: int) -> list[int]:
         if n <= 1:
@@ -184,7 +177,7 @@ class PosixBackend(IOBackend):
             if self._closed:
                 return
             self._closed = True
-            self._idle.clear()
+        self._buffers.close()
         self._pool.shutdown(wait=True)
 
 

@@ -25,7 +25,7 @@ from typing import overload
 import xxhash
 
 from kvstore.block import FORMAT_VERSION, HEADER_BYTES, MAGIC, check_header_fields
-from kvstore.buffers import buffer_address
+from kvstore.buffers import BufferPool, buffer_address
 from kvstore.errors import BlockChecksumError, BlockError
 from kvstore.slot_io import ReadFailure, ReadOutcome
 from storage_nodes.ssd.config import ALIGN_BYTES, SSDConfig, payload_offset_for, slot_bytes_for
@@ -33,7 +33,7 @@ from storage_nodes.ssd.encoder import Encoder
 from storage_nodes.ssd.errors import SSDIOError
 from storage_nodes.ssd.index import Location
 from storage_nodes.ssd.io_backend import IOBackend, IORequest
-from storage_nodes.ssd.slabs import SlabFiles, StagingPool
+from storage_nodes.ssd.slabs import SlabFiles
 
 # magic, version, flags, fingerprint, key, payload length, xxh3-64, created-at µs (§4)
 _HEADER = struct.Struct("<4sHH16s16sQQQ")
@@ -46,7 +46,7 @@ class BlockIO:
         self._config = config
         self._files = files
         self._io = io
-        self.staging = StagingPool()
+        self.staging = BufferPool()
         self._encoder = Encoder()
 
     def close(self) -> None:

@@ -27,11 +27,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvstore.block import FORMAT_VERSION, HEADER_BYTES, MAGIC
+from kvstore.buffers import BufferPool
 from storage_nodes.ssd.config import ALIGN_BYTES, SSDConfig, slot_bytes_for
 from storage_nodes.ssd.errors import SSDIOError
 from storage_nodes.ssd.index import Index
 from storage_nodes.ssd.io_backend import IOBackend, IORequest
-from storage_nodes.ssd.slabs import SlabFiles, StagingPool
+from storage_nodes.ssd.slabs import SlabFiles
 
 log = logging.getLogger("storage_nodes.ssd")
 _WHOLE_SLOT_MAX = 64 << 10  # read slots up to this size whole (sequentially)
@@ -65,7 +66,7 @@ def rebuild_index(
     tombstones: dict[bytes, int],
     files: SlabFiles,
     io: IOBackend,
-    staging: StagingPool,
+    staging: BufferPool,
 ) -> RebuildReport:
     """Fill the empty ``index`` from the headers of every slab in ``table``."""
     t0 = time.monotonic()
@@ -125,7 +126,7 @@ def rebuild_index(
 def _scan(
     files: SlabFiles,
     io: IOBackend,
-    staging: StagingPool,
+    staging: BufferPool,
     slab: int,
     sb: int,
     nslots: int,

@@ -17,38 +17,8 @@ from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvstore.buffers import io_buffer
 from storage_nodes.ssd.config import ALIGN_BYTES
 from storage_nodes.ssd.errors import SSDConfigError, SSDIOError
-
-
-class StagingPool:
-    """Page-aligned anonymous buffers (``kvstore.buffers.io_buffer``: on huge pages where
-    the kernel gives them, so a slot's transfer is one contiguous segment), reused
-    between calls.
-
-    O_DIRECT needs aligned memory; anonymous mmaps are page aligned. Buffers are never
-    unmapped: the io_uring binding pins every buffer it is handed (see
-    ``uring_iovecs.IovecCache``), so a dropped buffer would only leak. Their number is bounded
-    by the calls in flight at once, times the distinct power-of-two sizes asked for.
-    """
-
-    def __init__(self) -> None:
-        self._idle: list[mmap.mmap] = []
-        self._lock = threading.Lock()
-
-    def acquire(self, nbytes: int) -> mmap.mmap:
-        with self._lock:
-            for i, m in enumerate(self._idle):
-                if len(m) >= nbytes:
-                    return self._idle.pop(i)
-        size = max(1 << 20, 1 << (max(nbytes, 1) - 1).bit_length())
-        return io_buffer(size)
-
-    def release(self, m: mmap.mmap) -> None:
-        with self._lock:
-            self._idle.append(m)
-            self._idle.sort(key=len)
 
 
 class SlabFiles:

@@ -20,9 +20,9 @@ class IovecCache:
     liburing's ``Iovec`` takes a reference to (and a buffer export of) every buffer it is
     given and never drops either: measured here, a fresh memoryview per request leaked
     ~190 bytes and kept its whole staging mmap alive. Reusing one Iovec per (address,
-    length) bounds what is pinned to the staging buffers, which ``StagingPool`` keeps for
-    the life of the process anyway. The address cannot be reused by another mapping: the
-    pinned export keeps the original one mapped.
+    length) bounds what is pinned to the staging buffers, which their
+    ``kvstore.buffers.BufferPool`` keeps anyway. The address cannot be reused by another
+    mapping: the pinned export keeps the original one mapped.
     """
 
     def __init__(self) -> None:
