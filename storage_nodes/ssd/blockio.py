@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import errno
 import struct
-from collections.abc import Sequence
-from typing import overload
+from collections.abc import Callable, Sequence
+from typing import NamedTuple, overload
 
 import xxhash
 
@@ -39,6 +39,16 @@ from storage_nodes.ssd.slabs import SlabFiles
 _HEADER = struct.Struct("<4sHH16s16sQQQ")
 #: blocks per encoder task: the io_uring backend hands the kernel writes this often
 _ENCODE_CHUNK = 4
+
+
+Slot = tuple[int, int]  # (slab, slot)
+
+
+class SlotsWritten(NamedTuple):
+    """What a ``write_slots`` call wrote: the slots, in key order, and their slabs."""
+
+    slots: list[Slot]
+    slabs: list[int]
 
 
 class BlockIO:
@@ -204,17 +214,23 @@ class BlockIO:
         keys: Sequence[bytes],
         data: memoryview,
         rows: Sequence[int],
-        slots: Sequence[tuple[int, int]],
+        slots: Sequence[Slot],
         checksums: Sequence[int] | None = None,
         *,
         sync: bool = True,
-    ) -> list[int]:
+        more_slots: Callable[[], Sequence[Slot]] | None = None,
+    ) -> SlotsWritten:
         """Encode row ``rows[j]`` of ``data`` for ``keys[j]`` into ``slots[j]`` and write
-        them; with ``sync``, also sync the data (``data_sync="per_put"``). Returns the
-        slabs written. ``checksums[j]`` (made at commit) goes into the header as given;
-        ``None``: the checksum of the copy being written. Raises ``SSDIOError`` on any
-        failure. Safe to call from several threads at once (each call has its own
-        staging buffer and, with io_uring, its own ring)."""
+        them; with ``sync``, also sync the data (``data_sync="per_put"``). ``checksums[j]``
+        (made at commit) goes into the header as given; ``None``: the checksum of the copy
+        being written. ``more_slots`` (not with ``sync``), called once the writes to
+        ``slots`` are in flight, gives slots for the keys after them (as many as it can):
+        those writes join the batch. Returns the slots written (``slots``, then the
+        further ones) and the slabs they lie in. Raises ``SSDIOError`` on any failure.
+        Safe to call from several threads at once (each call has its own staging buffer
+        and, with io_uring, its own ring)."""
+        if sync and more_slots is not None:
+            raise ValueError("write_slots: more_slots cannot be synced with the batch")
         sb = slot_bytes_for(block_bytes)
         bb = block_bytes
         po = payload_offset_for(bb)
@@ -224,20 +240,26 @@ class BlockIO:
         try:
             mv = memoryview(buf)
             now_us = int(self._config.clock() * 1_000_000)
-            reqs = []
             fds: dict[int, None] = {}
             slabs: dict[int, None] = {}
             fd_of = self._files.fd
-            for j, (slab, slot) in enumerate(slots):
-                fd = fd_of(slab)
-                fds[fd] = None
-                slabs[slab] = None
-                at = mv[j * stage : (j + 1) * stage]
-                if direct:
-                    row = data[rows[j] * bb : (rows[j] + 1) * bb]
-                    reqs.append(IORequest(fd, slot * sb, row, head=at))
-                else:
-                    reqs.append(IORequest(fd, slot * sb, at))
+            written = list(slots)
+
+            def requests(first: int, more: Sequence[Slot]) -> list[IORequest]:
+                out = []
+                for j, (slab, slot) in enumerate(more, first):
+                    fd = fd_of(slab)
+                    fds[fd] = None
+                    slabs[slab] = None
+                    at = mv[j * stage : (j + 1) * stage]
+                    if direct:
+                        row = data[rows[j] * bb : (rows[j] + 1) * bb]
+                        out.append(IORequest(fd, slot * sb, row, head=at))
+                    else:
+                        out.append(IORequest(fd, slot * sb, at))
+                return out
+
+            reqs = requests(0, slots)
             pack = _HEADER.pack_into
             chunk = _ENCODE_CHUNK
             job = None
@@ -257,15 +279,22 @@ class BlockIO:
 
             crash = self._config.crash_point
 
-            def between() -> None:
-                crash("before_data_sync")
+            def between() -> list[IORequest] | None:
+                if sync:
+                    crash("before_data_sync")
+                if more_slots is None:
+                    return None
+                more = list(more_slots())[: len(keys) - len(written)]
+                first = len(written)
+                written.extend(more)
+                return requests(first, more)
 
             try:
                 res, synced = self._io.write_and_sync(
                     reqs,
                     list(fds) if sync else [],
                     prepare=encode,
-                    between=between if sync else None,
+                    between=between if sync or more_slots is not None else None,
                 )
             finally:
                 if job is not None:
@@ -273,12 +302,16 @@ class BlockIO:
             bad = [r for r in res if r < 0]
             if bad:
                 raise SSDIOError(f"{len(bad)} of {len(res)} slot writes failed", -bad[0])
+            if len(res) != len(written):
+                # the backend stopped before the further writes (it never does without
+                # an error, which raised above): never name a slot that was not written
+                raise SSDIOError("slot writes were not all made", errno.EIO)
             if sync:
                 bad = [r for r in synced if r < 0]
                 if bad or len(synced) != len(fds):
                     raise SSDIOError("data sync failed", -bad[0] if bad else errno.EIO)
                 crash("after_data_sync")
-            return list(slabs)
+            return SlotsWritten(written, list(slabs))
         finally:
             self.staging.release(buf)
 

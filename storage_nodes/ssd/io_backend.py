@@ -19,6 +19,14 @@ from kvstore.slot_io import IORequest
 from kvstore.slot_io import full_transfer as _full
 
 OnDone = Callable[[int, int], None]
+#: runs once a batch's writes are all submitted; may return writes that join the batch
+Between = Callable[[], Sequence[IORequest] | None]
+
+
+def check_added(fds: Sequence[int]) -> None:
+    """Writes added to a batch by ``between`` are not covered by its syncs."""
+    if fds:
+        raise ValueError("writes added to a batch that syncs files would not be synced")
 
 
 class IOBackend(ABC):
@@ -37,7 +45,11 @@ class IOBackend(ABC):
       returns 0 or a negative errno per fd.
     * ``write_and_sync`` writes then syncs; ``prepare(i)`` fills request ``i``'s buffer
       just before it is submitted and ``between()`` runs once every write is submitted,
-      so encoding and index work overlap the device.
+      so encoding and index work overlap the device. ``between`` may return further
+      writes (only when ``fds`` is empty: their files are not synced here): they join the
+      batch as requests ``len(reqs)``, ``len(reqs) + 1``, ... (``prepare`` is called for
+      them too) and the results cover them after the others — a put reserves the slots
+      of most of its blocks while its first writes are in flight.
     * An exception from a callback is re-raised only after every submitted request has
       completed: no request is ever left in flight on a buffer the caller may reuse.
     * Thread-safe: concurrent calls from several threads are allowed.
@@ -63,7 +75,7 @@ class IOBackend(ABC):
         fds: Sequence[int],
         *,
         prepare: Callable[[int], None] | None = None,
-        between: Callable[[], None] | None = None,
+        between: Between | None = None,
     ) -> tuple[list[int], list[int]]:
         """Returns (write results, sync results); the sync is skipped (``[]``) when a
         write failed. This default runs the steps one after the other."""
@@ -73,8 +85,15 @@ class IOBackend(ABC):
         res = self.write_batch(reqs)
         if any(r < 0 for r in res):
             return res, []
-        if between is not None:
-            between()
+        more = between() if between is not None else None
+        if more:
+            check_added(fds)
+            if prepare is not None:
+                for i in range(len(reqs), len(reqs) + len(more)):
+                    prepare(i)
+            res += self.write_batch(more)
+            if any(r < 0 for r in res):
+                return res, []
         return res, self.sync(fds)
 
     @abstractmethod

@@ -28,7 +28,7 @@ from collections.abc import Callable, Sequence
 
 import liburing as lu
 
-from storage_nodes.ssd.io_backend import IOBackend, IORequest, OnDone
+from storage_nodes.ssd.io_backend import Between, IOBackend, IORequest, OnDone, check_added
 from storage_nodes.ssd.uring_iovecs import IOVECS, RAW_IOVECS, RawIovecs
 
 _READ, _WRITE = 0, 1
@@ -37,6 +37,9 @@ _READ, _WRITE = 0, 1
 _SUBMIT_EVERY = 4
 #: see ``held_back_reads``
 _HELD_BACK_FRACTION = 8
+#: a sync's completion is told from a request's by its user data: request indexes stay
+#: below this (a batch may grow while it runs)
+_SYNC_DATA = 1 << 40
 
 
 def held_back_reads(n: int) -> int:
@@ -111,7 +114,7 @@ class UringBackend(IOBackend):
         fds: Sequence[int],
         *,
         prepare: Callable[[int], None] | None = None,
-        between: Callable[[], None] | None = None,
+        between: Between | None = None,
     ) -> tuple[list[int], list[int]]:
         res, synced = self._run(_WRITE, reqs, sync_fds=fds, prepare=prepare, between=between)
         return res, ([] if any(r < 0 for r in res) else synced)
@@ -123,7 +126,7 @@ class UringBackend(IOBackend):
         *,
         sync_fds: Sequence[int] = (),
         prepare: Callable[[int], None] | None = None,
-        between: Callable[[], None] | None = None,
+        between: Between | None = None,
         on_done: OnDone | None = None,
     ) -> tuple[list[int], list[int]]:
         n = len(reqs)
@@ -142,6 +145,7 @@ class UringBackend(IOBackend):
         # each request as first taken from ``reqs``: the reaping below reads it again
         # without indexing ``reqs`` (for a lazy batch every index is a Python call)
         taken: list[IORequest | None] = [None] * n
+        added: list[IORequest] = []  # writes that ``between`` added to the batch
         slot = self._acquire()
         ring, raw = slot.ring, slot.iovecs
         inflight = unsubmitted = 0
@@ -170,7 +174,7 @@ class UringBackend(IOBackend):
                         error = e
                         pending.clear()
                         break
-                r = taken[i] or reqs[i]
+                r = taken[i] or (reqs[i] if i < len(reqs) else added[i - len(reqs)])
                 taken[i] = r
                 sqe = _get_sqe(ring)
                 if r.head is None and not r.more:
@@ -199,16 +203,29 @@ class UringBackend(IOBackend):
                     j = to_sync.popleft()
                     sqe = _get_sqe(ring)
                     lu.io_uring_prep_fsync(sqe, sync_fds[j], lu.IORING_FSYNC_DATASYNC)
-                    lu.io_uring_sqe_set_data64(sqe, n + j)
+                    lu.io_uring_sqe_set_data64(sqe, _SYNC_DATA + j)
                     inflight += 1
                     unsubmitted += 1
                 if not between_done and not pending and error is None:
                     flush()
                     between_done = True
                     try:
-                        between()  # type: ignore[misc]
+                        more = between()  # type: ignore[misc]
+                        if more:
+                            check_added(sync_fds)
                     except BaseException as e:
                         error = error or e
+                    else:
+                        if more:  # they join the batch, taken in order like the rest
+                            k = len(more)
+                            added.extend(more)
+                            pending.extend(range(n, n + k))
+                            results += [0] * k
+                            done += [0] * k
+                            keep += [None] * k
+                            taken += [None] * k
+                            n += k
+                            continue  # submit them before waiting
                 flush()
                 # the caller's work on what landed, now that the refill is in flight
                 for i, res in landed:
@@ -240,8 +257,8 @@ class UringBackend(IOBackend):
                 lu.io_uring_cq_advance(ring, len(reaped))
                 inflight -= len(reaped)
                 for i, res in reaped:
-                    if i >= n:
-                        synced[i - n] = min(res, 0)
+                    if i >= _SYNC_DATA:
+                        synced[i - _SYNC_DATA] = min(res, 0)
                         continue
                     r = taken[i]  # type: ignore[assignment]
                     if raw is not None and r.head is not None:

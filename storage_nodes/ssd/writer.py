@@ -17,6 +17,14 @@ the writer lock free during I/O, two group commits overlap — the second reserv
 encodes and submits while the first's writes are in flight — which is what keeps the
 device's queue from draining between puts. A failed write or sync publishes nothing of
 the group. Readers never wait.
+
+A put of 16 blocks or more reserves only a quarter of its slots before its first write
+goes in and the rest while those writes are in flight (``_first_reserved``); their writes
+join the same batch. On a full store a reservation is an eviction, so a one-caller put
+no longer leaves the device idle through most of it. The order above still holds: every
+slot is free in a committed transaction before it is written, and the group is published
+once, after all of its writes. A put that syncs its data reserves everything first (its
+files must be known before the batch).
 """
 
 from __future__ import annotations
@@ -30,6 +38,18 @@ from storage_nodes.ssd.index import Index, Location, Txn
 from storage_nodes.ssd.lookup import LiveIndex
 from storage_nodes.ssd.recency import Recency, Stamp
 from storage_nodes.ssd.syncer import DataSync
+
+
+def _first_reserved(n: int) -> int:
+    """Slots a put of ``n`` blocks reserves before its first write goes in; the rest are
+    reserved while those writes are in flight, and their writes join the same batch.
+
+    On a full store a reservation is an eviction (an LMDB write transaction of the blocks
+    that make room) and the device idles through it: ~230 µs of a ~2.9 ms put of 32
+    blocks here, with its first write submitted ~460 µs into the call. A quarter first
+    leaves the device working on those (a quarter of 32 is ~0.5 ms of writes) while the
+    rest are reserved; a put of fewer than 32 reserves all at once, as before."""
+    return n if n < 16 else n // 4
 
 
 class GroupCommit:
@@ -65,12 +85,21 @@ class GroupCommit:
         ``None``: computed); returns (inserted, raced: published meanwhile by another
         put). Rows that find no room are left out (the head of the chain is kept).
         Raises the store's I/O or LMDB error; nothing of the group is published then."""
-        slots = self._alloc.reserve(block_bytes, len(idx))
-        idx = idx[: len(slots)]
-        if not idx:
+        # Most of a large put's slots are reserved while its first writes are in flight
+        # (``_first_reserved``); a put that syncs its data reserves them all first.
+        first = len(idx) if self._sync.per_put else _first_reserved(len(idx))
+        slots = self._alloc.reserve(block_bytes, first)
+        rest: list[Slot] = []
+
+        def more_slots() -> list[Slot]:
+            rest.extend(self._alloc.reserve(block_bytes, len(idx) - first))
+            return rest
+
+        if not slots:
             return 0, 0
+        split = len(slots) < len(idx) and len(slots) == first  # short: no room for more
         try:
-            slabs = self._blocks.write_slots(
+            written = self._blocks.write_slots(
                 fingerprint,
                 block_bytes,
                 [fkeys[i][16:] for i in idx],
@@ -79,7 +108,14 @@ class GroupCommit:
                 slots,
                 None if checksums is None else [checksums[i] for i in idx],
                 sync=self._sync.per_put,
+                more_slots=more_slots if split else None,
             )
+        except BaseException:
+            self._alloc.release(slots + rest, still_free=True)
+            raise
+        slots, slabs = written.slots, written.slabs
+        idx = idx[: len(slots)]
+        try:
             txn = self._index.begin_write()
             try:
                 published, raced = self._publish(txn, idx, fkeys, slots, stamps)

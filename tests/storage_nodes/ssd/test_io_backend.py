@@ -384,3 +384,55 @@ def test_required_uring_turns_the_skip_into_a_failure(monkeypatch: pytest.Monkey
         io_backends.skip_without_uring()
     assert io_backends.backends_here() == ["uring", "pread"]  # uring cases run and fail
     assert "skips are failures" in io_backends.report_header()
+
+
+def test_writes_added_by_between_join_the_batch(tmp_path: Path, any_backend) -> None:
+    """``between`` may hand back further writes (a put's slots reserved while its first
+    writes are in flight): every backend prepares and performs them as requests after the
+    batch's own, and reports them after the others."""
+    first, more, sz = 5, 11, 8192
+    n = first + more
+    fd = _direct_fd(tmp_path / "f", n * sz)
+    try:
+        wbuf, rbuf = mmap.mmap(-1, n * sz), mmap.mmap(-1, n * sz)
+        w, r = memoryview(wbuf), memoryview(rbuf)
+        src = random.Random(3).randbytes(n * sz)
+        prepared: list[int] = []
+        calls: list[int] = []
+
+        def prepare(i: int) -> None:  # fills request i's buffer just before it goes in
+            prepared.append(i)
+            w[i * sz : (i + 1) * sz] = src[i * sz : (i + 1) * sz]
+
+        def req(i: int) -> IORequest:
+            return IORequest(fd, i * sz, w[i * sz : (i + 1) * sz])
+
+        def between() -> list[IORequest]:
+            calls.append(len(prepared))
+            return [req(i) for i in range(first, n)]
+
+        res, synced = any_backend.write_and_sync(
+            [req(i) for i in range(first)], [], prepare=prepare, between=between
+        )
+        assert (res, synced) == ([sz] * n, [])
+        assert calls == [first]  # once, after the batch's own writes were prepared
+        assert sorted(prepared) == list(range(n))
+        assert any_backend.read_batch([IORequest(fd, 0, r)]) == [n * sz]
+        assert rbuf[:] == src
+    finally:
+        os.close(fd)
+
+
+def test_writes_added_to_a_synced_batch_are_refused(tmp_path: Path, any_backend) -> None:
+    """Their files would not be synced with the batch: refused, after the batch's own
+    writes completed (nothing left in flight)."""
+    sz = 4096
+    fd = _direct_fd(tmp_path / "f", 4 * sz)
+    buf = memoryview(mmap.mmap(-1, 4 * sz))
+    try:
+        reqs = [IORequest(fd, i * sz, buf[i * sz : (i + 1) * sz]) for i in range(2)]
+        with pytest.raises(ValueError, match="not be synced"):
+            any_backend.write_and_sync(reqs, [fd], between=lambda: [reqs[0]])
+        assert any_backend.write_batch(reqs) == [sz, sz]  # the backend still works
+    finally:
+        os.close(fd)
