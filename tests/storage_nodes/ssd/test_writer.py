@@ -12,7 +12,7 @@ import pytest
 
 from storage_nodes.ssd import SSDTier, uring
 from storage_nodes.ssd.writer import _first_reserved
-from tests.io_backends import skip_without_uring
+from tests.io_backends import backends_here, skip_without_uring
 from tests.storage_nodes.ssd.helpers import SLAB, chain, make_config, rows, small_ns, verify_all
 
 CAP = 2 * SLAB  # 128 slots of 4 KiB: the small namespace's blocks
@@ -74,7 +74,7 @@ def test_a_put_whose_later_slots_find_no_room_stores_the_head_of_its_chain(
     """The second reservation may give fewer slots than asked (capacity held by other
     writers): the keys after them are dropped, nothing is named that was not written,
     and no reservation is left behind."""
-    t, _ = _full_tier(tmp_path / "ssd", "uring" if uring.RAW_IOVECS else "pread")
+    t, _ = _full_tier(tmp_path / "ssd", backends_here()[0])
     ns = small_ns()
     alloc = t._writer._alloc
     real_reserve = alloc.reserve
