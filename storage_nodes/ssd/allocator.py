@@ -23,14 +23,13 @@ from itertools import islice
 from kvstore.errors import IntegrityError
 from storage_nodes.ssd.config import SSDConfig, slot_bytes_for
 from storage_nodes.ssd.errors import SSDIOError
-from storage_nodes.ssd.index import Index, Txn
+from storage_nodes.ssd.index import Index, Slot, Txn
 from storage_nodes.ssd.recency import Recency
 from storage_nodes.ssd.slab_table import SlabTable
 from storage_nodes.ssd.slabs import FULL_ERRNOS, SlabFiles
 
 log = logging.getLogger("storage_nodes.ssd")
 
-Slot = tuple[int, int]  # (slab, slot)
 _REFILL = 1024
 _VICTIM_BATCH = 256
 _GROW_RETRY_S = 60.0  # after a slab could not be created for lack of space

@@ -31,7 +31,7 @@ from kvstore.slot_io import ReadFailure, ReadOutcome
 from storage_nodes.ssd.config import ALIGN_BYTES, SSDConfig, payload_offset_for, slot_bytes_for
 from storage_nodes.ssd.encoder import Encoder
 from storage_nodes.ssd.errors import SSDIOError
-from storage_nodes.ssd.index import Location
+from storage_nodes.ssd.index import Location, Slot
 from storage_nodes.ssd.io_backend import IOBackend, IORequest
 from storage_nodes.ssd.slabs import SlabFiles
 
@@ -39,9 +39,6 @@ from storage_nodes.ssd.slabs import SlabFiles
 _HEADER = struct.Struct("<4sHH16s16sQQQ")
 #: blocks per encoder task: the io_uring backend hands the kernel writes this often
 _ENCODE_CHUNK = 4
-
-
-Slot = tuple[int, int]  # (slab, slot)
 
 
 class SlotsWritten(NamedTuple):

@@ -45,6 +45,7 @@ Txn = lmdb.Transaction
 #: What LMDB raises for an index it cannot trust (MDB_CORRUPTED, MDB_INVALID, a page
 #: that is not there): the index is rebuilt from the slot headers.
 CORRUPT = (lmdb.CorruptedError, lmdb.InvalidError, lmdb.PageNotFoundError)
+Slot = tuple[int, int]  # (slab, slot)
 
 
 class Location(NamedTuple):

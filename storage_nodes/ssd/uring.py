@@ -129,7 +129,7 @@ class UringBackend(IOBackend):
         between: Between | None = None,
         on_done: OnDone | None = None,
     ) -> tuple[list[int], list[int]]:
-        n = len(reqs)
+        n = n_given = len(reqs)  # ``n`` grows by the writes ``between`` adds
         if not self.vectored and any(r.head is not None or r.more for r in reqs):
             raise ValueError("this build of liburing cannot take vectored requests")
         results = [0] * n
@@ -174,7 +174,7 @@ class UringBackend(IOBackend):
                         error = e
                         pending.clear()
                         break
-                r = taken[i] or (reqs[i] if i < len(reqs) else added[i - len(reqs)])
+                r = taken[i] or (reqs[i] if i < n_given else added[i - n_given])
                 taken[i] = r
                 sqe = _get_sqe(ring)
                 if r.head is None and not r.more:

@@ -31,10 +31,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from storage_nodes.ssd.allocator import Slot, SlotAllocator
+from storage_nodes.ssd.allocator import SlotAllocator
 from storage_nodes.ssd.blockio import BlockIO
 from storage_nodes.ssd.config import SSDConfig
-from storage_nodes.ssd.index import Index, Location, Txn
+from storage_nodes.ssd.index import Index, Location, Slot, Txn
 from storage_nodes.ssd.lookup import LiveIndex
 from storage_nodes.ssd.recency import Recency, Stamp
 from storage_nodes.ssd.syncer import DataSync
@@ -48,7 +48,7 @@ def _first_reserved(n: int) -> int:
     that make room) and the device idles through it: ~230 µs of a ~2.9 ms put of 32
     blocks here, with its first write submitted ~460 µs into the call. A quarter first
     leaves the device working on those (a quarter of 32 is ~0.5 ms of writes) while the
-    rest are reserved; a put of fewer than 32 reserves all at once, as before."""
+    rest are reserved; a put of fewer than 16 reserves all at once, as before."""
     return n if n < 16 else n // 4
 
 
