@@ -20,7 +20,7 @@ from __future__ import annotations
 import errno
 import struct
 from collections.abc import Callable, Sequence
-from typing import NamedTuple, overload
+from typing import NamedTuple
 
 import xxhash
 
@@ -34,6 +34,7 @@ from storage_nodes.ssd.errors import SSDIOError
 from storage_nodes.ssd.index import Location, Slot
 from storage_nodes.ssd.io_backend import IOBackend, IORequest
 from storage_nodes.ssd.slabs import SlabFiles
+from storage_nodes.ssd.slot_reads import SlotReads
 
 # magic, version, flags, fingerprint, key, payload length, xxh3-64, created-at µs (§4)
 _HEADER = struct.Struct("<4sHH16s16sQQQ")
@@ -78,42 +79,93 @@ class BlockIO:
         keys: Sequence[bytes],
         locs: Sequence[Location],
         out: memoryview,
+        *,
+        more: Callable[[], Sequence[Location]] | None = None,
     ) -> ReadOutcome:
         """Copy verified payloads of ``locs`` into rows of ``out`` until the first failure.
-        Each block is verified and copied as its read completes, while others are in flight."""
-        sb = slot_bytes_for(block_bytes)
-        bb = block_bytes
+        Each block is verified and copied as its read completes, while others are in flight.
+        ``more`` gives the locations of the keys after ``locs`` (the present ones, in
+        order); it is called once, when the reads of ``locs`` are in flight, and the reads
+        it adds join their batch — a get's look-ups overlap its first reads."""
         step = self.per_batch(block_bytes)
-        direct = self._direct(bb, out)
-        stage = ALIGN_BYTES if direct else sb  # staging per slot: its header page, or all
-        copied = 0
+        direct = self._direct(block_bytes, out)
+        locs = list(locs)
         sums: list[int] = []
-        for start in range(0, len(locs), step):
-            part = list(locs[start : start + step])
-            unopened: ReadFailure | None = None
-            fds: list[int] = []
-            for j, loc in enumerate(part):
-                try:
-                    fds.append(self._files.fd(loc.slab))
-                except SSDIOError as e:  # a missing slab file: the blocks from here on
-                    unopened = ReadFailure(start + j, loc, errno=e.errno or errno.EIO)
-                    part = part[:j]
-                    break
-            buf = self.staging.acquire(len(part) * stage)
-            try:
-                mv = memoryview(buf)
-                reqs = _SlotReads(part, fds, sb, mv, stage, out, bb, start, direct)
-                failure = self._read_part(
-                    fingerprint, bb, keys, part, reqs, mv, out, start, sums, direct
-                )
-            finally:
-                self.staging.release(buf)
-            failure = failure or unopened
+        start = 0
+        while start < len(locs):
+            room = min(step, len(keys) - start)  # the most this batch holds, grown or not
+            n, failure = self._read_batch(
+                fingerprint, block_bytes, keys, locs, start, room, out, sums, direct, more
+            )
+            more = None
             if failure is not None:
-                n = copied + failure.index - start
-                return ReadOutcome(n, failure, sums[:n])
-            copied += len(part)
-        return ReadOutcome(copied, None, sums)
+                return ReadOutcome(failure.index, failure, sums[: failure.index])
+            start += n
+        return ReadOutcome(start, None, sums)
+
+    def _read_batch(
+        self,
+        fingerprint: bytes,
+        block_bytes: int,
+        keys: Sequence[bytes],
+        locs: list[Location],
+        start: int,
+        room: int,
+        out: memoryview,
+        sums: list[int],
+        direct: bool,
+        more: Callable[[], Sequence[Location]] | None,
+    ) -> tuple[int, ReadFailure | None]:
+        """Read ``locs[start : start + room]`` as one backend batch, grown by what ``more``
+        finds (up to ``room``; the rest is appended to ``locs`` for later batches).
+        Returns how many blocks the batch held and its first failure, if any."""
+        bb = block_bytes
+        sb = slot_bytes_for(bb)
+        stage = ALIGN_BYTES if direct else sb  # staging per slot: its header page, or all
+        part, fds, unopened = self._opened(locs[start : start + room], start)
+        failed = [] if unopened is None else [unopened]
+        if more is not None and (failed or len(part) == room):
+            if not failed:  # no room to grow: the rest are read by the next batches
+                locs.extend(more())
+            more = None
+        buf = self.staging.acquire(room * stage)
+        try:
+            mv = memoryview(buf)
+            found = more
+
+            def grow() -> SlotReads | None:
+                assert found is not None
+                added = found()
+                locs.extend(added)
+                first = start + len(part)
+                extra, extra_fds, bad = self._opened(added[: room - len(part)], first)
+                failed.extend([bad] if bad is not None else [])
+                staging = mv[len(part) * stage :]
+                reqs = SlotReads(extra, extra_fds, sb, staging, stage, out, bb, first, direct)
+                part.extend(extra)  # before any of their reads completes
+                return reqs or None
+
+            reqs = SlotReads(part, fds, sb, mv, stage, out, bb, start, direct)
+            failure = self._read_part(
+                fingerprint, bb, keys, part, reqs, mv, out, start, sums, direct,
+                grow if found is not None else None,
+            )
+        finally:
+            self.staging.release(buf)
+        return len(part), failure or (failed[0] if failed else None)
+
+    def _opened(
+        self, locs: Sequence[Location], start: int
+    ) -> tuple[list[Location], list[int], ReadFailure | None]:
+        """``locs`` up to the first whose slab file cannot be opened, their files, and
+        that slab's failure (the block at index ``start + j``), if any."""
+        fds: list[int] = []
+        for j, loc in enumerate(locs):
+            try:
+                fds.append(self._files.fd(loc.slab))
+            except SSDIOError as e:  # a missing slab file: the blocks from here on
+                return list(locs[:j]), fds, ReadFailure(start + j, loc, errno=e.errno or errno.EIO)
+        return list(locs), fds, None
 
     def _read_part(
         self,
@@ -127,9 +179,11 @@ class BlockIO:
         start: int,
         sums: list[int],
         direct: bool,
+        grow: Callable[[], Sequence[IORequest] | None] | None,
     ) -> ReadFailure | None:
-        """One batch of reads; returns the failure with the lowest index, if any, and
-        appends the stored checksums of the blocks before it to ``sums``."""
+        """One batch of reads (``grow``: the backend's ``between``, which extends ``part``);
+        returns the failure with the lowest index, if any, and appends the stored
+        checksums of the blocks before it to ``sums``."""
         bb = block_bytes
         stage = ALIGN_BYTES if direct else slot_bytes_for(bb)
         po = payload_offset_for(bb)
@@ -167,7 +221,7 @@ class BlockIO:
             stored[j] = csum
 
         if reqs:
-            self._io.read_batch(reqs, landed)
+            self._io.read_batch(reqs, landed, between=grow)
         end = min(failures) if failures else len(part)
         sums.extend(stored[j] for j in range(end))
         return failures[end] if failures else None
@@ -311,55 +365,3 @@ class BlockIO:
             return SlotsWritten(written, list(slabs))
         finally:
             self.staging.release(buf)
-
-
-class _SlotReads(Sequence[IORequest]):
-    """One batch's slot reads, each built when the backend first asks for it: io_uring
-    hands the kernel the first reads while the later ones are still being built, so the
-    device starts on a call's reads before the whole batch is prepared. Request ``j``
-    reads slot ``part[j]`` (its file already open, ``fds[j]``): direct, its header page
-    into staging and its payload into row ``start + j`` of ``out``; else the whole slot
-    into staging."""
-
-    def __init__(
-        self,
-        part: Sequence[Location],
-        fds: Sequence[int],
-        slot_bytes: int,
-        staging: memoryview,
-        stage: int,
-        out: memoryview,
-        block_bytes: int,
-        start: int,
-        direct: bool,
-    ) -> None:
-        self._part, self._fds, self._sb = part, fds, slot_bytes
-        self._staging, self._stage = staging, stage
-        self._out, self._bb, self._start, self._direct = out, block_bytes, start, direct
-        self._built: list[IORequest | None] = [None] * len(part)
-
-    def __len__(self) -> int:
-        return len(self._built)
-
-    @overload
-    def __getitem__(self, j: int) -> IORequest: ...
-
-    @overload
-    def __getitem__(self, j: slice) -> list[IORequest]: ...
-
-    def __getitem__(self, j: int | slice) -> IORequest | list[IORequest]:
-        if isinstance(j, slice):
-            return [self[k] for k in range(*j.indices(len(self)))]
-        r = self._built[j]
-        if r is None:
-            j = range(len(self._built))[j]
-            at = self._staging[j * self._stage : (j + 1) * self._stage]
-            pos = self._part[j].slot * self._sb
-            if self._direct:
-                i = self._start + j
-                row = self._out[i * self._bb : (i + 1) * self._bb]
-                r = IORequest(self._fds[j], pos, row, head=at)
-            else:
-                r = IORequest(self._fds[j], pos, at)
-            self._built[j] = r
-        return r

@@ -19,7 +19,7 @@ from kvstore.slot_io import IORequest
 from kvstore.slot_io import full_transfer as _full
 
 OnDone = Callable[[int, int], None]
-#: runs once a batch's writes are all submitted; may return writes that join the batch
+#: runs once a batch's requests are all submitted; may return requests that join the batch
 Between = Callable[[], Sequence[IORequest] | None]
 
 
@@ -41,6 +41,11 @@ class IOBackend(ABC):
       first indexed (``BlockIO``'s reads): a backend takes requests in order as it submits
       them rather than indexing all of them first, so the device starts on the first
       reads while later ones are still being built.
+    * ``read_batch(..., between=)``: ``between()`` runs once the reads given are all
+      submitted; the reads it returns join the batch as requests ``len(reqs)``,
+      ``len(reqs) + 1``, ... (``on_done`` is called for them with those indexes, the
+      results cover them after the others) — a get looks up most of its keys while the
+      reads of its first ones are in flight.
     * ``sync(fds)`` makes every completed write to those fds durable (fdatasync);
       returns 0 or a negative errno per fd.
     * ``write_and_sync`` writes then syncs; ``prepare(i)`` fills request ``i``'s buffer
@@ -60,8 +65,25 @@ class IOBackend(ABC):
     #: writes payloads in the caller's own page-aligned rows, without a staging copy)
     vectored: bool = True
 
+    def read_batch(
+        self,
+        reqs: Sequence[IORequest],
+        on_done: OnDone | None = None,
+        *,
+        between: Between | None = None,
+    ) -> list[int]:
+        """This default reads ``reqs``, then what ``between`` adds, one after the other."""
+        res = self._reads(reqs, on_done)
+        more = between() if between is not None else None
+        if more:
+            first = len(res)
+            shifted = None if on_done is None else (lambda i, r: on_done(first + i, r))
+            res += self._reads(more, shifted)
+        return res
+
     @abstractmethod
-    def read_batch(self, reqs: Sequence[IORequest], on_done: OnDone | None = None) -> list[int]: ...
+    def _reads(self, reqs: Sequence[IORequest], on_done: OnDone | None) -> list[int]:
+        """Every read of ``reqs``, ``on_done`` called per read (``read_batch``'s contract)."""
 
     @abstractmethod
     def write_batch(self, reqs: Sequence[IORequest]) -> list[int]: ...
@@ -113,7 +135,7 @@ class PreadBackend(IOBackend):
     def close(self) -> None:
         """Nothing to release: no kernel object outlives a call."""
 
-    def read_batch(self, reqs: Sequence[IORequest], on_done: OnDone | None = None) -> list[int]:
+    def _reads(self, reqs: Sequence[IORequest], on_done: OnDone | None) -> list[int]:
         out = [_full(os.preadv, r) for r in reqs]
         if on_done is not None:
             for i, r in enumerate(out):

@@ -1,9 +1,10 @@
-"""Index reads and removals shared by the tier's calls: presence with lazy expiry,
-quarantine of a block that failed its checks, and namespace-wide deletion."""
+"""Index reads and removals shared by the tier's calls: presence with lazy expiry, a
+get's look-up in two steps, quarantine of a block that failed its checks, and
+namespace-wide deletion."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from itertools import islice
 
 from storage_nodes.ssd.config import SSDConfig
@@ -82,3 +83,32 @@ class LiveIndex:
     def keys_of(self, fingerprint: bytes) -> list[bytes]:
         with self._index.begin() as txn:
             return [fk[16:] for fk in self._index.iter_namespace(txn, fingerprint)]
+
+
+class PrefixLookup:
+    """A get's look-up in two steps, so that most of it runs while the first reads are in
+    flight: ``first``, the locations of the present prefix of the first ``first_keys``
+    keys, looked up at once; ``rest()``, those of the present keys after them. ``more``
+    (``BlockIO.read_prefix``'s) is ``rest`` when ``first`` found all it looked up and
+    keys remain, else None.
+
+    ``rest`` also notes the access of every key located, before their reads complete, so
+    that bookkeeping overlaps the I/O too: a block whose read then fails keeps the touch
+    (recency only; a quarantined block's is dropped at the flush, its key being gone).
+    ``noted`` says whether it did; if not, the caller notes the blocks it served."""
+
+    def __init__(
+        self, view: LiveIndex, recency: Recency, fkeys: Sequence[bytes], first_keys: int
+    ) -> None:
+        self._view, self._recency, self._fkeys = view, recency, fkeys
+        self.first = view.present_prefix(fkeys[:first_keys])
+        grows = len(self.first) == first_keys < len(fkeys)
+        self.more: Callable[[], list[Location]] | None = self.rest if grows else None
+        self.noted = False
+
+    def rest(self) -> list[Location]:
+        tail = self._view.present_prefix(self._fkeys[len(self.first) :])
+        n = len(self.first) + len(tail)
+        self._recency.note(self._fkeys[:n], self._recency.stamps(n))
+        self.noted = True
+        return tail

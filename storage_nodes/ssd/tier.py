@@ -34,6 +34,7 @@ from storage_nodes.ssd.index import CORRUPT
 from storage_nodes.ssd.index_check import check_index
 from storage_nodes.ssd.io_backend import IOBackend
 from storage_nodes.ssd.lock import DirLock
+from storage_nodes.ssd.lookup import PrefixLookup
 from storage_nodes.ssd.opening import IndexLifecycle
 from storage_nodes.ssd.rebuild import RebuildReport
 from storage_nodes.ssd.stats import Counters, build_stats
@@ -42,6 +43,8 @@ from storage_nodes.ssd.syncer import DataSync
 
 log = logging.getLogger("storage_nodes.ssd")
 _STORE_ERRORS = (SSDIOError, lmdb.Error, OSError)
+#: a get looks up this many keys before its first reads, the rest while they are in flight
+_FIRST_LOOKUPS = 4
 
 
 class SSDTier(Tier):
@@ -144,18 +147,21 @@ class SSDTier(Tier):
             fkeys = self._fkeys(ns, keys)
             self._inc("gets")
             hits = 0
+            noted = False
             if self._mode != "off" and keys:
                 try:
-                    locs = self._view.present_prefix(fkeys)
-                    res = self._blocks.read_prefix(ns.fingerprint, bb, list(keys), locs, out)
-                    hits = res.copied
+                    look = PrefixLookup(self._view, self._recency, fkeys, _FIRST_LOOKUPS)
+                    res = self._blocks.read_prefix(
+                        ns.fingerprint, bb, list(keys), look.first, out, more=look.more
+                    )
+                    hits, noted = res.copied, look.noted
                     if checksums is not None:
                         checksums.extend(res.checksums)
                     if res.failure is not None:
                         self._read_failed(fkeys[res.failure.index], res.failure)
                 except _STORE_ERRORS as e:
                     self._store_failed(e, writing=False)
-            if hits:
+            if hits and not noted:
                 self._recency.note(fkeys[:hits], self._recency.stamps(hits))
             self._add({"hits": hits, "misses": len(keys) - hits})
         self._flush_if_due()
@@ -175,13 +181,8 @@ class SSDTier(Tier):
             self._inc("read_races")
         elif not f.errno:
             self._inc("corrupt_blocks_total")
-            log.warning(
-                "corrupt block %s in slab %d slot %d quarantined: %s",
-                fkey[16:].hex(),
-                f.loc.slab,
-                f.loc.slot,
-                f.error,
-            )
+            log.warning("corrupt block %s in slab %d slot %d quarantined: %s",
+                        fkey[16:].hex(), f.loc.slab, f.loc.slot, f.error)
 
     def put(
         self,
@@ -341,12 +342,7 @@ class SSDTier(Tier):
             counters["data_sync_rounds"] = self._sync.rounds()
             registered = [ns.block_bytes for ns in self._namespaces.values()]
             return build_stats(
-                self.config,
-                self._index,
-                self._files,
-                self._io.name,
-                self._mode,
-                registered,
+                self.config, self._index, self._files, self._io.name, self._mode, registered,
                 counters,
             )
 

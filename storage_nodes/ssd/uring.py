@@ -5,7 +5,9 @@ the ring as completions are reaped, and
 runs the caller's per-request work while the device is busy — encoding the next blocks
 before their writes are submitted, verifying each read as it lands (with the last
 eighth of a checked batch held back until the first reads land, so that the device has
-work while they are verified: ``held_back_reads``). A data sync rides in
+work while they are verified: ``held_back_reads``), and adding to a batch the requests its
+``between`` returns once the first ones are in flight (a put's later writes, a get's
+later reads). A data sync rides in
 the same ring as the writes it covers: one ``fsync`` SQE per file, submitted as soon as
 every write to that file has completed, so the syncs of files whose writes finished
 early overlap the later writes (a put touches ~15 slab files: a drained sync each used to
@@ -99,7 +101,16 @@ class UringBackend(IOBackend):
             else:
                 self._idle.append(slot)
 
-    def read_batch(self, reqs: Sequence[IORequest], on_done: OnDone | None = None) -> list[int]:
+    def read_batch(
+        self,
+        reqs: Sequence[IORequest],
+        on_done: OnDone | None = None,
+        *,
+        between: Between | None = None,
+    ) -> list[int]:
+        return self._run(_READ, reqs, on_done=on_done, between=between)[0]
+
+    def _reads(self, reqs: Sequence[IORequest], on_done: OnDone | None) -> list[int]:
         return self._run(_READ, reqs, on_done=on_done)[0]
 
     def write_batch(self, reqs: Sequence[IORequest]) -> list[int]:
@@ -129,7 +140,7 @@ class UringBackend(IOBackend):
         between: Between | None = None,
         on_done: OnDone | None = None,
     ) -> tuple[list[int], list[int]]:
-        n = n_given = len(reqs)  # ``n`` grows by the writes ``between`` adds
+        n = n_given = len(reqs)  # ``n`` grows by the requests ``between`` adds
         if not self.vectored and any(r.head is not None or r.more for r in reqs):
             raise ValueError("this build of liburing cannot take vectored requests")
         results = [0] * n
@@ -137,15 +148,16 @@ class UringBackend(IOBackend):
         done = [0] * n  # bytes transferred so far per request (short transfers resume)
         # Reads checked by ``on_done`` keep back the last of the batch (``held_back_reads``)
         # until the first completions arrive; they go in before those are checked.
-        held = held_back_reads(n) if op == _READ and on_done is not None else 0
+        checked = op == _READ and on_done is not None
+        held = held_back_reads(n) if checked else 0
         pending = deque(range(n - held))
-        reserve = range(n - held, n)
+        reserve = list(range(n - held, n))
         landed: list[tuple[int, int]] = []  # completed, ``on_done`` not yet run
         keep: list[lu.Iovec | None] = [None] * n  # iovecs must outlive their requests
         # each request as first taken from ``reqs``: the reaping below reads it again
         # without indexing ``reqs`` (for a lazy batch every index is a Python call)
         taken: list[IORequest | None] = [None] * n
-        added: list[IORequest] = []  # writes that ``between`` added to the batch
+        added: Sequence[IORequest] = ()  # what ``between`` added to the batch
         slot = self._acquire()
         ring, raw = slot.ring, slot.iovecs
         inflight = unsubmitted = 0
@@ -218,8 +230,12 @@ class UringBackend(IOBackend):
                     else:
                         if more:  # they join the batch, taken in order like the rest
                             k = len(more)
-                            added.extend(more)
-                            pending.extend(range(n, n + k))
+                            added = more  # indexed as submitted: a lazy batch stays lazy
+                            # a grown read batch holds back its share of the added reads
+                            keep_back = min(k, held_back_reads(n + k) - len(reserve))
+                            keep_back = max(keep_back, 0) if checked else 0
+                            pending.extend(range(n, n + k - keep_back))
+                            reserve += range(n + k - keep_back, n + k)
                             results += [0] * k
                             done += [0] * k
                             keep += [None] * k
@@ -241,7 +257,7 @@ class UringBackend(IOBackend):
                     # prepared now, handed over the moment the first reads complete: a
                     # device that hands back its whole queue at once idles only that long
                     pending.extend(reserve)
-                    reserve = range(0)
+                    reserve = []
                     fill(hand_over=False)
                 _wait_cqes(ring)
                 flush()
@@ -281,7 +297,7 @@ class UringBackend(IOBackend):
                         landed.append((i, res))
                 if reserve and error is None:  # the queue was too full above
                     pending.extend(reserve)
-                    reserve = range(0)
+                    reserve = []
         except BaseException:
             # Only reached if the ring itself failed: requests may still be in flight, so
             # this ring (and the buffers it names) must never be reused.

@@ -12,7 +12,7 @@ import threading
 from collections.abc import Sequence
 
 from storage_nodes.ssd.backends import make_auto, register_backend
-from storage_nodes.ssd.io_backend import IOBackend, IORequest, OnDone
+from storage_nodes.ssd.io_backend import Between, IOBackend, IORequest, OnDone
 
 
 class CrashSimBackend(IOBackend):
@@ -34,7 +34,7 @@ class CrashSimBackend(IOBackend):
         self.crashed = False
         self.dropped_writes = 0
 
-    def read_batch(self, reqs: Sequence[IORequest], on_done: OnDone | None = None) -> list[int]:
+    def _reads(self, reqs: Sequence[IORequest], on_done: OnDone | None) -> list[int]:
         res = self.inner.read_batch(reqs)
         with self._lock:
             for r, n in zip(reqs, res, strict=True):
@@ -115,10 +115,19 @@ class FaultyBackend(IOBackend):
         self.sync_errno: int | None = None
         self.write_budget_bytes: int | None = None
 
-    def read_batch(self, reqs: Sequence[IORequest], on_done: OnDone | None = None) -> list[int]:
-        if self.read_errno is None:
-            return self.inner.read_batch(reqs, on_done)
-        out = [-self.read_errno] * len(reqs)
+    def read_batch(
+        self,
+        reqs: Sequence[IORequest],
+        on_done: OnDone | None = None,
+        *,
+        between: Between | None = None,
+    ) -> list[int]:
+        if self.read_errno is None:  # healthy: the inner backend's batch, growth included
+            return self.inner.read_batch(reqs, on_done, between=between)
+        return super().read_batch(reqs, on_done, between=between)
+
+    def _reads(self, reqs: Sequence[IORequest], on_done: OnDone | None) -> list[int]:
+        out = [-(self.read_errno or errno.EIO)] * len(reqs)
         if on_done is not None:
             for i, n in enumerate(out):
                 on_done(i, n)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import mmap
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -11,6 +12,8 @@ import numpy as np
 
 from kvstore.keys import Key, Namespace, chain_keys
 from storage_nodes.ssd import SSDConfig, SSDTier
+from storage_nodes.ssd.io_backend import IORequest
+from storage_nodes.ssd.slabs import probe_direct_io
 from storage_nodes.testing.crash import with_crash_hook
 
 SLAB = 256 << 10
@@ -92,3 +95,30 @@ def verify_all(tier: SSDTier, ns: Namespace) -> int:
         assert got == 1, f"key {k.hex()} is in the index but does not read back"
         assert bytes(dst) == payload_for(ns, k), f"key {k.hex()} read back wrong bytes"
     return len(keys)
+
+
+def direct_fd(path: Path, size: int) -> int:
+    """A file of ``size`` bytes opened for reads and writes, with O_DIRECT where the file
+    system takes it."""
+    flags = os.O_RDWR | os.O_CREAT | (os.O_DIRECT if probe_direct_io(path.parent) else 0)
+    fd = os.open(path, flags, 0o644)
+    os.ftruncate(fd, size)
+    return fd
+
+
+class LazyBatch(Sequence[IORequest]):
+    """A batch whose requests are made only when the backend asks (as the SSD engine's
+    reads are): every backend must take any Sequence, not only a list. ``asked[i]``
+    counts how often request ``i`` was asked for."""
+
+    def __init__(self, reqs: list[IORequest]) -> None:
+        self.reqs, self.asked = reqs, [0] * len(reqs)
+
+    def __len__(self) -> int:
+        return len(self.reqs)
+
+    def __getitem__(self, i):  # type: ignore[no-untyped-def,override]
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        self.asked[i] += 1
+        return self.reqs[i]

@@ -10,9 +10,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from kvstore.buffers import buffer_address
-from storage_nodes.ssd.blockio import _SlotReads
 from storage_nodes.ssd.config import ALIGN_BYTES
 from storage_nodes.ssd.index import Location
+from storage_nodes.ssd.slot_reads import SlotReads
 
 BB = 8192  # whole pages: the payload may be a row of the caller's own
 SB = BB + ALIGN_BYTES
@@ -30,7 +30,7 @@ def test_each_request_is_its_slots_read(slots: list[int], start: int, direct: bo
     stage = ALIGN_BYTES if direct else SB
     staging = memoryview(mmap.mmap(-1, n * stage))
     out = memoryview(mmap.mmap(-1, (start + n) * BB))
-    reqs = _SlotReads(part, fds, SB, staging, stage, out, BB, start, direct)
+    reqs = SlotReads(part, fds, SB, staging, stage, out, BB, start, direct)
     assert len(reqs) == n
     for j in reversed(range(n)):  # any order of asking gives the same requests
         r = reqs[j]

@@ -10,7 +10,6 @@ import random
 import subprocess
 import sys
 import threading
-from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -18,32 +17,14 @@ import pytest
 from storage_nodes.ssd import SSDConfigError
 from storage_nodes.ssd.backends import BACKENDS, make_backend, register_backend, uring_available
 from storage_nodes.ssd.io_backend import IORequest
-from storage_nodes.ssd.slabs import probe_direct_io
 from tests.conftest import REPO
 from tests.io_backends import skip_without_uring
-
-ALL = ["uring", "pread", "crashsim", "faulty"]
-
-
-@pytest.fixture(params=ALL)
-def any_backend(request: pytest.FixtureRequest):
-    if request.param == "uring":
-        skip_without_uring()
-    b = make_backend(request.param, 4)
-    yield b
-    b.close()
-
-
-def _direct_fd(path: Path, size: int) -> int:
-    flags = os.O_RDWR | os.O_CREAT | (os.O_DIRECT if probe_direct_io(path.parent) else 0)
-    fd = os.open(path, flags, 0o644)
-    os.ftruncate(fd, size)
-    return fd
+from tests.storage_nodes.ssd.helpers import LazyBatch, direct_fd
 
 
 def test_batch_roundtrip_deeper_than_queue(tmp_path: Path, any_backend) -> None:
     n, sz = 50, 8192
-    fd = _direct_fd(tmp_path / "f", n * sz)
+    fd = direct_fd(tmp_path / "f", n * sz)
     try:
         wbuf, rbuf = mmap.mmap(-1, n * sz), mmap.mmap(-1, n * sz)
         rng = random.Random(1)
@@ -65,26 +46,9 @@ def test_batch_roundtrip_deeper_than_queue(tmp_path: Path, any_backend) -> None:
         os.close(fd)
 
 
-class _Lazy(Sequence[IORequest]):
-    """A batch whose requests are made only when the backend asks (as the SSD engine's
-    reads are): every backend must take any Sequence, not only a list."""
-
-    def __init__(self, reqs: list[IORequest]) -> None:
-        self.reqs, self.asked = reqs, [0] * len(reqs)
-
-    def __len__(self) -> int:
-        return len(self.reqs)
-
-    def __getitem__(self, i):  # type: ignore[no-untyped-def,override]
-        if isinstance(i, slice):
-            return [self[j] for j in range(*i.indices(len(self)))]
-        self.asked[i] += 1
-        return self.reqs[i]
-
-
 def test_lazy_read_batch(tmp_path: Path, any_backend) -> None:
     n, sz = 40, 8192
-    fd = _direct_fd(tmp_path / "f", n * sz)
+    fd = direct_fd(tmp_path / "f", n * sz)
     try:
         wbuf, rbuf = mmap.mmap(-1, n * sz), mmap.mmap(-1, n * sz)
         wbuf[:] = random.Random(4).randbytes(n * sz)
@@ -92,7 +56,7 @@ def test_lazy_read_batch(tmp_path: Path, any_backend) -> None:
         assert any_backend.write_batch(
             [IORequest(fd, i * sz, w[i * sz : (i + 1) * sz]) for i in range(n)]
         ) == [sz] * n
-        lazy = _Lazy([IORequest(fd, i * sz, r[i * sz : (i + 1) * sz]) for i in range(n)])
+        lazy = LazyBatch([IORequest(fd, i * sz, r[i * sz : (i + 1) * sz]) for i in range(n)])
         seen: list[tuple[int, int]] = []
         assert any_backend.read_batch(lazy, lambda i, res: seen.append((i, res))) == [sz] * n
         assert sorted(seen) == [(i, sz) for i in range(n)]
@@ -148,17 +112,19 @@ def test_uring_reads_go_in_as_built_and_the_held_back_ones_before_any_check(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A get's reads reach the kernel in chunks as their requests are built (the device
-    starts before the whole batch is prepared); all but the held-back eighth are in flight
-    before the first wait for a completion, the held-back ones are prepared before that
-    wait too and handed over right after it, before the first landed read is checked
-    (a device that completes a whole queue at once then reads them while the CPU checks)."""
+    starts before the whole batch is prepared): the first keys' reads go in before the
+    rest of the keys are looked up, and the rest's reads join the same batch; all but the
+    held-back eighth are in flight before the first wait for a completion, the held-back
+    ones are prepared before that wait too and handed over right after it, before the
+    first landed read is checked (a device that completes a whole queue at once then
+    reads them while the CPU checks)."""
     skip_without_uring()
-    from storage_nodes.ssd import SSDTier, blockio, uring
+    from storage_nodes.ssd import SSDTier, blockio, lookup, slot_reads, tier, uring
     from tests.storage_nodes.ssd.helpers import chain, make_config, rows, small_ns
 
     log: list[str] = []
-    real_req, real_submit, real_wait = blockio.IORequest, uring._submit, uring._wait_cqes
-    real_check = blockio.check_header_fields
+    real_req, real_submit, real_wait = slot_reads.IORequest, uring._submit, uring._wait_cqes
+    real_check, real_rest = blockio.check_header_fields, lookup.PrefixLookup.rest
     me = threading.get_ident()  # only this thread's events: the tier has its syncer
 
     def logged(event: str, real):  # type: ignore[no-untyped-def]
@@ -177,7 +143,8 @@ def test_uring_reads_go_in_as_built_and_the_held_back_ones_before_any_check(
     data = rows(ns, keys)
     t.put(ns, keys, data)
     assert t.sync()  # the data syncer's submissions are over
-    monkeypatch.setattr(blockio, "IORequest", logged("built", real_req))
+    monkeypatch.setattr(slot_reads, "IORequest", logged("built", real_req))
+    monkeypatch.setattr(lookup.PrefixLookup, "rest", logged("rest", real_rest))
     monkeypatch.setattr(blockio, "check_header_fields", logged("check", real_check))
     monkeypatch.setattr(uring, "_submit", logged("submit", real_submit))
     monkeypatch.setattr(uring, "_wait_cqes", logged("wait", real_wait))
@@ -190,7 +157,8 @@ def test_uring_reads_go_in_as_built_and_the_held_back_ones_before_any_check(
     assert log.count("built") == n  # each request built once
     assert log.count("check") == n
     first_submit, first_wait = log.index("submit"), log.index("wait")
-    assert log[:first_submit].count("built") == uring._SUBMIT_EVERY
+    assert log[:first_submit].count("built") == uring._SUBMIT_EVERY == tier._FIRST_LOOKUPS
+    assert log.index("rest") == first_submit + 1 and log.count("rest") == 1
     assert first_submit < log.index("built", first_submit)  # before the last build
     before_wait = log[:first_wait]
     assert before_wait.count("built") == n  # the held-back ones prepared too ...
@@ -211,7 +179,7 @@ def test_uring_checked_reads_with_held_back_tail(tmp_path: Path, n: int) -> None
 
     sz = 8192
     backend = make_backend("uring", queue_depth=8)
-    fd = _direct_fd(tmp_path / "f", n * sz)
+    fd = direct_fd(tmp_path / "f", n * sz)
     try:
         wbuf, rbuf = mmap.mmap(-1, n * sz), mmap.mmap(-1, n * sz)
         wbuf[:] = random.Random(n).randbytes(n * sz)
@@ -275,8 +243,8 @@ def test_uring_syncs_each_file_once_its_own_writes_completed(
     monkeypatch.setattr(uring.lu, "io_uring_sqe_set_flags", set_flags)
     b = make_backend("uring", 8)
     sz = 8192
-    fds = [_direct_fd(tmp_path / f"f{i}", 8 * sz) for i in range(3)]
-    idle = _direct_fd(tmp_path / "idle", sz)  # synced, written by no request
+    fds = [direct_fd(tmp_path / f"f{i}", 8 * sz) for i in range(3)]
+    idle = direct_fd(tmp_path / "idle", sz)  # synced, written by no request
     try:
         buf = mmap.mmap(-1, 20 * sz)
         buf[:] = random.Random(2).randbytes(20 * sz)
@@ -392,7 +360,7 @@ def test_writes_added_by_between_join_the_batch(tmp_path: Path, any_backend) -> 
     batch's own, and reports them after the others."""
     first, more, sz = 5, 11, 8192
     n = first + more
-    fd = _direct_fd(tmp_path / "f", n * sz)
+    fd = direct_fd(tmp_path / "f", n * sz)
     try:
         wbuf, rbuf = mmap.mmap(-1, n * sz), mmap.mmap(-1, n * sz)
         w, r = memoryview(wbuf), memoryview(rbuf)
@@ -427,7 +395,7 @@ def test_writes_added_to_a_synced_batch_are_refused(tmp_path: Path, any_backend)
     """Their files would not be synced with the batch: refused, after the batch's own
     writes completed (nothing left in flight)."""
     sz = 4096
-    fd = _direct_fd(tmp_path / "f", 4 * sz)
+    fd = direct_fd(tmp_path / "f", 4 * sz)
     buf = memoryview(mmap.mmap(-1, 4 * sz))
     try:
         reqs = [IORequest(fd, i * sz, buf[i * sz : (i + 1) * sz]) for i in range(2)]
