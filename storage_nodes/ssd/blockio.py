@@ -131,11 +131,12 @@ class BlockIO:
         buf = self.staging.acquire(room * stage)
         try:
             mv = memoryview(buf)
-            found = more
+            found = [more] if more is not None else []
 
             def grow() -> SlotReads | None:
-                assert found is not None
-                added = found()
+                if not found:  # asked again once the added reads are in: nothing more
+                    return None
+                added = found.pop()()
                 locs.extend(added)
                 first = start + len(part)
                 extra, extra_fds, bad = self._opened(added[: room - len(part)], first)
@@ -148,7 +149,7 @@ class BlockIO:
             reqs = SlotReads(part, fds, sb, mv, stage, out, bb, start, direct)
             failure = self._read_part(
                 fingerprint, bb, keys, part, reqs, mv, out, start, sums, direct,
-                grow if found is not None else None,
+                grow if found else None,
             )
         finally:
             self.staging.release(buf)
@@ -270,14 +271,17 @@ class BlockIO:
         *,
         sync: bool = True,
         more_slots: Callable[[], Sequence[Slot]] | None = None,
+        in_flight: Callable[[Sequence[Slot]], None] | None = None,
     ) -> SlotsWritten:
         """Encode row ``rows[j]`` of ``data`` for ``keys[j]`` into ``slots[j]`` and write
         them; with ``sync``, also sync the data (``data_sync="per_put"``). ``checksums[j]``
         (made at commit) goes into the header as given; ``None``: the checksum of the copy
         being written. ``more_slots`` (not with ``sync``), called once the writes to
         ``slots`` are in flight, gives slots for the keys after them (as many as it can):
-        those writes join the batch. Returns the slots written (``slots``, then the
-        further ones) and the slabs they lie in. Raises ``SSDIOError`` on any failure.
+        those writes join the batch. ``in_flight(slots)`` is called once every write is
+        submitted (before any is waited for), with the slots they write. Returns the slots
+        written (``slots``, then the further ones) and the slabs they lie in. Raises
+        ``SSDIOError`` on any failure.
         Safe to call from several threads at once (each call has its own staging buffer
         and, with io_uring, its own ring)."""
         if sync and more_slots is not None:
@@ -330,22 +334,29 @@ class BlockIO:
 
             crash = self._config.crash_point
 
+            calls = [0]
+
             def between() -> list[IORequest] | None:
-                if sync:
-                    crash("before_data_sync")
-                if more_slots is None:
-                    return None
-                more = list(more_slots())[: len(keys) - len(written)]
-                first = len(written)
-                written.extend(more)
-                return requests(first, more)
+                # first: the sync's crash point and the further slots' writes; once those
+                # are submitted too (or if there are none), ``in_flight``
+                calls[0] += 1
+                if calls[0] == 1:
+                    if sync:
+                        crash("before_data_sync")
+                    if more_slots is not None:
+                        more = list(more_slots())[: len(keys) - len(written)]
+                        first = len(written)
+                        written.extend(more)
+                        if more:
+                            return requests(first, more)
+                if in_flight is not None and calls[0] <= 2:
+                    in_flight(written)
+                    calls[0] = 3
+                return None
 
             try:
                 res, synced = self._io.write_and_sync(
-                    reqs,
-                    list(fds) if sync else [],
-                    prepare=encode,
-                    between=between if sync or more_slots is not None else None,
+                    reqs, list(fds) if sync else [], prepare=encode, between=between
                 )
             finally:
                 if job is not None:

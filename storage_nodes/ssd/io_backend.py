@@ -13,13 +13,15 @@ import errno
 import os
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import ClassVar
 
 from kvstore.slot_io import IORequest
 from kvstore.slot_io import full_transfer as _full
 
 OnDone = Callable[[int, int], None]
-#: runs once a batch's requests are all submitted; may return requests that join the batch
+#: runs once a batch's requests are all submitted; may return requests that join the
+#: batch, and then runs again once those are submitted (until it returns none)
 Between = Callable[[], Sequence[IORequest] | None]
 
 
@@ -44,8 +46,9 @@ class IOBackend(ABC):
     * ``read_batch(..., between=)``: ``between()`` runs once the reads given are all
       submitted; the reads it returns join the batch as requests ``len(reqs)``,
       ``len(reqs) + 1``, ... (``on_done`` is called for them with those indexes, the
-      results cover them after the others) — a get looks up most of its keys while the
-      reads of its first ones are in flight.
+      results cover them after the others), and it runs again once those are submitted,
+      until it returns none — a get looks up most of its keys while the reads of its
+      first ones are in flight.
     * ``sync(fds)`` makes every completed write to those fds durable (fdatasync);
       returns 0 or a negative errno per fd.
     * ``write_and_sync`` writes then syncs; ``prepare(i)`` fills request ``i``'s buffer
@@ -53,8 +56,10 @@ class IOBackend(ABC):
       so encoding and index work overlap the device. ``between`` may return further
       writes (only when ``fds`` is empty: their files are not synced here): they join the
       batch as requests ``len(reqs)``, ``len(reqs) + 1``, ... (``prepare`` is called for
-      them too) and the results cover them after the others — a put reserves the slots
-      of most of its blocks while its first writes are in flight.
+      them too), the results cover them after the others, and ``between`` runs again
+      once they are submitted, until it returns none — a put reserves the slots of most
+      of its blocks while its first writes are in flight, then fills its publishing
+      transaction while the rest are.
     * An exception from a callback is re-raised only after every submitted request has
       completed: no request is ever left in flight on a buffer the caller may reuse.
     * Thread-safe: concurrent calls from several threads are allowed.
@@ -74,10 +79,9 @@ class IOBackend(ABC):
     ) -> list[int]:
         """This default reads ``reqs``, then what ``between`` adds, one after the other."""
         res = self._reads(reqs, on_done)
-        more = between() if between is not None else None
-        if more:
+        while between is not None and (more := between()):
             first = len(res)
-            shifted = None if on_done is None else (lambda i, r: on_done(first + i, r))
+            shifted = None if on_done is None else partial(_shifted, on_done, first)
             res += self._reads(more, shifted)
         return res
 
@@ -107,11 +111,10 @@ class IOBackend(ABC):
         res = self.write_batch(reqs)
         if any(r < 0 for r in res):
             return res, []
-        more = between() if between is not None else None
-        if more:
+        while between is not None and (more := between()):
             check_added(fds)
             if prepare is not None:
-                for i in range(len(reqs), len(reqs) + len(more)):
+                for i in range(len(res), len(res) + len(more)):
                     prepare(i)
             res += self.write_batch(more)
             if any(r < 0 for r in res):
@@ -121,6 +124,10 @@ class IOBackend(ABC):
     @abstractmethod
     def close(self) -> None:
         """Release kernel resources; idempotent."""
+
+
+def _shifted(on_done: OnDone, first: int, i: int, res: int) -> None:
+    on_done(first + i, res)
 
 
 class PreadBackend(IOBackend):

@@ -157,7 +157,7 @@ class UringBackend(IOBackend):
         # each request as first taken from ``reqs``: the reaping below reads it again
         # without indexing ``reqs`` (for a lazy batch every index is a Python call)
         taken: list[IORequest | None] = [None] * n
-        added: Sequence[IORequest] = ()  # what ``between`` added to the batch
+        added: list[tuple[int, Sequence[IORequest]]] = []  # (first index, what ``between`` added)
         slot = self._acquire()
         ring, raw = slot.ring, slot.iovecs
         inflight = unsubmitted = 0
@@ -186,7 +186,7 @@ class UringBackend(IOBackend):
                         error = e
                         pending.clear()
                         break
-                r = taken[i] or (reqs[i] if i < n_given else added[i - n_given])
+                r = taken[i] or (reqs[i] if i < n_given else _added(added, i))
                 taken[i] = r
                 sqe = _get_sqe(ring)
                 if r.head is None and not r.more:
@@ -230,7 +230,8 @@ class UringBackend(IOBackend):
                     else:
                         if more:  # they join the batch, taken in order like the rest
                             k = len(more)
-                            added = more  # indexed as submitted: a lazy batch stays lazy
+                            between_done = False  # asked again once these are in flight
+                            added.append((n, more))  # indexed as submitted: lazy stays lazy
                             # a grown read batch holds back its share of the added reads
                             keep_back = min(k, held_back_reads(n + k) - len(reserve))
                             keep_back = max(keep_back, 0) if checked else 0
@@ -316,6 +317,14 @@ class UringBackend(IOBackend):
             rings, self._idle = self._idle, []
         for r in rings:
             r.close()
+
+
+def _added(added: list[tuple[int, Sequence[IORequest]]], i: int) -> IORequest:
+    """Request ``i`` of a batch among those ``between`` added (in chunks, in order)."""
+    for first, reqs in reversed(added):
+        if i >= first:
+            return reqs[i - first]
+    raise IndexError(i)
 
 
 def _get_sqe(ring: lu.Ring) -> lu.SQE:

@@ -29,6 +29,7 @@ files must be known before the batch).
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 
 from storage_nodes.ssd.allocator import SlotAllocator
@@ -70,6 +71,8 @@ class GroupCommit:
         self._alloc = alloc
         self._blocks = blocks
         self._sync = sync
+        self._lock = threading.Lock()
+        self._writing = 0  # puts between their first reservation and their publish
 
     def write(
         self,
@@ -87,13 +90,48 @@ class GroupCommit:
         Raises the store's I/O or LMDB error; nothing of the group is published then."""
         # Most of a large put's slots are reserved while its first writes are in flight
         # (``_first_reserved``); a put that syncs its data reserves them all first.
+        with self._lock:
+            self._writing += 1
+        try:
+            return self._write(fingerprint, block_bytes, idx, fkeys, data, stamps, checksums)
+        finally:
+            with self._lock:
+                self._writing -= 1
+
+    def _write(
+        self,
+        fingerprint: bytes,
+        block_bytes: int,
+        idx: list[int],
+        fkeys: list[bytes],
+        data: memoryview,
+        stamps: Sequence[Stamp],
+        checksums: Sequence[int] | None,
+    ) -> tuple[int, int]:
         first = len(idx) if self._sync.per_put else _first_reserved(len(idx))
         slots = self._alloc.reserve(block_bytes, first)
         rest: list[Slot] = []
+        early: list[tuple[Txn, set[int], int]] = []  # the publish, filled during the writes
 
         def more_slots() -> list[Slot]:
             rest.extend(self._alloc.reserve(block_bytes, len(idx) - first))
             return rest
+
+        def in_flight(written: Sequence[Slot]) -> None:
+            # Alone, this put fills its publishing transaction while its writes are in
+            # flight (it commits only after they completed): nobody waits for the writer
+            # lock meanwhile. With another put in flight it would hold up that put's
+            # reservation until these writes end, so it publishes after them instead.
+            with self._lock:
+                if self._writing != 1:
+                    return
+            txn = self._index.begin_write()
+            try:
+                done = list(written)
+                early.append((txn, *self._publish(txn, idx[: len(done)], fkeys, done, stamps)))
+            except BaseException:
+                txn.abort()
+                raise
 
         if not slots:
             return 0, 0
@@ -109,16 +147,23 @@ class GroupCommit:
                 None if checksums is None else [checksums[i] for i in idx],
                 sync=self._sync.per_put,
                 more_slots=more_slots if split else None,
+                in_flight=None if self._sync.per_put else in_flight,
             )
         except BaseException:
+            for txn, _, _ in early:
+                txn.abort()
             self._alloc.release(slots + rest, still_free=True)
             raise
         slots, slabs = written.slots, written.slabs
         idx = idx[: len(slots)]
         try:
-            txn = self._index.begin_write()
+            if early:
+                txn, published, raced = early[0]
+            else:
+                txn = self._index.begin_write()
             try:
-                published, raced = self._publish(txn, idx, fkeys, slots, stamps)
+                if not early:
+                    published, raced = self._publish(txn, idx, fkeys, slots, stamps)
                 self._index.set_seq_high_water(txn, self._recency.high_water)
                 self._config.crash_point("inside_index_commit")
             except BaseException:

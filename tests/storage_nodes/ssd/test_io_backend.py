@@ -357,7 +357,8 @@ def test_required_uring_turns_the_skip_into_a_failure(monkeypatch: pytest.Monkey
 def test_writes_added_by_between_join_the_batch(tmp_path: Path, any_backend) -> None:
     """``between`` may hand back further writes (a put's slots reserved while its first
     writes are in flight): every backend prepares and performs them as requests after the
-    batch's own, and reports them after the others."""
+    batch's own, reports them after the others, and runs ``between`` again once they are
+    submitted (a put then fills its publishing transaction), until it adds nothing."""
     first, more, sz = 5, 11, 8192
     n = first + more
     fd = direct_fd(tmp_path / "f", n * sz)
@@ -377,13 +378,13 @@ def test_writes_added_by_between_join_the_batch(tmp_path: Path, any_backend) -> 
 
         def between() -> list[IORequest]:
             calls.append(len(prepared))
-            return [req(i) for i in range(first, n)]
+            return [req(i) for i in range(first, n)] if len(calls) == 1 else []
 
         res, synced = any_backend.write_and_sync(
             [req(i) for i in range(first)], [], prepare=prepare, between=between
         )
         assert (res, synced) == ([sz] * n, [])
-        assert calls == [first]  # once, after the batch's own writes were prepared
+        assert calls == [first, n]  # after the batch's own writes, then after the added
         assert sorted(prepared) == list(range(n))
         assert any_backend.read_batch([IORequest(fd, 0, r)]) == [n * sz]
         assert rbuf[:] == src

@@ -24,10 +24,11 @@ FIRST = tier_module._FIRST_LOOKUPS
 
 
 def test_reads_added_by_between_join_the_batch(tmp_path: Path, any_backend) -> None:
-    """Every backend runs ``between`` once, after taking the batch's own reads, performs
-    the reads it returns as requests ``len(reqs)``, ... (deeper than the queue here) and
-    reports them, to ``on_done`` and in the results, at those indexes; a failed added
-    read is a negative errno at its own index."""
+    """Every backend runs ``between`` after taking the batch's own reads, performs the
+    reads it returns as requests ``len(reqs)``, ... (deeper than the queue here), reports
+    them, to ``on_done`` and in the results, at those indexes, and runs ``between`` again
+    once they are taken, until it adds nothing; a failed added read is a negative errno
+    at its own index."""
     first, more, sz = 3, 13, 8192
     n = first + more
     fd = direct_fd(tmp_path / "f", n * sz)
@@ -41,22 +42,26 @@ def test_reads_added_by_between_join_the_batch(tmp_path: Path, any_backend) -> N
         bad = first + 4  # an added read on a descriptor that is not open
         own = LazyBatch([IORequest(fd, i * sz, r[i * sz : (i + 1) * sz]) for i in range(first)])
         calls: list[bool] = []
+        added: list[LazyBatch] = []
 
-        def between() -> LazyBatch:
-            calls.append(min(own.asked) >= 1)
-            return LazyBatch(
+        def between() -> LazyBatch | None:
+            calls.append(min(own.asked + (added[0].asked if added else [])) >= 1)
+            if len(calls) > 1:
+                return None
+            added.append(LazyBatch(
                 [
                     IORequest(987654 if i == bad else fd, i * sz, r[i * sz : (i + 1) * sz])
                     for i in range(first, n)
                 ]
-            )
+            ))
+            return added[0]
 
         seen: list[tuple[int, int]] = []
         res = any_backend.read_batch(own, lambda i, x: seen.append((i, x)), between=between)
         want = [-errno.EBADF if i == bad else sz for i in range(n)]
         assert res == want
         assert sorted(seen) == list(enumerate(want))
-        assert calls == [True]
+        assert calls == [True, True]
         good = [i for i in range(n) if i != bad]
         assert all(rbuf[i * sz : (i + 1) * sz] == wbuf[i * sz : (i + 1) * sz] for i in good)
     finally:
@@ -87,7 +92,7 @@ def test_a_failing_device_fails_the_added_reads_too(tmp_path: Path) -> None:
         res = b.read_batch(
             [IORequest(fd, 0, buf[:4096])],
             lambda i, x: seen.append((i, x)),
-            between=lambda: [IORequest(fd, 4096, buf[4096:])],
+            between=lambda: [IORequest(fd, 4096, buf[4096:])] if len(seen) == 1 else None,
         )
         assert res == [-errno.EIO] * 2 and seen == [(0, -errno.EIO), (1, -errno.EIO)]
         os.close(fd)
