@@ -147,8 +147,9 @@ class Index:
     @contextmanager
     def write(self) -> Iterator[Txn]:
         """A write transaction, committed when the block exits (aborted on an exception).
-        Never held across device I/O: LMDB has one writer at a time, and a put's
-        reservation needs it while other puts' writes are in flight (``writer.py``)."""
+        Never held across device I/O (but by a put alone in flight, ``writer.py``): LMDB
+        has one writer at a time, and a put's reservation needs it while other puts'
+        writes are in flight."""
         txn = self.begin_write()
         try:
             yield txn

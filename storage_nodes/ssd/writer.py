@@ -9,14 +9,18 @@ writes the index names — the fast mode's index is then rebuilt from the slot h
 and a slot whose write was lost holds its previous block whole (a valid block of
 another key) or fails its checksum (a counted miss), never wrong bytes.
 
-The publishing transaction begins only once the writes (and sync) completed and is
-short (the records of one group, no sync of its own in the default index mode): LMDB
-has one writer at a time, so a transaction held across the device round would make
-every other put's reservation (its eviction transaction) wait for this put's I/O. With
-the writer lock free during I/O, two group commits overlap — the second reserves,
-encodes and submits while the first's writes are in flight — which is what keeps the
-device's queue from draining between puts. A failed write or sync publishes nothing of
-the group. Readers never wait.
+The publishing transaction is short (the records of one group, no sync of its own in
+the default index mode) and, with another put in flight, begins only once the writes
+(and sync) completed: LMDB has one writer at a time, so a transaction held across the
+device round would make the other put's reservation (its eviction transaction) wait for
+this put's I/O. With the writer lock free during I/O, two group commits overlap — the
+second reserves, encodes and submits while the first's writes are in flight — which is
+what keeps the device's queue from draining between puts. A put alone in flight (in the
+default ``data_sync="behind"``) instead fills its publishing transaction while its writes
+are in flight, and commits it once they completed: nobody waits for the lock then, and
+the ~250 µs of records no longer follow the last write with the device idle. The commit
+still comes after every write of the group; a failed write or sync aborts it and
+publishes nothing of the group. Readers never wait.
 
 A put of 16 blocks or more reserves only a quarter of its slots before its first write
 goes in and the rest while those writes are in flight (``_first_reserved``); their writes

@@ -1,16 +1,19 @@
 """The group commit (``storage_nodes/ssd/writer.py``): a large put reserves a quarter of
 its slots before its first write goes in and the rest while those writes are in flight,
 their writes joining the same batch; it stores, evicts and counts exactly what a put that
-reserved everything first did."""
+reserved everything first did. A put alone in flight fills its publishing transaction
+while its writes are in flight; beside another put, after them."""
 
 from __future__ import annotations
 
+import errno
 import threading
 from pathlib import Path
 
 import pytest
 
 from storage_nodes.ssd import SSDTier, uring
+from storage_nodes.ssd.errors import SSDIOError
 from storage_nodes.ssd.writer import _first_reserved
 from tests.io_backends import backends_here, skip_without_uring
 from tests.storage_nodes.ssd.helpers import SLAB, chain, make_config, rows, small_ns, verify_all
@@ -114,5 +117,115 @@ def test_a_put_that_syncs_its_data_reserves_everything_first(tmp_path: Path) -> 
     b = chain(ns, 40, salt=2)
     assert t.put(ns, b, rows(ns, b)).inserted == 40
     assert seen == [40]
+    t.check_integrity()
+    t.close()
+
+
+def _publish_log(t: SSDTier, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The order, on this thread, of submissions, waits for completions, the filling of
+    the publishing transaction and its commit."""
+    log: list[str] = []
+    me = threading.get_ident()
+
+    def logged(event: str, real):  # type: ignore[no-untyped-def]
+        def call(*a: object, **k: object) -> object:
+            out = real(*a, **k)
+            if threading.get_ident() == me:
+                log.append(event)
+            return out
+
+        return call
+
+    monkeypatch.setattr(uring, "_submit", logged("submit", uring._submit))
+    monkeypatch.setattr(uring, "_wait_cqes", logged("wait", uring._wait_cqes))
+    monkeypatch.setattr(t._writer, "_publish", logged("publish", t._writer._publish))
+    monkeypatch.setattr(t._index, "commit", logged("commit", t._index.commit))
+    return log
+
+
+def test_a_put_alone_fills_its_publish_while_its_writes_are_in_flight(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its records are written once every write is submitted, before the wait for them,
+    and committed after the last write completed."""
+    skip_without_uring()
+    t, _ = _full_tier(tmp_path / "ssd", "uring")
+    ns = small_ns()
+    log = _publish_log(t, monkeypatch)
+    b = chain(ns, 32, salt=2)
+    assert t.put(ns, b, rows(ns, b)).inserted == 32
+    pub = log.index("publish")
+    assert "submit" not in log[pub:]  # every write was in before the records
+    assert "wait" in log[pub:]  # ... which were written before the writes completed
+    assert log[-1] == "commit" and log.count("publish") == 1
+    assert t.contains(ns, b) == 32 and verify_all(t, ns) == 128
+    t.check_integrity()
+    t.close()
+
+
+def test_a_put_beside_another_publishes_after_its_writes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With another put in flight, holding the writer lock across the I/O would stall
+    that put's reservation: the records are written after the last write completed."""
+    skip_without_uring()
+    t, _ = _full_tier(tmp_path / "ssd", "uring")
+    ns = small_ns()
+    other = threading.Event()
+    release = threading.Event()
+    real_reserve = t._writer._alloc.reserve
+
+    def held(block_bytes: int, n: int) -> list[tuple[int, int]]:
+        if threading.current_thread().name == "other":
+            other.set()
+            release.wait(10)  # stays in flight, between its reservation and its writes
+        return real_reserve(block_bytes, n)
+
+    monkeypatch.setattr(t._writer._alloc, "reserve", held)
+    c = chain(ns, 4, salt=9)
+    th = threading.Thread(target=t.put, args=(ns, c, rows(ns, c)), name="other")
+    th.start()
+    assert other.wait(10)
+    log = _publish_log(t, monkeypatch)
+    b = chain(ns, 32, salt=2)
+    assert t.put(ns, b, rows(ns, b)).inserted == 32
+    release.set()
+    th.join(10)
+    pub = log.index("publish")
+    assert "wait" not in log[pub:] and log[pub + 1] == "commit"
+    assert t.contains(ns, b) == 32 and t.contains(ns, c) == 4
+    t.check_integrity()
+    t.close()
+
+
+def test_a_failed_group_aborts_the_publish_it_filled(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A group that fails after its records were written names none of its blocks and
+    leaves the writer lock and its slots free: the next put stores everything."""
+    t, _ = _full_tier(tmp_path / "ssd", backends_here()[0])
+    ns = small_ns()
+    blocks = t._writer._blocks
+    real = blocks.write_slots
+    filled: list[int] = []
+
+    def failing(*args: object, **kw: object) -> object:
+        in_flight = kw["in_flight"]
+
+        def spy(slots):  # type: ignore[no-untyped-def]
+            in_flight(slots)  # type: ignore[operator]
+            filled.append(len(slots))
+
+        real(*args, **{**kw, "in_flight": spy})
+        raise SSDIOError("a write failed", errno.EIO)
+
+    monkeypatch.setattr(blocks, "write_slots", failing)
+    b = chain(ns, 32, salt=2)
+    r = t.put(ns, b, rows(ns, b))
+    assert filled == [32] and r.inserted == 0 and t.contains(ns, b) == 0
+    monkeypatch.setattr(blocks, "write_slots", real)
+    assert t.probe() == "ok"  # degraded by the failure; its probe writes the index too
+    assert t.put(ns, b, rows(ns, b)).inserted == 32
+    assert verify_all(t, ns) == 128
     t.check_integrity()
     t.close()
