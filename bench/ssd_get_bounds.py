@@ -19,6 +19,13 @@ I/O backend:
 All are compared with ``fio --rw=randread --iodepth=qd`` on the same files, in the rounds
 of ``bench.fio.bracketed_rounds`` (every run of ours between two fio runs). Run alone:
 ``/work/bin/cpu-exclusive .venv/bin/python -m bench.ssd_get_bounds``.
+
+``--op put`` asks the same of the write path, against ``fio --rw=randwrite
+--fdatasync=qd``: ``raw_write`` (``qd`` slot writes of two segments per call, the call's
+files synced at its end), ``raw_write_spin`` (the same with a busy wait of ``--spin-us``
+while the writes are in flight: a virtual disk served by the host's CPUs may slow down
+while the guest computes) and ``put`` (``SSDTier.put`` of ``qd`` new blocks, its data
+synced behind).
 """
 
 from __future__ import annotations
@@ -111,6 +118,55 @@ class BareReads:
             os.close(fd)
 
 
+class BareWrites(BareReads):
+    """Calls of ``qd // callers`` writes of random slots of the store's slab files (two
+    segments per slot, as the tier's put issues them), each call's files synced at its
+    end as fio's ``--fdatasync=qd`` does; ``spin_s``: a busy wait once the writes are in
+    flight, as long as the CPU work a put does then (its later reservation, its
+    publishing transaction)."""
+
+    def run_writes(self, seconds: float, spin_s: float, callers: int = 1) -> float:
+        per, sb = self._qd // callers, self._sb
+        seeds = [self._seed.randrange(1 << 62) for _ in range(callers)]
+
+        def spin() -> None:
+            end = time.perf_counter() + spin_s
+            while time.perf_counter() < end:
+                pass
+
+        def loop(k: int, lat: list[float]) -> int:
+            rng, n = random.Random(seeds[k]), 0
+            rows = self._rows[k * per * BLOCK : (k + 1) * per * BLOCK]
+            heads = self._heads[k * per * HEAD : (k + 1) * per * HEAD]
+            t0 = time.perf_counter()
+            while time.perf_counter() - t0 < seconds:
+                reqs = [
+                    IORequest(
+                        rng.choice(self._wfds),
+                        rng.randrange(self._per_slab) * sb,
+                        rows[j * BLOCK : (j + 1) * BLOCK],
+                        head=heads[j * HEAD : (j + 1) * HEAD],
+                    )
+                    for j in range(per)
+                ]
+                fds = list(dict.fromkeys(r.fd for r in reqs))
+                res, synced = self._io.write_and_sync(
+                    reqs, fds, between=spin if spin_s else None
+                )
+                if any(r <= 0 for r in res) or any(r < 0 for r in synced):
+                    raise RuntimeError("bare write or its sync failed")
+                n += per
+            return n
+
+        done, elapsed, _ = on_callers(loop, callers)
+        return done * BLOCK / elapsed / 1e6
+
+    def open_for_writes(self, ours: Ours) -> None:
+        flags = os.O_WRONLY | (os.O_DIRECT if hasattr(os, "O_DIRECT") else 0)
+        self._wfds = [os.open(f, flags) for f in ours.slab_files]
+        self._fds += self._wfds  # closed with the rest
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--dir", type=Path, default=Path("bench/out/get-bounds"))
@@ -131,18 +187,43 @@ def main() -> int:
         default="huge",
         help="memory read into, as bench_ssd --rows (fio's buffers match it)",
     )
+    ap.add_argument(
+        "--op",
+        choices=("get", "put"),
+        default="get",
+        help="put: the tier's put against bare writes (raw_write), bare writes with a "
+        "busy wait while they are in flight (raw_write_spin) and fio_write",
+    )
+    ap.add_argument(
+        "--spin-us",
+        type=float,
+        default=500.0,
+        help="raw_write_spin's busy wait per call (a one-caller put of 32 does ~500 µs "
+        "of CPU work while its writes are in flight)",
+    )
     a = ap.parse_args()
     if a.callers < 1 or a.qd % a.callers:
         ap.exit(2, "ssd_get_bounds: error: --callers must divide --qd\n")
     ours = Ours(a.dir, BLOCK, a.ws, "auto", "fast", rows=a.rows)
-    bare = BareReads(ours, ours.tier.io_backend, a.qd)
+    bare = BareWrites(ours, ours.tier.io_backend, a.qd)
     size = len(ours.slab_files) * ours.slab_bytes
-    own = {
-        "raw": lambda: bare.run(a.seconds, "none", a.callers),
-        "raw_hash": lambda: bare.run(a.seconds, "hash", a.callers),
-        "raw_spin": lambda: bare.run(a.seconds, "spin", a.callers),
-        "get": lambda: ours.get(a.qd, a.seconds, a.callers)["MBps"],
-    }
+    if a.op == "get":
+        own = {
+            "raw": lambda: bare.run(a.seconds, "none", a.callers),
+            "raw_hash": lambda: bare.run(a.seconds, "hash", a.callers),
+            "raw_spin": lambda: bare.run(a.seconds, "spin", a.callers),
+            "get": lambda: ours.get(a.qd, a.seconds, a.callers)["MBps"],
+        }
+        base, rw = "raw_hash", "randread"
+    else:
+        bare.open_for_writes(ours)
+        own = {
+            "raw_write": lambda: bare.run_writes(a.seconds, 0.0, a.callers),
+            "raw_write_spin": lambda: bare.run_writes(a.seconds, a.spin_us / 1e6, a.callers),
+            "put": lambda: ours.put(a.qd, a.seconds, a.callers)["MBps"],
+        }
+        base, rw = "raw_write", "randwrite"
+    peer = "fio_read" if a.op == "get" else "fio_write"
     print(
         f"# {machine()}; qd {a.qd} over {a.callers} caller(s); "
         f"hash of one payload {bare.hash_s * 1e6:.1f} µs (in cache)"
@@ -150,20 +231,19 @@ def main() -> int:
     with contextlib.ExitStack() as stack:
         huge = fio_memory_like(stack, a.rows, a.qd, BLOCK)
 
-        def fio_read() -> float:
-            mbps = fio(ours.slab_files, "randread", BLOCK, a.qd, size, a.seconds, huge=huge)
-            return mbps["MBps"]
+        def fio_peer() -> float:
+            return fio(ours.slab_files, rw, BLOCK, a.qd, size, a.seconds, huge=huge)["MBps"]
 
-        got = bracketed_rounds(own, {"fio_read": fio_read}, a.runs, a.settle_s)
+        got = bracketed_rounds(own, {peer: fio_peer}, a.runs, a.settle_s)
     bare.close()
     info = ours.close()
     print(f"# io_backend={info['io_backend']} direct_io={info['direct_io']}")
-    print("\n| case | MB/s | ratio to fio_read, per round: median [min–max] | ratio to raw_hash |")
+    print(f"\n| case | MB/s | ratio to {peer}, per round: median [min–max] | ratio to {base} |")
     print("|---|---|---|---|")
-    print(f"| fio_read | {got.median('fio_read'):.0f} | 1 | |")
+    print(f"| {peer} | {got.median(peer):.0f} | 1 | |")
     for name in own:
-        r = got.ratios(name, "fio_read")
-        to_hash = [x / h for x, h in zip(got.values[name], got.values["raw_hash"], strict=True)]
+        r = got.ratios(name, peer)
+        to_hash = [x / h for x, h in zip(got.values[name], got.values[base], strict=True)]
         print(
             f"| {name} | {got.median(name):.0f} | {statistics.median(r):.2f} "
             f"[{min(r):.2f}–{max(r):.2f}] | {statistics.median(to_hash):.2f} |"
