@@ -167,7 +167,9 @@ def test_a_put_beside_another_publishes_after_its_writes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """With another put in flight, holding the writer lock across the I/O would stall
-    that put's reservation: the records are written after the last write completed."""
+    that put's reservation: the records are written after the last write completed. Its
+    slots are reserved in one transaction: the other put's writes keep the device busy,
+    so a second reservation during the writes would only cost CPU."""
     skip_without_uring()
     t, _ = _full_tier(tmp_path / "ssd", "uring")
     ns = small_ns()
@@ -175,10 +177,14 @@ def test_a_put_beside_another_publishes_after_its_writes(
     release = threading.Event()
     real_reserve = t._writer._alloc.reserve
 
+    asked: list[int] = []
+
     def held(block_bytes: int, n: int) -> list[tuple[int, int]]:
         if threading.current_thread().name == "other":
             other.set()
             release.wait(10)  # stays in flight, between its reservation and its writes
+        else:
+            asked.append(n)
         return real_reserve(block_bytes, n)
 
     monkeypatch.setattr(t._writer._alloc, "reserve", held)
@@ -193,6 +199,7 @@ def test_a_put_beside_another_publishes_after_its_writes(
     th.join(10)
     pub = log.index("publish")
     assert "wait" not in log[pub:] and log[pub + 1] == "commit"
+    assert asked == [32]
     assert t.contains(ns, b) == 32 and t.contains(ns, c) == 4
     t.check_integrity()
     t.close()
