@@ -24,9 +24,10 @@ publishes nothing of the group. Readers never wait.
 
 A put of 16 blocks or more that is alone in flight reserves only a quarter of its slots
 before its first write goes in and the rest while those writes are in flight
-(``_first_reserved``); their writes join the same batch. Beside another put it reserves
-everything at once: the other put's writes keep the device busy meanwhile. On a full store a reservation is an eviction, so a one-caller put
-no longer leaves the device idle through most of it. The order above still holds: every
+(``_first_reserved``); their writes join the same batch. On a full store a reservation
+is an eviction, so a one-caller put no longer leaves the device idle through most of it.
+Beside another put it reserves everything at once: the other put's writes keep the
+device busy meanwhile, and one transaction costs less CPU. The order above still holds: every
 slot is free in a committed transaction before it is written, and the group is published
 once, after all of its writes. A put that syncs its data reserves everything first (its
 files must be known before the batch).
