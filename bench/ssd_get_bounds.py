@@ -72,11 +72,26 @@ class BareReads:
         #: one payload's hash, timed on a row in cache: what ``raw_spin`` waits per read
         self.hash_s = (time.perf_counter() - t0) / 200
 
+    def _slots(
+        self, rng: random.Random, fds: list[int], rows: memoryview, heads: memoryview, n: int
+    ) -> list[IORequest]:
+        """``n`` requests for random slots of ``fds``: header page ``j`` of ``heads`` and
+        row ``j`` of ``rows`` each, as the tier moves a slot."""
+        return [
+            IORequest(
+                rng.choice(fds),
+                rng.randrange(self._per_slab) * self._sb,
+                rows[j * BLOCK : (j + 1) * BLOCK],
+                head=heads[j * HEAD : (j + 1) * HEAD],
+            )
+            for j in range(n)
+        ]
+
     def run(self, seconds: float, landed: str, callers: int = 1) -> float:
         """MB/s of payload over ``seconds`` of back-to-back calls; per landed read:
         nothing (``"none"``), its payload's xxh3 (``"hash"``) or a busy wait of
         ``hash_s`` (``"spin"``)."""
-        per, sb = self._qd // callers, self._sb
+        per = self._qd // callers
         seeds = [self._seed.randrange(1 << 62) for _ in range(callers)]
 
         def loop(k: int, lat: list[float]) -> int:
@@ -95,15 +110,7 @@ class BareReads:
             on_done = {"none": None, "hash": hashed, "spin": spun}[landed]
             t0 = time.perf_counter()
             while time.perf_counter() - t0 < seconds:
-                reqs = [
-                    IORequest(
-                        rng.choice(self._fds),
-                        rng.randrange(self._per_slab) * sb,
-                        rows[j * BLOCK : (j + 1) * BLOCK],
-                        head=heads[j * HEAD : (j + 1) * HEAD],
-                    )
-                    for j in range(per)
-                ]
+                reqs = self._slots(rng, self._fds, rows, heads, per)
                 res = self._io.read_batch(reqs, on_done)
                 if any(r <= 0 for r in res):
                     raise RuntimeError(f"bare read failed: {min(res)}")
@@ -126,7 +133,7 @@ class BareWrites(BareReads):
     publishing transaction)."""
 
     def run_writes(self, seconds: float, spin_s: float, callers: int = 1) -> float:
-        per, sb = self._qd // callers, self._sb
+        per = self._qd // callers
         seeds = [self._seed.randrange(1 << 62) for _ in range(callers)]
 
         def spin() -> None:
@@ -140,15 +147,7 @@ class BareWrites(BareReads):
             heads = self._heads[k * per * HEAD : (k + 1) * per * HEAD]
             t0 = time.perf_counter()
             while time.perf_counter() - t0 < seconds:
-                reqs = [
-                    IORequest(
-                        rng.choice(self._wfds),
-                        rng.randrange(self._per_slab) * sb,
-                        rows[j * BLOCK : (j + 1) * BLOCK],
-                        head=heads[j * HEAD : (j + 1) * HEAD],
-                    )
-                    for j in range(per)
-                ]
+                reqs = self._slots(rng, self._wfds, rows, heads, per)
                 fds = list(dict.fromkeys(r.fd for r in reqs))
                 res, synced = self._io.write_and_sync(
                     reqs, fds, between=spin if spin_s else None

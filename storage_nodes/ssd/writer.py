@@ -36,7 +36,8 @@ files must be known before the batch).
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 
 from storage_nodes.ssd.allocator import SlotAllocator
 from storage_nodes.ssd.blockio import BlockIO
@@ -95,101 +96,93 @@ class GroupCommit:
         ``None``: computed); returns (inserted, raced: published meanwhile by another
         put). Rows that find no room are left out (the head of the chain is kept).
         Raises the store's I/O or LMDB error; nothing of the group is published then."""
-        # Most of a large put's slots are reserved while its first writes are in flight
-        # (``_first_reserved``); a put that syncs its data reserves them all first.
+        with self._counted():
+            # Alone, the device idles through a reservation: reserve in two steps. Beside
+            # another put its writes keep the device busy, and one transaction costs less
+            # CPU than two (two callers of 16 were CPU-bound: +14 % reserving at once).
+            whole = self._sync.per_put or not self._alone()
+            first = len(idx) if whole else _first_reserved(len(idx))
+            slots = self._alloc.reserve(block_bytes, first)
+            rest: list[Slot] = []
+            early: list[tuple[Txn, set[int], int]] = []  # the publish, filled during the writes
+
+            def more_slots() -> list[Slot]:
+                rest.extend(self._alloc.reserve(block_bytes, len(idx) - first))
+                return rest
+
+            def in_flight(written: Sequence[Slot]) -> None:
+                # Alone, this put fills its publishing transaction while its writes are in
+                # flight (it commits only after they completed): nobody waits for the writer
+                # lock meanwhile. With another put in flight it would hold up that put's
+                # reservation until these writes end, so it publishes after them instead.
+                if not self._alone():
+                    return
+                txn = self._index.begin_write()
+                try:
+                    done = list(written)
+                    early.append((txn, *self._publish(txn, idx[: len(done)], fkeys, done, stamps)))
+                except BaseException:
+                    txn.abort()
+                    raise
+
+            if not slots:
+                return 0, 0
+            split = len(slots) < len(idx) and len(slots) == first  # short: no room for more
+            try:
+                written = self._blocks.write_slots(
+                    fingerprint,
+                    block_bytes,
+                    [fkeys[i][16:] for i in idx],
+                    data,
+                    idx,
+                    slots,
+                    None if checksums is None else [checksums[i] for i in idx],
+                    sync=self._sync.per_put,
+                    more_slots=more_slots if split else None,
+                    in_flight=None if self._sync.per_put else in_flight,
+                )
+            except BaseException:
+                for txn, _, _ in early:
+                    txn.abort()
+                self._alloc.release(slots + rest, still_free=True)
+                raise
+            slots, slabs = written.slots, written.slabs
+            idx = idx[: len(slots)]
+            try:
+                if early:
+                    txn, published, raced = early[0]
+                else:
+                    txn = self._index.begin_write()
+                try:
+                    if not early:
+                        published, raced = self._publish(txn, idx, fkeys, slots, stamps)
+                    self._index.set_seq_high_water(txn, self._recency.high_water)
+                    self._config.crash_point("inside_index_commit")
+                except BaseException:
+                    txn.abort()
+                    raise
+                self._index.commit(txn)
+            except BaseException:
+                self._alloc.release(slots, still_free=True)
+                raise
+            # Noted only now: a crash before this point leaves the syncer untouched by the
+            # group (the power-cut tests rely on it to know what a cut inside a put keeps).
+            self._sync.written(slabs)
+            self._alloc.release([slots[j] for j in published], still_free=False)
+            unused = [slots[j] for j in range(len(idx)) if j not in published]
+            self._alloc.release(unused, still_free=True)
+            return len(published), raced
+
+    @contextmanager
+    def _counted(self) -> Iterator[None]:
+        """Counts this put among those between reservation and publish (``_alone``)."""
         with self._lock:
             self._writing += 1
         try:
-            return self._write(fingerprint, block_bytes, idx, fkeys, data, stamps, checksums)
+            yield
         finally:
             with self._lock:
                 self._writing -= 1
-
-    def _write(
-        self,
-        fingerprint: bytes,
-        block_bytes: int,
-        idx: list[int],
-        fkeys: list[bytes],
-        data: memoryview,
-        stamps: Sequence[Stamp],
-        checksums: Sequence[int] | None,
-    ) -> tuple[int, int]:
-        # Alone, the device idles through a reservation: reserve in two steps. Beside
-        # another put its writes keep the device busy, and one transaction costs less
-        # CPU than two (two callers of 16 were CPU-bound: +16 % reserving at once).
-        whole = self._sync.per_put or not self._alone()
-        first = len(idx) if whole else _first_reserved(len(idx))
-        slots = self._alloc.reserve(block_bytes, first)
-        rest: list[Slot] = []
-        early: list[tuple[Txn, set[int], int]] = []  # the publish, filled during the writes
-
-        def more_slots() -> list[Slot]:
-            rest.extend(self._alloc.reserve(block_bytes, len(idx) - first))
-            return rest
-
-        def in_flight(written: Sequence[Slot]) -> None:
-            # Alone, this put fills its publishing transaction while its writes are in
-            # flight (it commits only after they completed): nobody waits for the writer
-            # lock meanwhile. With another put in flight it would hold up that put's
-            # reservation until these writes end, so it publishes after them instead.
-            if not self._alone():
-                return
-            txn = self._index.begin_write()
-            try:
-                done = list(written)
-                early.append((txn, *self._publish(txn, idx[: len(done)], fkeys, done, stamps)))
-            except BaseException:
-                txn.abort()
-                raise
-
-        if not slots:
-            return 0, 0
-        split = len(slots) < len(idx) and len(slots) == first  # short: no room for more
-        try:
-            written = self._blocks.write_slots(
-                fingerprint,
-                block_bytes,
-                [fkeys[i][16:] for i in idx],
-                data,
-                idx,
-                slots,
-                None if checksums is None else [checksums[i] for i in idx],
-                sync=self._sync.per_put,
-                more_slots=more_slots if split else None,
-                in_flight=None if self._sync.per_put else in_flight,
-            )
-        except BaseException:
-            for txn, _, _ in early:
-                txn.abort()
-            self._alloc.release(slots + rest, still_free=True)
-            raise
-        slots, slabs = written.slots, written.slabs
-        idx = idx[: len(slots)]
-        try:
-            if early:
-                txn, published, raced = early[0]
-            else:
-                txn = self._index.begin_write()
-            try:
-                if not early:
-                    published, raced = self._publish(txn, idx, fkeys, slots, stamps)
-                self._index.set_seq_high_water(txn, self._recency.high_water)
-                self._config.crash_point("inside_index_commit")
-            except BaseException:
-                txn.abort()
-                raise
-            self._index.commit(txn)
-        except BaseException:
-            self._alloc.release(slots, still_free=True)
-            raise
-        # Noted only now: a crash before this point leaves the syncer untouched by the
-        # group (the power-cut tests rely on it to know what a cut inside a put keeps).
-        self._sync.written(slabs)
-        self._alloc.release([slots[j] for j in published], still_free=False)
-        unused = [slots[j] for j in range(len(idx)) if j not in published]
-        self._alloc.release(unused, still_free=True)
-        return len(published), raced
 
     def _alone(self) -> bool:
         """Whether this put is the only one between reservation and publish now."""
