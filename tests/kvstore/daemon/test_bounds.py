@@ -178,11 +178,12 @@ def test_many_held_commits_stay_within_the_bound(
         # Memory bounds (a measurement of the allocator, so a bound is the behaviour):
         grew = rss(d, "VmHWM") - baseline
         assert grew < INFLIGHT + 48 * MiB, f"peak RSS grew by {grew / MiB:.0f} MiB"
-        # No growth from round to round beyond the blocks kept in DRAM: the first round
-        # warms the allocator's per-thread arenas, so it is the base. A leak of what the
-        # cancelled streams announced (2 x 32 MiB per round) passes 24 MiB at once.
-        stored = 3 * 2 * BIG.block_bytes  # rounds 2-4 kept two blocks each (asserted above)
-        late = after_round[-1] - after_round[0] - stored
+        # No growth from round to round beyond the blocks kept in DRAM: the first rounds
+        # warm the allocator's per-thread arenas (a CI run saw [386, 412, 418, 429] MiB:
+        # round 2 still warming), so round 2 is the base. A leak of what the cancelled
+        # streams announced (2 x 32 MiB per round) passes 24 MiB at once.
+        stored = 2 * 2 * BIG.block_bytes  # rounds 3-4 kept two blocks each (asserted above)
+        late = after_round[-1] - after_round[1] - stored
         assert late < 24 * MiB, [a // MiB for a in after_round]
         # The budget is free again: an ordinary commit goes through.
         keys = make_chain(BIG, 4, seed=2)
