@@ -334,13 +334,14 @@ class BlockIO:
 
             crash = self._config.crash_point
 
-            calls = [0]
+            asked = told = False
 
             def between() -> list[IORequest] | None:
                 # first: the sync's crash point and the further slots' writes; once those
                 # are submitted too (or if there are none), ``in_flight``
-                calls[0] += 1
-                if calls[0] == 1:
+                nonlocal asked, told
+                if not asked:
+                    asked = True
                     if sync:
                         crash("before_data_sync")
                     if more_slots is not None:
@@ -349,9 +350,9 @@ class BlockIO:
                         written.extend(more)
                         if more:
                             return requests(first, more)
-                if in_flight is not None and calls[0] <= 2:
+                if in_flight is not None and not told:
+                    told = True
                     in_flight(written)
-                    calls[0] = 3
                 return None
 
             try:

@@ -115,15 +115,9 @@ class GroupCommit:
                 # flight (it commits only after they completed): nobody waits for the writer
                 # lock meanwhile. With another put in flight it would hold up that put's
                 # reservation until these writes end, so it publishes after them instead.
-                if not self._alone():
-                    return
-                txn = self._index.begin_write()
-                try:
+                if self._alone():
                     done = list(written)
-                    early.append((txn, *self._publish(txn, idx[: len(done)], fkeys, done, stamps)))
-                except BaseException:
-                    txn.abort()
-                    raise
+                    early.append(self._filled(idx[: len(done)], fkeys, done, stamps))
 
             if not slots:
                 return 0, 0
@@ -149,13 +143,9 @@ class GroupCommit:
             slots, slabs = written.slots, written.slabs
             idx = idx[: len(slots)]
             try:
-                if early:
-                    txn, published, raced = early[0]
-                else:
-                    txn = self._index.begin_write()
+                filled = early[0] if early else self._filled(idx, fkeys, slots, stamps)
+                txn, published, raced = filled
                 try:
-                    if not early:
-                        published, raced = self._publish(txn, idx, fkeys, slots, stamps)
                     self._index.set_seq_high_water(txn, self._recency.high_water)
                     self._config.crash_point("inside_index_commit")
                 except BaseException:
@@ -188,6 +178,18 @@ class GroupCommit:
         """Whether this put is the only one between reservation and publish now."""
         with self._lock:
             return self._writing == 1
+
+    def _filled(
+        self, idx: list[int], fkeys: list[bytes], slots: list[Slot], stamps: Sequence[Stamp]
+    ) -> tuple[Txn, set[int], int]:
+        """A write transaction holding the group's records (``_publish``), not committed;
+        aborted if filling it fails."""
+        txn = self._index.begin_write()
+        try:
+            return (txn, *self._publish(txn, idx, fkeys, slots, stamps))
+        except BaseException:
+            txn.abort()
+            raise
 
     def _publish(
         self,
