@@ -37,6 +37,7 @@ import os
 import random
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import xxhash
@@ -52,9 +53,16 @@ BLOCK = 256 << 10
 HEAD = 4096
 
 
-class BareReads:
-    """Calls of ``qd // callers`` reads of random slots of the store's slab files on
-    ``io``, from ``callers`` threads (each with rows of its own)."""
+#: one call of a caller thread, on its own random stream
+Call = Callable[[random.Random], None]
+#: a caller thread's call, given its rows, its header pages and its slots per call
+Caller = Callable[[memoryview, memoryview, int], Call]
+
+
+class BareSlots:
+    """Calls of ``qd // callers`` reads or writes of random slots of the store's slab
+    files on ``io`` (two segments a slot, as the tier moves them), from ``callers``
+    threads (each with rows of its own)."""
 
     def __init__(self, ours: Ours, io: IOBackend, qd: int) -> None:
         self._io, self._qd = io, qd
@@ -87,10 +95,10 @@ class BareReads:
             for j in range(n)
         ]
 
-    def run(self, seconds: float, landed: str, callers: int = 1) -> float:
-        """MB/s of payload over ``seconds`` of back-to-back calls; per landed read:
-        nothing (``"none"``), its payload's xxh3 (``"hash"``) or a busy wait of
-        ``hash_s`` (``"spin"``)."""
+    def _timed(self, seconds: float, callers: int, caller: Caller) -> float:
+        """MB/s of payload over ``seconds`` of back-to-back calls on ``callers`` threads;
+        ``caller(rows, heads, per)`` gives a thread's call (of ``per`` slots, in its own
+        rows and header pages)."""
         per = self._qd // callers
         seeds = [self._seed.randrange(1 << 62) for _ in range(callers)]
 
@@ -98,7 +106,21 @@ class BareReads:
             rng, n = random.Random(seeds[k]), 0
             rows = self._rows[k * per * BLOCK : (k + 1) * per * BLOCK]
             heads = self._heads[k * per * HEAD : (k + 1) * per * HEAD]
+            call = caller(rows, heads, per)
+            t0 = time.perf_counter()
+            while time.perf_counter() - t0 < seconds:
+                call(rng)
+                n += per
+            return n
 
+        done, elapsed, _ = on_callers(loop, callers)
+        return done * BLOCK / elapsed / 1e6
+
+    def run(self, seconds: float, landed: str, callers: int = 1) -> float:
+        """Reads; per landed read: nothing (``"none"``), its payload's xxh3 (``"hash"``)
+        or a busy wait of ``hash_s`` (``"spin"``)."""
+
+        def caller(rows: memoryview, heads: memoryview, per: int) -> Call:
             def hashed(i: int, res: int) -> None:
                 xxhash.xxh3_64_intdigest(rows[i * BLOCK : (i + 1) * BLOCK])
 
@@ -108,45 +130,28 @@ class BareReads:
                     pass
 
             on_done = {"none": None, "hash": hashed, "spin": spun}[landed]
-            t0 = time.perf_counter()
-            while time.perf_counter() - t0 < seconds:
-                reqs = self._slots(rng, self._fds, rows, heads, per)
-                res = self._io.read_batch(reqs, on_done)
+
+            def call(rng: random.Random) -> None:
+                res = self._io.read_batch(self._slots(rng, self._fds, rows, heads, per), on_done)
                 if any(r <= 0 for r in res):
                     raise RuntimeError(f"bare read failed: {min(res)}")
-                n += per
-            return n
 
-        done, elapsed, _ = on_callers(loop, callers)
-        return done * BLOCK / elapsed / 1e6
+            return call
 
-    def close(self) -> None:
-        for fd in self._fds:
-            os.close(fd)
-
-
-class BareWrites(BareReads):
-    """Calls of ``qd // callers`` writes of random slots of the store's slab files (two
-    segments per slot, as the tier's put issues them), each call's files synced at its
-    end as fio's ``--fdatasync=qd`` does; ``spin_s``: a busy wait once the writes are in
-    flight, as long as the CPU work a put does then (its later reservation, its
-    publishing transaction)."""
+        return self._timed(seconds, callers, caller)
 
     def run_writes(self, seconds: float, spin_s: float, callers: int = 1) -> float:
-        per = self._qd // callers
-        seeds = [self._seed.randrange(1 << 62) for _ in range(callers)]
+        """Writes, each call's files synced at its end as fio's ``--fdatasync=qd`` does;
+        ``spin_s``: a busy wait once the writes are in flight, as long as the CPU work a
+        put does then (its later reservation, its publishing transaction)."""
 
         def spin() -> None:
             end = time.perf_counter() + spin_s
             while time.perf_counter() < end:
                 pass
 
-        def loop(k: int, lat: list[float]) -> int:
-            rng, n = random.Random(seeds[k]), 0
-            rows = self._rows[k * per * BLOCK : (k + 1) * per * BLOCK]
-            heads = self._heads[k * per * HEAD : (k + 1) * per * HEAD]
-            t0 = time.perf_counter()
-            while time.perf_counter() - t0 < seconds:
+        def caller(rows: memoryview, heads: memoryview, per: int) -> Call:
+            def call(rng: random.Random) -> None:
                 reqs = self._slots(rng, self._wfds, rows, heads, per)
                 fds = list(dict.fromkeys(r.fd for r in reqs))
                 res, synced = self._io.write_and_sync(
@@ -154,16 +159,20 @@ class BareWrites(BareReads):
                 )
                 if any(r <= 0 for r in res) or any(r < 0 for r in synced):
                     raise RuntimeError("bare write or its sync failed")
-                n += per
-            return n
 
-        done, elapsed, _ = on_callers(loop, callers)
-        return done * BLOCK / elapsed / 1e6
+            return call
+
+        return self._timed(seconds, callers, caller)
 
     def open_for_writes(self, ours: Ours) -> None:
+        """Write descriptors of the slab files, for ``run_writes``."""
         flags = os.O_WRONLY | (os.O_DIRECT if hasattr(os, "O_DIRECT") else 0)
         self._wfds = [os.open(f, flags) for f in ours.slab_files]
         self._fds += self._wfds  # closed with the rest
+
+    def close(self) -> None:
+        for fd in self._fds:
+            os.close(fd)
 
 
 def main() -> int:
@@ -204,7 +213,7 @@ def main() -> int:
     if a.callers < 1 or a.qd % a.callers:
         ap.exit(2, "ssd_get_bounds: error: --callers must divide --qd\n")
     ours = Ours(a.dir, BLOCK, a.ws, "auto", "fast", rows=a.rows)
-    bare = BareWrites(ours, ours.tier.io_backend, a.qd)
+    bare = BareSlots(ours, ours.tier.io_backend, a.qd)
     size = len(ours.slab_files) * ours.slab_bytes
     if a.op == "get":
         own = {
