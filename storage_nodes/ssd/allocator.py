@@ -9,6 +9,10 @@ Invariants this class keeps, the ones crash safety rests on:
 * Capacity is shared between size classes in whole slabs: when a class needs room and
   no slab is unallocated, the least recently used block goes; if it belongs to another
   class, its whole slab is emptied and handed over (DESIGN §6: whole chunks move).
+* Evictions are made for a put: the one reserving (``reserve``), or the next one of the
+  same class and size, while a put's writes are in flight (``stock``) — never more than
+  one put's room ahead, so the blocks that leave early are the ones the next put would
+  evict anyway, and counting them as capacity evictions stays true (issue #14 item 5).
 """
 
 from __future__ import annotations
@@ -32,7 +36,9 @@ log = logging.getLogger("storage_nodes.ssd")
 
 _REFILL = 1024
 _VICTIM_BATCH = 256
-_GROW_RETRY_S = 60.0  # after a slab could not be created for lack of space
+_GROW_RETRY_S = 60.0
+#: the room ``stock`` keeps ahead is at most this share of a class's slots
+_STOCK_SHARE = 64  # after a slab could not be created for lack of space
 
 
 class SlotAllocator:
@@ -83,6 +89,34 @@ class SlotAllocator:
                     break
         return out
 
+    def stock(self, block_bytes: int, n: int) -> int:
+        """Make room now for a next put of ``n`` blocks of the class, so that it finds
+        its slots free and its first writes go in without an eviction transaction before
+        them; returns the slots evicted for it.
+
+        Called by a put alone in flight while its writes are in flight (the device is
+        busy and this thread would only wait). Only at capacity: while a slab can still
+        be created the next put grows into it, and nothing is evicted ahead. Free slots
+        already at hand count towards ``n``, so the room kept ahead never exceeds one
+        put's. Only where that room is at most a 64th of the class's slots: a store
+        holding thousands of puts loses a negligible share of its capacity to it, and a
+        small one (where a put is a large share) keeps evicting exactly on demand."""
+        with self._lock:
+            slabs = sum(1 for bb in self.slab_class.values() if bb == block_bytes)
+            if n * _STOCK_SHARE > slabs * self.nslots(block_bytes):
+                return 0
+            have = len(self._cache.get(block_bytes, ()))
+            if have >= n or self._can_grow():
+                return 0
+            if self._refill(block_bytes):
+                have = len(self._cache[block_bytes])
+                if have >= n:
+                    return 0
+            freed = self._evict(block_bytes, n - have)
+            if freed:
+                self._refill(block_bytes)
+            return freed
+
     def release(self, slots: Iterable[Slot], *, still_free: bool) -> None:
         """End reservations: after a publish (``still_free=False``) or an aborted put."""
         with self._lock:
@@ -106,11 +140,17 @@ class SlotAllocator:
         self._cached.update(fresh)
         return bool(fresh)
 
+    def _can_grow(self) -> bool:
+        return self._unallocated() is not None and time.monotonic() >= self._grow_blocked_until
+
+    def _unallocated(self) -> int | None:
+        return next((s for s in range(self._config.chunks) if s not in self.slab_class), None)
+
     def _grow(self, block_bytes: int) -> bool:
-        free_ids = [s for s in range(self._config.chunks) if s not in self.slab_class]
-        if not free_ids or time.monotonic() < self._grow_blocked_until:
+        if not self._can_grow():
             return False
-        slab = free_ids[0]
+        slab = self._unallocated()
+        assert slab is not None
         try:
             self._files.create(slab)  # durable before any record names it
         except SSDIOError as e:
@@ -138,9 +178,10 @@ class SlotAllocator:
         self._table.write(self._config.slab_bytes, table)
 
     # -- eviction -----------------------------------------------------------------------
-    def _evict(self, block_bytes: int, need: int) -> bool:
-        """Evict the ``need`` least recent blocks this put needs room for — no more, so
-        every eviction counted is a real capacity eviction (DESIGN §6)."""
+    def _evict(self, block_bytes: int, need: int) -> int:
+        """Evict the ``need`` least recent blocks a put needs room for — no more, so
+        every eviction counted is a real capacity eviction (DESIGN §6); returns the
+        slots freed (a hand-over frees a whole slab)."""
         counts: Counter[str] = Counter()
         expiry = self._config.expiry_bucket(self._config.clock())
         freed = 0
@@ -179,7 +220,7 @@ class SlotAllocator:
             self._save_table(self.slab_class)
         self._count(counts)
         self._config.crash_point("after_free")
-        return freed > 0
+        return freed
 
     def _hand_over(
         self, txn: Txn, slab: int, block_bytes: int, counts: Counter[str], expiry: int

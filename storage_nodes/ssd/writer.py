@@ -22,6 +22,12 @@ the ~250 µs of records no longer follow the last write with the device idle. Th
 still comes after every write of the group; a failed write or sync aborts it and
 publishes nothing of the group. Readers never wait.
 
+On a full store a put alone in flight also evicts, while its writes are in flight, the
+room the next put of its size will need (``SlotAllocator.stock``): the next put then
+reserves free slots and its first write goes in ~0.1 ms into the call instead of after
+an eviction transaction (0.1–0.7 ms on a store whose least recent blocks are scattered
+over its slabs). At most one put's room is kept ahead, and only at capacity.
+
 A put of 16 blocks or more that is alone in flight reserves only a quarter of its slots
 before its first write goes in and the rest while those writes are in flight
 (``_first_reserved``); their writes join the same batch. On a full store a reservation
@@ -111,11 +117,13 @@ class GroupCommit:
                 return rest
 
             def in_flight(written: Sequence[Slot]) -> None:
-                # Alone, this put fills its publishing transaction while its writes are in
-                # flight (it commits only after they completed): nobody waits for the writer
-                # lock meanwhile. With another put in flight it would hold up that put's
+                # Alone, this put makes the next put's room (``SlotAllocator.stock``) and
+                # fills its publishing transaction while its writes are in flight (it
+                # commits only after they completed): nobody waits for the writer lock
+                # meanwhile. With another put in flight it would hold up that put's
                 # reservation until these writes end, so it publishes after them instead.
                 if self._alone():
+                    self._alloc.stock(block_bytes, len(idx))
                     done = list(written)
                     early.append(self._filled(idx[: len(done)], fkeys, done, stamps))
 
