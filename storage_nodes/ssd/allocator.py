@@ -94,13 +94,14 @@ class SlotAllocator:
         its slots free and its first writes go in without an eviction transaction before
         them; returns the slots evicted for it.
 
-        Called by a put alone in flight while its writes are in flight (the device is
-        busy and this thread would only wait). Only at capacity: while a slab can still
-        be created the next put grows into it, and nothing is evicted ahead. Free slots
-        already at hand count towards ``n``, so the room kept ahead never exceeds one
-        put's. Only where that room is at most a 64th of the class's slots: a store
-        holding thousands of puts loses a negligible share of its capacity to it, and a
-        small one (where a put is a large share) keeps evicting exactly on demand."""
+        Called by a put while its writes are in flight (the device is busy; this thread
+        would only wait, and a put beside it then reserves without a transaction). Only
+        at capacity: while a slab can still be created the next put grows into it, and
+        nothing is evicted ahead. Free slots already at hand count towards ``n``, so the
+        room kept ahead never exceeds one put's. Only where that room is at most a 64th
+        of the class's slots: a store holding thousands of puts loses a negligible share
+        of its capacity to it, and a small one (where a put is a large share) keeps
+        evicting exactly on demand."""
         with self._lock:
             slabs = sum(1 for bb in self.slab_class.values() if bb == block_bytes)
             if n * _STOCK_SHARE > slabs * self.nslots(block_bytes):

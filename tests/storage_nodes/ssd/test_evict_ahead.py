@@ -9,6 +9,7 @@ The store here holds 256 small blocks (4 slabs of 64 slots): a put of 4 is at mo
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -70,11 +71,19 @@ def test_a_put_alone_on_a_full_store_evicts_the_next_puts_room(open_tier) -> Non
     t.check_integrity()
 
 
-def test_the_next_puts_first_write_goes_in_before_any_eviction(
-    open_tier, monkeypatch: pytest.MonkeyPatch
-) -> None:
+@pytest.fixture
+def uring_tier(tmp_path: Path) -> Iterator[SSDTier]:
+    """On io_uring only: the order of submissions is observed there (``uring._submit``)."""
     skip_without_uring()
-    t = open_tier(capacity_bytes=CAP, io_backend="uring")
+    t = SSDTier(make_config(tmp_path / "ssd", io_backend="uring", capacity_bytes=CAP))
+    yield t
+    t.close()
+
+
+def test_the_next_puts_first_write_goes_in_before_any_eviction(
+    uring_tier: SSDTier, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    t = uring_tier
     _full(t)
     log: list[object] = []
     me = threading.get_ident()
@@ -152,3 +161,52 @@ def test_a_crash_after_the_room_ahead_was_freed_loses_only_the_unpublished_put(
     assert verify_all(t2, ns) == SLOTS - 4
     t2.check_integrity()
     t2.close()
+
+
+def test_a_put_beside_another_makes_the_room_that_one_then_takes(
+    uring_tier: SSDTier, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The other put, held in flight before its reservation, finds its room made by the
+    put beside it and reserves without evicting; its own eviction comes after its first
+    write, for the put after it."""
+    ns = small_ns()
+    t = uring_tier
+    oldest = _full(t)[0]
+    alloc = t._writer._alloc
+    real_reserve, real_evict, real_submit = alloc.reserve, alloc._evict, uring._submit
+    held, release = threading.Event(), threading.Event()
+    log: list[tuple[str, str]] = []
+
+    def reserve(block_bytes: int, n: int) -> list[tuple[int, int]]:
+        if threading.current_thread().name == "other":
+            held.set()
+            release.wait(10)  # in flight: counted, before its reservation
+        return real_reserve(block_bytes, n)
+
+    def evict(block_bytes: int, need: int) -> int:
+        log.append((threading.current_thread().name, f"evict {need}"))
+        return real_evict(block_bytes, need)
+
+    def submit(ring: object) -> None:
+        if threading.current_thread().name in (me, "other"):  # not the data syncer's
+            log.append((threading.current_thread().name, "submit"))
+        real_submit(ring)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(alloc, "reserve", reserve)
+    monkeypatch.setattr(alloc, "_evict", evict)
+    monkeypatch.setattr(uring, "_submit", submit)
+    me = threading.current_thread().name
+    c = chain(ns, 4, salt=20)
+    th = threading.Thread(target=t.put, args=(ns, c, rows(ns, c)), name="other")
+    th.start()
+    assert held.wait(10)
+    b = _put(t, 4, salt=21)
+    assert log == [(me, "evict 4"), (me, "submit"), (me, "evict 4")]
+    log.clear()
+    release.set()
+    th.join(10)
+    assert log == [("other", "submit"), ("other", "evict 4")]
+    assert t.contains(ns, b) == 4 and t.contains(ns, c) == 4
+    assert t.stats().counters["evictions"] == 12 and t.contains(ns, oldest) == 52
+    assert _held(t) == SLOTS - 4
+    t.check_integrity()
