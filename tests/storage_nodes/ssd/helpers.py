@@ -122,3 +122,22 @@ class LazyBatch(Sequence[IORequest]):
             return [self[j] for j in range(*i.indices(len(self)))]
         self.asked[i] += 1
         return self.reqs[i]
+
+
+def log_submissions(monkeypatch: Any, log: list[Any], entry: Any) -> None:
+    """Append ``entry(thread name)`` to ``log`` at each io_uring submission (``None``:
+    nothing), through ``monkeypatch`` (pytest's): the order of a put's submissions
+    against its other steps is what several tests check."""
+    import threading
+
+    from storage_nodes.ssd import uring
+
+    real = uring._submit
+
+    def submit(ring: Any) -> None:
+        e = entry(threading.current_thread().name)
+        if e is not None:
+            log.append(e)
+        real(ring)
+
+    monkeypatch.setattr(uring, "_submit", submit)

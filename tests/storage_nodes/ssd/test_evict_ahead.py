@@ -14,10 +14,18 @@ from pathlib import Path
 
 import pytest
 
-from storage_nodes.ssd import SSDTier, uring
+from storage_nodes.ssd import SSDTier
 from storage_nodes.testing.crash import SimulatedCrash, abandon
 from tests.io_backends import skip_without_uring
-from tests.storage_nodes.ssd.helpers import SLAB, chain, make_config, rows, small_ns, verify_all
+from tests.storage_nodes.ssd.helpers import (
+    SLAB,
+    chain,
+    log_submissions,
+    make_config,
+    rows,
+    small_ns,
+    verify_all,
+)
 
 CAP = 4 * SLAB
 SLOTS = 256
@@ -86,22 +94,17 @@ def test_the_next_puts_first_write_goes_in_before_any_eviction(
     t = uring_tier
     _full(t)
     log: list[object] = []
-    me = threading.get_ident()
+    me = threading.current_thread().name
     alloc = t._writer._alloc
-    real_evict, real_submit = alloc._evict, uring._submit
+    real_evict = alloc._evict
 
     def evict(block_bytes: int, need: int) -> int:
         freed = real_evict(block_bytes, need)
         log.append(("evict", need, freed))
         return freed
 
-    def submit(ring: object) -> None:
-        if threading.get_ident() == me:
-            log.append("submit")
-        real_submit(ring)  # type: ignore[arg-type]
-
     monkeypatch.setattr(alloc, "_evict", evict)
-    monkeypatch.setattr(uring, "_submit", submit)
+    log_submissions(monkeypatch, log, lambda name: "submit" if name == me else None)
     _put(t, 4, salt=10)
     # nothing free yet: its own room first, then the next put's while its writes fly
     assert log == [("evict", 4, 4), "submit", ("evict", 4, 4)]
@@ -173,7 +176,7 @@ def test_a_put_beside_another_makes_the_room_that_one_then_takes(
     t = uring_tier
     oldest = _full(t)[0]
     alloc = t._writer._alloc
-    real_reserve, real_evict, real_submit = alloc.reserve, alloc._evict, uring._submit
+    real_reserve, real_evict = alloc.reserve, alloc._evict
     held, release = threading.Event(), threading.Event()
     log: list[tuple[str, str]] = []
 
@@ -187,15 +190,12 @@ def test_a_put_beside_another_makes_the_room_that_one_then_takes(
         log.append((threading.current_thread().name, f"evict {need}"))
         return real_evict(block_bytes, need)
 
-    def submit(ring: object) -> None:
-        if threading.current_thread().name in (me, "other"):  # not the data syncer's
-            log.append((threading.current_thread().name, "submit"))
-        real_submit(ring)  # type: ignore[arg-type]
-
+    me = threading.current_thread().name
     monkeypatch.setattr(alloc, "reserve", reserve)
     monkeypatch.setattr(alloc, "_evict", evict)
-    monkeypatch.setattr(uring, "_submit", submit)
-    me = threading.current_thread().name
+    log_submissions(  # not the data syncer's
+        monkeypatch, log, lambda name: (name, "submit") if name in (me, "other") else None
+    )
     c = chain(ns, 4, salt=20)
     th = threading.Thread(target=t.put, args=(ns, c, rows(ns, c)), name="other")
     th.start()

@@ -16,7 +16,15 @@ from storage_nodes.ssd import SSDTier, uring
 from storage_nodes.ssd.errors import SSDIOError
 from storage_nodes.ssd.writer import _first_reserved
 from tests.io_backends import backends_here, skip_without_uring
-from tests.storage_nodes.ssd.helpers import SLAB, chain, make_config, rows, small_ns, verify_all
+from tests.storage_nodes.ssd.helpers import (
+    SLAB,
+    chain,
+    log_submissions,
+    make_config,
+    rows,
+    small_ns,
+    verify_all,
+)
 
 CAP = 2 * SLAB  # 128 slots of 4 KiB: the small namespace's blocks
 
@@ -37,22 +45,17 @@ def test_a_large_put_reserves_most_of_its_slots_while_its_first_writes_are_in_fl
     t, a = _full_tier(tmp_path / "ssd", "uring")
     ns = small_ns()
     log: list[object] = []
-    me = threading.get_ident()
+    me = threading.current_thread().name
     alloc = t._writer._alloc
-    real_reserve, real_submit = alloc.reserve, uring._submit
+    real_reserve = alloc.reserve
 
     def reserve(block_bytes: int, n: int) -> list[tuple[int, int]]:
         got = real_reserve(block_bytes, n)
         log.append(("reserve", n, len(got)))
         return got
 
-    def submit(ring: object) -> None:
-        if threading.get_ident() == me:
-            log.append("submit")
-        real_submit(ring)  # type: ignore[arg-type]
-
     monkeypatch.setattr(alloc, "reserve", reserve)
-    monkeypatch.setattr(uring, "_submit", submit)
+    log_submissions(monkeypatch, log, lambda name: "submit" if name == me else None)
     b = chain(ns, 40, salt=2)
     r = t.put(ns, b, rows(ns, b))
     assert (r.inserted, r.present, r.dropped) == (40, 0, 0)
