@@ -123,6 +123,7 @@ class BehindSync(DataSync):
         self._synced = 0
         self._failed: list[int] = []  # the ``_noted`` mark of each failed, unreported round
         self._rounds = 0
+        self._idle = False  # waiting for a slab to be written (not in its pause)
         self._stopping = False
         self._abandoned = False
         self._dead: str | None = None  # why the thread ended, once it has
@@ -136,7 +137,11 @@ class BehindSync(DataSync):
         with self._cond:
             self._dirty.update(slabs)
             self._noted += 1
-            self._cond.notify_all()
+            if self._idle:
+                # Only a syncer waiting for work is woken: in its pause between rounds
+                # it would wake on every put just to find the pause not over, taking the
+                # GIL from the putting thread each time (one caller's puts: +4.7 %).
+                self._cond.notify_all()
 
     def sync(self, timeout_s: float | None = None) -> bool:
         with self._cond:
@@ -206,7 +211,9 @@ class BehindSync(DataSync):
     def _round(self) -> bool:
         """One round; False once stopping with nothing left to sync."""
         with self._cond:
+            self._idle = True
             self._cond.wait_for(lambda: self._dirty or self._stopping)
+            self._idle = False
             if self._abandoned or not self._dirty:
                 return False
         self._crash("before_data_sync")

@@ -9,7 +9,9 @@ its ``before_data_sync`` point, so nothing here depends on timing.
 
 from __future__ import annotations
 
+import os
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -157,4 +159,37 @@ def test_a_write_noted_with_no_slabs_leaves_nothing_to_wait_for(tmp_path: Path) 
         sync.check_integrity()
     finally:
         sync.abandon()
+    assert not errors
+
+
+def test_a_write_wakes_an_idle_syncer_but_not_one_in_its_pause(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A put wakes the syncer when it waits for work, so its round starts without a
+    ``sync``; in the pause after a round (60 s here) it would only find the pause not
+    over, so a put does not wake it (each wake took the GIL from the putting thread)."""
+    errors: list[BaseException] = []
+    f = tmp_path / "slab"
+    f.write_bytes(b"\0" * 4096)
+    fd = os.open(f, os.O_RDWR)
+    cfg = make_config(tmp_path / "ssd", data_sync_interval_s=60.0)
+    sync = BehindSync(cfg, PreadBackend(4), lambda slab: fd, errors.append)
+    try:
+        sync.written([0])  # the syncer waits for work: woken, it runs a round
+        deadline = time.monotonic() + 30
+        while sync.rounds() == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert sync.rounds() == 1
+        wakes: list[int] = []
+        real = sync._cond.notify_all
+        monkeypatch.setattr(sync._cond, "notify_all", lambda: (wakes.append(1), real()))
+        for _ in range(5):
+            sync.written([0])  # in its pause now
+        assert not wakes
+        assert sync.sync(timeout_s=30)  # a waiter still cuts the pause short
+        assert sync.rounds() == 2
+        sync.check_integrity()
+    finally:
+        sync.abandon()
+        os.close(fd)
     assert not errors
