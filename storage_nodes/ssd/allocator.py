@@ -28,6 +28,7 @@ from kvstore.errors import IntegrityError
 from storage_nodes.ssd.config import SSDConfig, slot_bytes_for
 from storage_nodes.ssd.errors import SSDIOError
 from storage_nodes.ssd.index import Index, Slot, Txn
+from storage_nodes.ssd.index_room import RECORD_BYTES
 from storage_nodes.ssd.recency import Recency
 from storage_nodes.ssd.slab_table import SlabTable
 from storage_nodes.ssd.slabs import FULL_ERRNOS, SlabFiles
@@ -167,7 +168,7 @@ class SlotAllocator:
                 e,
             )
             return False
-        with self._index.write() as txn:
+        with self._index.write(self.nslots(block_bytes) * RECORD_BYTES) as txn:
             self._index.create_slab(txn, slab, block_bytes, self.nslots(block_bytes))
         self._save_table({**self.slab_class, slab: block_bytes})
         self.slab_class[slab] = block_bytes
@@ -186,7 +187,8 @@ class SlotAllocator:
         counts: Counter[str] = Counter()
         expiry = self._config.expiry_bucket(self._config.clock())
         freed = 0
-        with self._index.write() as txn:
+        # room for a hand-over's free records, should the victim be of another class
+        with self._index.write(self.nslots(block_bytes) * RECORD_BYTES) as txn:
             self._recency.flush_into(self._index, txn)
             skip: set[bytes] = set()
             used = self._index.deltas()  # slab use counts written once per slab

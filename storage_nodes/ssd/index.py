@@ -18,6 +18,7 @@ so opening a 10-million-entry index costs what opening LMDB costs.
 
 from __future__ import annotations
 
+import logging
 import struct
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -29,7 +30,10 @@ from typing import NamedTuple
 import lmdb
 
 from kvstore.errors import IntegrityError
-from storage_nodes.ssd.errors import SSDFormatError
+from storage_nodes.ssd.errors import SSDFormatError, SSDIOError
+from storage_nodes.ssd.index_room import MapRoom
+
+log = logging.getLogger("storage_nodes.ssd")
 
 FORMAT = b"2"  # 2: a payload of whole pages starts on the slot's second page
 FKEY_BYTES = 32
@@ -91,22 +95,22 @@ class Index:
         path.mkdir(parents=True, exist_ok=True)
         self.strict = strict
         self._on_sync = on_sync
-        try:
-            self.env = lmdb.open(
-                str(path),
-                map_size=map_bytes,
-                max_dbs=8,
-                subdir=True,
-                sync=strict,
-                metasync=strict,
-                readahead=False,
-                max_readers=512,
-                lock=True,
-            )
-        except CORRUPT:
-            raise  # the opener rebuilds the index from the slot headers
-        except lmdb.Error as e:
-            raise SSDFormatError(f"cannot open SSD index {path}: {e}") from e
+        # The fast mode writes pages in place (``writemap``; strict mode would ``msync``
+        # the whole map per commit), with the file allocated ahead (``index_room.py``);
+        # where even that room is refused (a full disk at open) it writes as strict does.
+        self.room: MapRoom | None = None
+        self.env = self._open(path, map_bytes, writemap=not strict)
+        if not strict:
+            try:
+                self.room = MapRoom(self.env, path)
+                self.room.ensure()
+            except (SSDIOError, OSError) as e:
+                if self.room is not None:
+                    self.room.close()
+                    self.room = None
+                self.env.close()
+                log.warning("SSD index %s: no room to map it for writing (%s)", path, e)
+                self.env = self._open(path, map_bytes, writemap=False)
         db = self.env.open_db
         self.meta, self.keys, self.lru = db(b"meta"), db(b"keys"), db(b"lru")
         self.slots, self.free, self.quar, self.slabs = (
@@ -118,8 +122,27 @@ class Index:
         try:
             self.slab_bytes = self._check_format(path, slab_bytes, adopt_stored)
         except BaseException:
-            self.env.close()
+            self.close()
             raise
+
+    def _open(self, path: Path, map_bytes: int, *, writemap: bool) -> lmdb.Environment:
+        try:
+            return lmdb.open(
+                str(path),
+                map_size=map_bytes,
+                max_dbs=8,
+                subdir=True,
+                sync=self.strict,
+                metasync=self.strict,
+                writemap=writemap,
+                readahead=False,
+                max_readers=512,
+                lock=True,
+            )
+        except CORRUPT:
+            raise  # the opener rebuilds the index from the slot headers
+        except lmdb.Error as e:
+            raise SSDFormatError(f"cannot open SSD index {path}: {e}") from e
 
     def _check_format(self, path: Path, slab_bytes: int, adopt_stored: bool) -> int:
         with self.env.begin(write=True) as txn:
@@ -145,12 +168,13 @@ class Index:
         return self.env.begin()
 
     @contextmanager
-    def write(self) -> Iterator[Txn]:
+    def write(self, grows_bytes: int = 0) -> Iterator[Txn]:
         """A write transaction, committed when the block exits (aborted on an exception).
         Never held across device I/O (but by a put alone in flight, ``writer.py``): LMDB
         has one writer at a time, and a put's reservation needs it while other puts'
-        writes are in flight."""
-        txn = self.begin_write()
+        writes are in flight. ``grows_bytes``: what its new records may take, where that
+        is more than a few hundred (``index_room.RECORD_BYTES`` each)."""
+        txn = self.begin_write(grows_bytes)
         try:
             yield txn
         except BaseException:
@@ -158,9 +182,17 @@ class Index:
             raise
         self.commit(txn)
 
-    def begin_write(self) -> Txn:
-        """A write transaction the caller ends with ``commit`` or ``txn.abort()``."""
-        return self.env.begin(write=True)
+    def begin_write(self, grows_bytes: int = 0) -> Txn:
+        """A write transaction the caller ends with ``commit`` or ``txn.abort()``; raises
+        ``SSDIOError`` where the index file has no room for it (nothing written)."""
+        txn = self.env.begin(write=True)
+        if self.room is not None:
+            try:  # under the writer lock: no other transaction grows the file meanwhile
+                self.room.ensure(grows_bytes)
+            except BaseException:
+                txn.abort()
+                raise
+        return txn
 
     def commit(self, txn: Txn) -> None:
         txn.commit()
@@ -174,6 +206,9 @@ class Index:
 
     def close(self) -> None:
         self.env.close()
+        if self.room is not None:
+            self.room.close()
+            self.room = None
 
     # -- records --------------------------------------------------------------------
     def get(self, txn: Txn, fkey: bytes) -> Location | None:

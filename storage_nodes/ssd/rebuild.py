@@ -31,6 +31,7 @@ from kvstore.buffers import BufferPool
 from storage_nodes.ssd.config import ALIGN_BYTES, SSDConfig, slot_bytes_for
 from storage_nodes.ssd.errors import SSDIOError
 from storage_nodes.ssd.index import Index
+from storage_nodes.ssd.index_room import RECORD_BYTES
 from storage_nodes.ssd.io_backend import IOBackend, IORequest
 from storage_nodes.ssd.slabs import SlabFiles
 
@@ -71,7 +72,8 @@ def rebuild_index(
     """Fill the empty ``index`` from the headers of every slab in ``table``."""
     t0 = time.monotonic()
     expiry = config.expiry_bucket(config.clock())
-    with index.write() as txn:
+    slots = sum(config.slab_bytes // slot_bytes_for(bb) for bb in table.values())
+    with index.write(slots * RECORD_BYTES) as txn:
         for slab, bb in sorted(table.items()):
             index.create_slab(txn, slab, bb, config.slab_bytes // slot_bytes_for(bb))
     scanned = read = blocks = high = 0
@@ -79,7 +81,7 @@ def rebuild_index(
 
     def flush() -> None:
         nonlocal blocks
-        with index.write() as txn:
+        with index.write(len(pending) * RECORD_BYTES) as txn:
             blocks += index.adopt(txn, pending, config.bucket_of)
             index.set_seq_high_water(txn, max(high, index.seq_high_water(txn)))
         pending.clear()

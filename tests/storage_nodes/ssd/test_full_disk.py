@@ -9,6 +9,7 @@ root, ``mkfs.ext4`` and a loop device; skips with the reason where they are miss
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import subprocess
@@ -18,6 +19,8 @@ from pathlib import Path
 import pytest
 
 from storage_nodes.ssd import SSDTier
+from storage_nodes.ssd.errors import SSDIOError
+from storage_nodes.ssd.index import Index
 from tests.storage_nodes.ssd.helpers import chain, make_config, rows, small_ns, verify_all
 
 SLAB = 4 << 20
@@ -90,6 +93,9 @@ def test_full_disk_partial_slab_removed_and_restart_read_only(small_ext4: Path) 
     try:
         t.register(ns)
         assert t.mode == "read-only" and t.stats().counters["degraded"] == 1
+        # no room to allocate the index file ahead: it is not written in place (a store
+        # into a hole of the map would be a SIGBUS), it writes as the strict mode does
+        assert t._index.room is None and not t._index.env.flags()["writemap"]
         assert verify_all(t, ns) == stored  # reads are served
         k = chain(ns, 4, salt=999)
         assert t.put(ns, k, rows(ns, k)).dropped == 4  # a counted refusal, no exception
@@ -102,3 +108,26 @@ def test_full_disk_partial_slab_removed_and_restart_read_only(small_ext4: Path) 
         t.check_integrity()
     finally:
         t.close()
+
+
+def test_a_full_disk_refuses_the_index_room_before_anything_is_written(small_ext4: Path) -> None:
+    """In the fast mode the index is written in place, its file allocated ahead of what
+    LMDB uses (``index_room.py``). On a full disk a transaction that could outgrow that
+    room is refused with ENOSPC before it writes — a store into an unbacked page of the
+    map would be a SIGBUS — and smaller ones, inside the room, still commit."""
+    ix = Index(small_ext4 / "ix", map_bytes=256 << 20, slab_bytes=SLAB)
+    try:
+        assert ix.room is not None
+        _fill(small_ext4 / "filler")
+        with pytest.raises(SSDIOError) as e, ix.write(16 << 20):
+            raise AssertionError("a transaction without room began")
+        assert e.value.errno in (errno.ENOSPC, errno.EDQUOT)
+        with ix.write() as txn:  # inside the room allocated before the disk filled
+            ix.create_slab(txn, 0, 4096, 64)
+        (small_ext4 / "filler").unlink()
+        with ix.write(16 << 20) as txn:
+            ix.create_slab(txn, 1, 4096, 64)
+        with ix.begin() as txn:
+            assert set(ix.slab_table(txn)) == {0, 1}
+    finally:
+        ix.close()

@@ -88,3 +88,42 @@ def test_slab_size_is_fixed_at_creation(tmp_path: Path) -> None:
     Index(tmp_path / "ix", map_bytes=64 << 20, slab_bytes=SLAB).close()
     with pytest.raises(SSDFormatError, match="slab_bytes"):
         Index(tmp_path / "ix", map_bytes=64 << 20, slab_bytes=2 * SLAB)
+
+
+def _allocated(ix_dir: Path) -> int:
+    return (ix_dir / "data.mdb").stat().st_blocks * 512
+
+
+def _used(ix: Index) -> int:
+    return (ix.env.info()["last_pgno"] + 1) * ix.env.stat()["psize"]
+
+
+def test_the_fast_index_file_is_allocated_ahead_of_what_lmdb_uses(tmp_path: Path) -> None:
+    """Written in place (``writemap``), the file has no hole LMDB could store into: a
+    store into one is a SIGBUS on a full disk (``index_room.py``)."""
+    d = tmp_path / "ix"
+    ix = Index(d, map_bytes=64 << 20, slab_bytes=SLAB)
+    try:
+        assert ix.env.flags()["writemap"] and ix.room is not None
+        assert _allocated(d) >= 2 * _used(ix) + (1 << 20)  # sparse to 64 MiB otherwise
+        with ix.write() as txn:
+            for s in range(4):
+                ix.create_slab(txn, s, BB, 16)
+        with ix.write(8 << 20) as txn:  # a large one announced: room for it first
+            assert _allocated(d) >= 2 * _used(ix) + (9 << 20)
+            ix.set_seq_high_water(txn, 1)
+        _check(ix)
+    finally:
+        ix.close()
+
+
+def test_the_strict_index_is_not_written_in_place(tmp_path: Path) -> None:
+    """Strict mode syncs every commit; in place that would be an ``msync`` of the map."""
+    ix = Index(tmp_path / "ix", map_bytes=64 << 20, slab_bytes=SLAB, strict=True)
+    try:
+        assert not ix.env.flags()["writemap"] and ix.room is None
+        with ix.write() as txn:
+            ix.create_slab(txn, 0, BB, 16)
+        _check(ix)
+    finally:
+        ix.close()
