@@ -97,7 +97,8 @@ class Index:
         self._on_sync = on_sync
         # The fast mode writes pages in place (``writemap``; strict mode would ``msync``
         # the whole map per commit), with the file allocated ahead (``index_room.py``);
-        # where even that room is refused (a full disk at open) it writes as strict does.
+        # where even that room is refused (a full disk at open) it writes its pages with
+        # ``pwrite``, as the strict mode does (without the strict mode's syncs).
         self.room: MapRoom | None = None
         self.env = self._open(path, map_bytes, writemap=not strict)
         if not strict:

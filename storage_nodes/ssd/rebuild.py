@@ -72,10 +72,10 @@ def rebuild_index(
     """Fill the empty ``index`` from the headers of every slab in ``table``."""
     t0 = time.monotonic()
     expiry = config.expiry_bucket(config.clock())
-    slots = sum(config.slab_bytes // slot_bytes_for(bb) for bb in table.values())
-    with index.write(slots * RECORD_BYTES) as txn:
+    slots_of = {slab: config.slab_bytes // slot_bytes_for(bb) for slab, bb in table.items()}
+    with index.write(sum(slots_of.values()) * RECORD_BYTES) as txn:
         for slab, bb in sorted(table.items()):
-            index.create_slab(txn, slab, bb, config.slab_bytes // slot_bytes_for(bb))
+            index.create_slab(txn, slab, bb, slots_of[slab])
     scanned = read = blocks = high = 0
     pending: list[tuple[bytes, int, int, int]] = []  # fkey, created µs, slab, slot
 
