@@ -14,7 +14,7 @@ from kvstore.keys import Key, Namespace, chain_keys
 from storage_nodes.ssd import SSDConfig, SSDTier
 from storage_nodes.ssd.io_backend import IORequest
 from storage_nodes.ssd.slabs import probe_direct_io
-from storage_nodes.testing.crash import with_crash_hook
+from storage_nodes.testing.crash import SimulatedCrash, with_crash_hook
 
 SLAB = 256 << 10
 
@@ -141,3 +141,20 @@ def log_submissions(monkeypatch: Any, log: list[Any], entry: Any) -> None:
         real(ring)
 
     monkeypatch.setattr(uring, "_submit", submit)
+
+
+class CrashOn:
+    """A crash hook (``make_config(crash_hook=...)``): once ``armed``, raises
+    ``SimulatedCrash`` the ``nth`` time the engine reaches ``point``."""
+
+    def __init__(self, point: str, nth: int = 1) -> None:
+        self.point = point
+        self.nth = nth
+        self.seen = 0
+        self.armed = False
+
+    def __call__(self, point: str) -> None:
+        if self.armed and point == self.point:
+            self.seen += 1
+            if self.seen == self.nth:
+                raise SimulatedCrash(point)

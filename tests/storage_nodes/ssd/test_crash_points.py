@@ -19,7 +19,15 @@ import pytest
 from storage_nodes.ssd import CRASH_POINTS, SSDTier
 from storage_nodes.testing.crash import SimulatedCrash, abandon
 from tests.io_backends import backends_here
-from tests.storage_nodes.ssd.helpers import SLAB, chain, make_config, rows, small_ns, verify_all
+from tests.storage_nodes.ssd.helpers import (
+    SLAB,
+    CrashOn,
+    chain,
+    make_config,
+    rows,
+    small_ns,
+    verify_all,
+)
 
 REPO = Path(__file__).resolve().parents[3]
 #: Reached in the data syncer's thread in the default ``behind`` mode (after the put that
@@ -53,20 +61,6 @@ def b_kept(data_sync: str, point: str, nth: int) -> int:
     return 0
 
 
-class Hook:
-    def __init__(self, point: str, nth: int = 1) -> None:
-        self.point = point
-        self.nth = nth
-        self.seen = 0
-        self.armed = False
-
-    def __call__(self, point: str) -> None:
-        if self.armed and point == self.point:
-            self.seen += 1
-            if self.seen == self.nth:
-                raise SimulatedCrash(point)
-
-
 def _reopen_and_check(d: Path, backend: str, durability: str, data_sync: str) -> SSDTier:
     t = SSDTier(
         make_config(
@@ -88,7 +82,7 @@ def test_crash_point_in_process(
     tmp_path: Path, backend: str, durability: str, data_sync: str, point: str, nth: int
 ) -> None:
     ns = small_ns()
-    hook = Hook(point, nth)
+    hook = CrashOn(point, nth)
     d = tmp_path / "ssd"
     t = SSDTier(
         make_config(

@@ -19,6 +19,7 @@ from storage_nodes.testing.crash import SimulatedCrash, abandon
 from tests.io_backends import skip_without_uring
 from tests.storage_nodes.ssd.helpers import (
     SLAB,
+    CrashOn,
     chain,
     log_submissions,
     make_config,
@@ -129,23 +130,12 @@ def test_no_room_is_made_ahead_while_the_store_can_still_grow(open_tier) -> None
     t.check_integrity()
 
 
-class _CrashOn:
-    def __init__(self, point: str, nth: int) -> None:
-        self.point, self.nth, self.seen, self.armed = point, nth, 0, False
-
-    def __call__(self, point: str) -> None:
-        if self.armed and point == self.point:
-            self.seen += 1
-            if self.seen == self.nth:
-                raise SimulatedCrash(point)
-
-
 def test_a_crash_after_the_room_ahead_was_freed_loses_only_the_unpublished_put(
     tmp_path: Path, backend: str
 ) -> None:
     ns = small_ns()
     d = tmp_path / "ssd"
-    hook = _CrashOn("after_free", 2)  # the first is the put's own eviction
+    hook = CrashOn("after_free", 2)  # the first is the put's own eviction
     t = SSDTier(make_config(d, io_backend=backend, capacity_bytes=CAP, crash_hook=hook))
     oldest = _full(t)[0]
     hook.armed = True
