@@ -24,8 +24,10 @@ of ``bench.fio.bracketed_rounds`` (every run of ours between two fio runs). Run 
 --fdatasync=qd``: ``raw_write`` (``qd`` slot writes of two segments per call, the call's
 files synced at its end), ``raw_write_spin`` (the same with a busy wait of ``--spin-us``
 while the writes are in flight: a virtual disk served by the host's CPUs may slow down
-while the guest computes) and ``put`` (``SSDTier.put`` of ``qd`` new blocks, its data
-synced behind).
+while the guest computes), ``raw_write_behind`` (the writes alone, every file synced
+once when the run ends, inside its time: the shape of a put whose data is synced
+behind, with nothing of the store) and ``put`` (``SSDTier.put`` of ``qd`` new blocks,
+its data synced behind; the bench's last sync inside its time too).
 """
 
 from __future__ import annotations
@@ -95,10 +97,13 @@ class BareSlots:
             for j in range(n)
         ]
 
-    def _timed(self, seconds: float, callers: int, caller: Caller) -> float:
+    def _timed(
+        self, seconds: float, callers: int, caller: Caller, last: Callable[[], None] | None = None
+    ) -> float:
         """MB/s of payload over ``seconds`` of back-to-back calls on ``callers`` threads;
         ``caller(rows, heads, per)`` gives a thread's call (of ``per`` slots, in its own
-        rows and header pages)."""
+        rows and header pages); ``last``, run by each thread after its calls, is timed
+        too."""
         per = self._qd // callers
         seeds = [self._seed.randrange(1 << 62) for _ in range(callers)]
 
@@ -111,6 +116,8 @@ class BareSlots:
             while time.perf_counter() - t0 < seconds:
                 call(rng)
                 n += per
+            if last is not None:
+                last()
             return n
 
         done, elapsed, _ = on_callers(loop, callers)
@@ -140,8 +147,11 @@ class BareSlots:
 
         return self._timed(seconds, callers, caller)
 
-    def run_writes(self, seconds: float, spin_s: float, callers: int = 1) -> float:
-        """Writes, each call's files synced at its end as fio's ``--fdatasync=qd`` does;
+    def run_writes(
+        self, seconds: float, spin_s: float, callers: int = 1, *, behind: bool = False
+    ) -> float:
+        """Writes, each call's files synced at its end as fio's ``--fdatasync=qd`` does
+        (``behind``: no sync per call, every file synced once when a thread's calls end);
         ``spin_s``: a busy wait once the writes are in flight, as long as the CPU work a
         put does then (its later reservation, its publishing transaction)."""
 
@@ -155,14 +165,18 @@ class BareSlots:
                 reqs = self._slots(rng, self._wfds, rows, heads, per)
                 fds = list(dict.fromkeys(r.fd for r in reqs))
                 res, synced = self._io.write_and_sync(
-                    reqs, fds, between=spin if spin_s else None
+                    reqs, [] if behind else fds, between=spin if spin_s else None
                 )
                 if any(r <= 0 for r in res) or any(r < 0 for r in synced):
                     raise RuntimeError("bare write or its sync failed")
 
             return call
 
-        return self._timed(seconds, callers, caller)
+        def sync_all() -> None:
+            if any(r < 0 for r in self._io.sync(self._wfds)):
+                raise RuntimeError("bare sync failed")
+
+        return self._timed(seconds, callers, caller, sync_all if behind else None)
 
     def open_for_writes(self, ours: Ours) -> None:
         """Write descriptors of the slab files, for ``run_writes``."""
@@ -228,6 +242,7 @@ def main() -> int:
         own = {
             "raw_write": lambda: bare.run_writes(a.seconds, 0.0, a.callers),
             "raw_write_spin": lambda: bare.run_writes(a.seconds, a.spin_us / 1e6, a.callers),
+            "raw_write_behind": lambda: bare.run_writes(a.seconds, 0.0, a.callers, behind=True),
             "put": lambda: ours.put(a.qd, a.seconds, a.callers)["MBps"],
         }
         base, rw = "raw_write", "randwrite"
