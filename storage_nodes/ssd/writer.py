@@ -152,6 +152,12 @@ class GroupCommit:
                 raise
             slots, slabs = written.slots, written.slabs
             idx = idx[: len(slots)]
+            # Noted before the publish: once it commits, another put may find these keys
+            # present and acknowledge them on the strength of this data, and a ``sync``
+            # after that must cover it (noted after the commit, such a sync could return
+            # with these writes still unsynced). A publish that then fails only costs
+            # the syncer a needless sync of these slabs.
+            self._sync.written(slabs)
             try:
                 filled = early[0] if early else self._filled(idx, fkeys, slots, stamps)
                 txn, published, raced = filled
@@ -165,9 +171,6 @@ class GroupCommit:
             except BaseException:
                 self._alloc.release(slots, still_free=True)
                 raise
-            # Noted only now: a crash before this point leaves the syncer untouched by the
-            # group (the power-cut tests rely on it to know what a cut inside a put keeps).
-            self._sync.written(slabs)
             self._alloc.release([slots[j] for j in published], still_free=False)
             unused = [slots[j] for j in range(len(idx)) if j not in published]
             self._alloc.release(unused, still_free=True)

@@ -20,6 +20,7 @@ from kvstore.errors import StoreUnavailable
 from storage_nodes.ssd import SSDTier
 from storage_nodes.ssd.config import SSDConfig
 from storage_nodes.ssd.errors import SSDConfigError
+from storage_nodes.ssd.index import Index
 from storage_nodes.ssd.io_backend import PreadBackend
 from storage_nodes.ssd.syncer import BehindSync
 from tests.storage_nodes.ssd.helpers import chain, make_config, rows, small_ns, verify_all
@@ -193,3 +194,48 @@ def test_a_write_wakes_an_idle_syncer_but_not_one_in_its_pause(
         sync.abandon()
         os.close(fd)
     assert not errors
+
+
+def test_a_sync_covers_data_another_put_acknowledged_as_present(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A put that finds its keys present acknowledges them on the strength of the put
+    that wrote them; a ``sync`` after it must make that data durable. Here the writing
+    put is held right after its publish committed (its keys visible), while a second put
+    finds them present and syncs: the round it waits for must cover the first put's
+    slabs, so nothing a power cut could drop is left held. (The slabs were noted for
+    the syncer only after the commit: that ``sync`` returned True at once, the first
+    put's writes still held.)"""
+    ns = small_ns()
+    published, go_on = threading.Event(), threading.Event()
+    publishing = threading.local()
+
+    def hook(point: str) -> None:
+        if point == "inside_index_commit":
+            publishing.now = True  # the next commit on this thread is the publish
+
+    t = _tier(tmp_path / "ssd", crash_hook=hook)
+    real_commit = Index.commit
+
+    def commit(self: Index, txn: object) -> None:
+        real_commit(self, txn)  # type: ignore[arg-type]
+        if getattr(publishing, "now", False):
+            publishing.now = False
+            published.set()
+            assert go_on.wait(timeout=60), "the test never let the first put go on"
+
+    monkeypatch.setattr(Index, "commit", commit)
+    k = chain(ns, 4)
+    first = threading.Thread(target=lambda: t.put(ns, k, rows(ns, k)))
+    first.start()
+    try:
+        assert published.wait(timeout=60)
+        assert t.put(ns, k, rows(ns, k)).present == 4
+        assert t.sync(timeout_s=30)
+        held = t.io_backend._held  # type: ignore[attr-defined]
+        assert not any(held.values()), "an acknowledged, synced block is still unsynced"
+    finally:
+        go_on.set()
+        first.join(timeout=60)
+    assert verify_all(t, ns) == 4
+    t.close()
