@@ -5,7 +5,7 @@ byte (every slot's header names its key and carries its checksum, and every read
 both; after a power cut the fast mode rebuilds the index from those headers). So in the
 default mode a put does not wait for a data sync: it returns once its writes completed,
 and a syncer thread runs the syncs behind the puts — rounds ``data_sync_interval_s``
-(5 ms) apart, each covering every slab written before it began. The device's queue
+(50 ms) apart, each covering every slab written before it began. The device's queue
 then never waits for a sync: the next put's writes go in beside it, which is what
 ``fio --fdatasync`` measures too. Nothing is promised that is not kept: ``sync()``
 (the tier manager's ``flush()`` and ``durability="ssd"`` commits, the storage node
