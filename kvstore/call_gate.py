@@ -9,8 +9,7 @@ admitted call has left. One implementation, so the tiers cannot drift apart on i
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 
 from kvstore.errors import StoreUnavailable
 
@@ -29,19 +28,22 @@ class CallGate:
         self._inflight = 0
         self._closed = False
 
-    @contextmanager
-    def call(self) -> Iterator[None]:
+    def call(self) -> CallGate:
+        """``with gate.call():`` admits the block as one call (the gate is its own
+        context manager: a generator-based one cost ~3 µs a call, on every tier call)."""
+        return self
+
+    def __enter__(self) -> None:
         with self._cond:
             if self._closed:
                 raise StoreUnavailable(self._closed_message)
             self._inflight += 1
-        try:
-            yield
-        finally:
-            with self._cond:
-                self._inflight -= 1
-                if not self._inflight:
-                    self._cond.notify_all()
+
+    def __exit__(self, *exc: object) -> None:
+        with self._cond:
+            self._inflight -= 1
+            if not self._inflight:
+                self._cond.notify_all()
 
     def shut(self) -> bool:
         with self._cond:
