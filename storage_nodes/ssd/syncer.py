@@ -22,7 +22,8 @@ import errno
 import logging
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 
 from kvstore.errors import IntegrityError, StoreUnavailable
 from storage_nodes.ssd.config import SSDConfig
@@ -39,6 +40,10 @@ class DataSync(ABC):
       one batch, and the put is durable when it returns).
     * ``written(slabs)``: a put wrote these slabs and is about to return; call it once
       the writes completed (and were published), before acknowledging.
+    * ``publishing(slabs)``: around the commit that publishes a put's writes to these
+      slabs; notes them ``written`` as it commits, and meanwhile no round begins and no
+      ``sync`` takes its target — so whoever sees the published blocks (another put
+      finding its keys present) is covered by its next ``sync``.
     * ``sync(timeout_s)``: once it returns True, every write ``written`` before the call
       is durable. False: some of them could not be made durable (a failed sync, reported
       once, to the first ``sync`` that covers it; the tier counts it as an I/O error).
@@ -51,6 +56,11 @@ class DataSync(ABC):
 
     @abstractmethod
     def written(self, slabs: Iterable[int]) -> None: ...
+
+    @contextmanager
+    def publishing(self, slabs: Iterable[int]) -> Iterator[None]:
+        yield
+        self.written(slabs)
 
     @abstractmethod
     def sync(self, timeout_s: float | None = None) -> bool: ...
@@ -129,6 +139,12 @@ class BehindSync(DataSync):
         self._dead: str | None = None  # why the thread ended, once it has
         self._thread = threading.Thread(target=self._run, name="ssd-data-sync", daemon=True)
         self._thread.start()
+
+    @contextmanager
+    def publishing(self, slabs: Iterable[int]) -> Iterator[None]:
+        with self._cond:  # a Condition's lock is reentrant: ``written`` takes it again
+            yield
+            self.written(slabs)
 
     def written(self, slabs: Iterable[int]) -> None:
         slabs = dict.fromkeys(slabs)

@@ -128,7 +128,7 @@ class UringBackend(IOBackend):
         between: Between | None = None,
     ) -> tuple[list[int], list[int]]:
         res, synced = self._run(_WRITE, reqs, sync_fds=fds, prepare=prepare, between=between)
-        return res, ([] if any(r < 0 for r in res) else synced)
+        return res, ([] if res and min(res) < 0 else synced)
 
     def _run(
         self,

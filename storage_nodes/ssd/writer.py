@@ -152,12 +152,6 @@ class GroupCommit:
                 raise
             slots, slabs = written.slots, written.slabs
             idx = idx[: len(slots)]
-            # Noted before the publish: once it commits, another put may find these keys
-            # present and acknowledge them on the strength of this data, and a ``sync``
-            # after that must cover it (noted after the commit, such a sync could return
-            # with these writes still unsynced). A publish that then fails only costs
-            # the syncer a needless sync of these slabs.
-            self._sync.written(slabs)
             try:
                 filled = early[0] if early else self._filled(idx, fkeys, slots, stamps)
                 txn, published, raced = filled
@@ -167,13 +161,18 @@ class GroupCommit:
                 except BaseException:
                     txn.abort()
                     raise
-                self._index.commit(txn)
+                # Noted for the syncer as the commit makes them visible, in one step: a
+                # put that then finds these keys present acknowledges them on the
+                # strength of this data, and its ``sync`` must cover it. (Noted after the
+                # commit, such a sync could return with these writes unsynced; before
+                # it, a crash in the syncer's round would not tell whether the put had
+                # published — the crash-point tests rely on that order.)
+                with self._sync.publishing(slabs):
+                    self._index.commit(txn)
             except BaseException:
                 self._alloc.release(slots, still_free=True)
                 raise
-            self._alloc.release([slots[j] for j in published], still_free=False)
-            unused = [slots[j] for j in range(len(idx)) if j not in published]
-            self._alloc.release(unused, still_free=True)
+            self._alloc.settle(slots, published)
             return len(published), raced
 
     @contextmanager

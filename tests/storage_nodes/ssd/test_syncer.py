@@ -200,12 +200,12 @@ def test_a_sync_covers_data_another_put_acknowledged_as_present(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A put that finds its keys present acknowledges them on the strength of the put
-    that wrote them; a ``sync`` after it must make that data durable. Here the writing
-    put is held right after its publish committed (its keys visible), while a second put
-    finds them present and syncs: the round it waits for must cover the first put's
-    slabs, so nothing a power cut could drop is left held. (The slabs were noted for
-    the syncer only after the commit: that ``sync`` returned True at once, the first
-    put's writes still held.)"""
+    that wrote them; a ``sync`` after it must make that data durable. The writing put is
+    held right after its publish committed (its keys visible) while a second put finds
+    them present and syncs: that ``sync`` may only return once the round covering the
+    first put's slabs ran, with nothing a power cut could drop left held. (The slabs
+    were noted for the syncer only after the commit, separately: the ``sync`` returned
+    True at once, the first put's writes still held.)"""
     ns = small_ns()
     published, go_on = threading.Event(), threading.Event()
     publishing = threading.local()
@@ -215,6 +215,7 @@ def test_a_sync_covers_data_another_put_acknowledged_as_present(
             publishing.now = True  # the next commit on this thread is the publish
 
     t = _tier(tmp_path / "ssd", crash_hook=hook)
+    held = t.io_backend._held  # type: ignore[attr-defined]
     real_commit = Index.commit
 
     def commit(self: Index, txn: object) -> None:
@@ -226,16 +227,24 @@ def test_a_sync_covers_data_another_put_acknowledged_as_present(
 
     monkeypatch.setattr(Index, "commit", commit)
     k = chain(ns, 4)
+    out: dict[str, object] = {}
+
+    def second() -> None:
+        out["present"] = t.put(ns, k, rows(ns, k)).present
+        out["synced"] = t.sync(timeout_s=30)
+        out["held"] = sum(len(w) for w in held.values())
+
     first = threading.Thread(target=lambda: t.put(ns, k, rows(ns, k)))
     first.start()
     try:
         assert published.wait(timeout=60)
-        assert t.put(ns, k, rows(ns, k)).present == 4
-        assert t.sync(timeout_s=30)
-        held = t.io_backend._held  # type: ignore[attr-defined]
-        assert not any(held.values()), "an acknowledged, synced block is still unsynced"
+        other = threading.Thread(target=second)
+        other.start()
+        other.join(timeout=0.5)  # time enough to return early, as it used to
     finally:
         go_on.set()
         first.join(timeout=60)
+    other.join(timeout=60)
+    assert out == {"present": 4, "synced": True, "held": 0}
     assert verify_all(t, ns) == 4
     t.close()
