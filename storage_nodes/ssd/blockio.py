@@ -64,7 +64,7 @@ class BlockIO:
     def per_batch(self, block_bytes: int) -> int:
         return max(1, self._config.staging_max_bytes // slot_bytes_for(block_bytes))
 
-    def _direct(self, block_bytes: int, rows: memoryview) -> bool:
+    def direct(self, block_bytes: int, rows: memoryview) -> bool:
         """Whether ``rows`` can be the payload segments of vectored slot transfers."""
         return (
             payload_offset_for(block_bytes) == ALIGN_BYTES
@@ -88,7 +88,7 @@ class BlockIO:
         order); it is called once, when the reads of ``locs`` are in flight, and the reads
         it adds join their batch — a get's look-ups overlap its first reads."""
         step = self.per_batch(block_bytes)
-        direct = self._direct(block_bytes, out)
+        direct = self.direct(block_bytes, out)
         locs = list(locs)
         sums: list[int] = []
         start = 0
@@ -272,13 +272,16 @@ class BlockIO:
         sync: bool = True,
         more_slots: Callable[[], Sequence[Slot]] | None = None,
         in_flight: Callable[[Sequence[Slot]], None] | None = None,
+        grows_to: int = 0,
     ) -> SlotsWritten:
         """Encode row ``rows[j]`` of ``data`` for ``keys[j]`` into ``slots[j]`` and write
         them; with ``sync``, also sync the data (``data_sync="per_put"``). ``checksums[j]``
         (made at commit) goes into the header as given; ``None``: the checksum of the copy
         being written. ``more_slots`` (not with ``sync``), called once the writes to
         ``slots`` are in flight, gives slots for the keys after them (as many as it can):
-        those writes join the batch. ``in_flight(slots)`` is called once every write is
+        those writes join the batch; it may first extend ``keys``, ``rows`` and
+        ``checksums`` (in place, up to ``grows_to`` keys in all) where the rows move
+        direct and the checksums are given. ``in_flight(slots)`` is called once every write is
         submitted (before any is waited for), with the slots they write. Returns the slots
         written (``slots``, then the further ones) and the slabs they lie in. Raises
         ``SSDIOError`` on any failure.
@@ -289,9 +292,11 @@ class BlockIO:
         sb = slot_bytes_for(block_bytes)
         bb = block_bytes
         po = payload_offset_for(bb)
-        direct = self._direct(bb, data)
+        direct = self.direct(bb, data)
         stage = ALIGN_BYTES if direct else sb  # staging per slot: its header page, or all
-        buf = self.staging.acquire(len(keys) * stage)
+        if grows_to > len(keys) and (not direct or checksums is None):
+            raise ValueError("write_slots: only direct rows with checksums can grow")
+        buf = self.staging.acquire(max(len(keys), grows_to) * stage)
         try:
             mv = memoryview(buf)
             now_us = int(self._config.clock() * 1_000_000)
@@ -362,8 +367,8 @@ class BlockIO:
             finally:
                 if job is not None:
                     job.finish()  # no copy may land in the staging buffer once released
-            bad = [r for r in res if r < 0]
-            if bad:
+            if res and min(res) < 0:  # min: this runs after the last write, device idle
+                bad = [r for r in res if r < 0]
                 raise SSDIOError(f"{len(bad)} of {len(res)} slot writes failed", -bad[0])
             if len(res) != len(written):
                 # the backend stopped before the further writes (it never does without

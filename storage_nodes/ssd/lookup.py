@@ -1,15 +1,16 @@
 """Index reads and removals shared by the tier's calls: presence with lazy expiry, a
-get's look-up in two steps, quarantine of a block that failed its checks, and
-namespace-wide deletion."""
+get's and a put's look-ups in two steps, quarantine of a block that failed its checks,
+and namespace-wide deletion."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from itertools import islice
 
+from kvstore.errors import InvalidArgument
 from storage_nodes.ssd.config import SSDConfig
 from storage_nodes.ssd.index import Index, Location
-from storage_nodes.ssd.recency import Recency
+from storage_nodes.ssd.recency import Recency, Stamp
 
 _DELETE_BATCH = 10_000
 
@@ -112,3 +113,53 @@ class PrefixLookup:
         self._recency.note(self._fkeys[:n], self._recency.stamps(n))
         self.noted = True
         return tail
+
+
+class PutLookup:
+    """A put's look-up of which of its keys are stored already, in two steps as a get's
+    (``PrefixLookup``): the first ``ahead`` keys at once — those its first writes carry —
+    and the rest (``later``, called once) while those writes are in flight, so that the
+    look-up of a large put (~20 µs for 32 keys) no longer comes before the device's first
+    write. Keys found present are noted as accessed and not written again; ``absent``
+    lists the rows to store, in order, and grows when ``later`` runs. ``stamps``: the
+    put's recency stamps, last→first (key 0 ends up most recent)."""
+
+    def __init__(
+        self,
+        view: LiveIndex,
+        recency: Recency,
+        fkeys: Sequence[bytes],
+        ahead: int,
+        present_ok: bool = True,
+    ) -> None:
+        self._view, self._recency, self._fkeys, self._ahead = view, recency, fkeys, ahead
+        found = view.present_set(fkeys[:ahead])
+        if found and not present_ok:
+            raise InvalidArgument("put: key already present and present_ok=False")
+        self.stamps: list[Stamp] = recency.stamps(len(fkeys))
+        self.present: list[int] = []
+        self.absent: list[int] = []
+        #: whether the keys after ``ahead`` are still to be looked up
+        self.pending = ahead < len(fkeys)
+        self._sort(0, ahead, found)
+
+    def later(self) -> list[int]:
+        """The rows after the first ``ahead`` that are to be stored (looked up now)."""
+        found = self._view.present_set(self._fkeys[self._ahead :])
+        self.pending = False
+        return self._sort(self._ahead, len(self._fkeys), found)
+
+    @property
+    def unknown(self) -> int:
+        """Rows never looked up (``later`` not called, or failed)."""
+        return len(self._fkeys) - self._ahead if self.pending else 0
+
+    def _sort(self, lo: int, hi: int, found: set[int]) -> list[int]:
+        """Rows ``lo:hi`` into present and absent (``found``: those present, from lo)."""
+        hit = [lo + j for j in sorted(found)]
+        if hit:
+            self._recency.note([self._fkeys[i] for i in hit], [self.stamps[i] for i in hit])
+        self.present += hit
+        miss = [i for i in range(lo, hi) if i - lo not in found]
+        self.absent += miss
+        return miss

@@ -34,7 +34,7 @@ from storage_nodes.ssd.index import CORRUPT
 from storage_nodes.ssd.index_check import check_index
 from storage_nodes.ssd.io_backend import IOBackend
 from storage_nodes.ssd.lock import DirLock
-from storage_nodes.ssd.lookup import PrefixLookup
+from storage_nodes.ssd.lookup import PrefixLookup, PutLookup
 from storage_nodes.ssd.opening import IndexLifecycle
 from storage_nodes.ssd.rebuild import RebuildReport
 from storage_nodes.ssd.stats import Counters, build_stats
@@ -206,37 +206,37 @@ class SSDTier(Tier):
             if self._mode == "off" or n == 0:
                 self._inc("dropped", n)
                 return PutResult(dropped=n)
+            ahead = self._writer.ahead(n, bb, data, checksums)
             try:
-                present = self._view.present_set(fkeys)
+                look = PutLookup(self._view, self._recency, fkeys, ahead, present_ok)
             except _STORE_ERRORS as e:
                 self._store_failed(e, writing=False)
                 self._inc("dropped", n)
                 return PutResult(dropped=n)
-            if not present_ok and present:
-                raise InvalidArgument("put: key already present and present_ok=False")
-            stamps = self._recency.stamps(n)  # last→first: key 0 ends up most recent
-            old = sorted(present)
-            self._recency.note([fkeys[i] for i in old], [stamps[i] for i in old])
-            new = [i for i in range(n) if i not in present]
+            new, step = look.absent, self._blocks.per_batch(bb)
+            groups = [new[s : s + step] for s in range(0, len(new), step)]
+            if look.pending:  # one group, its rest joins it
+                groups = [new]
             inserted = raced = 0
-            step = self._blocks.per_batch(bb)
-            for start in range(0, len(new), step):
+            for group in groups:
                 if self._mode != "ok":
                     break
-                group = new[start : start + step]
                 try:
                     ins, rac = self._writer.write(
-                        ns.fingerprint, bb, group, fkeys, data, stamps, checksums
+                        ns.fingerprint, bb, group, fkeys, data, look.stamps, checksums,
+                        later=look.later if look.pending else None,
                     )
+                    if look.pending:  # the rest found no room: still counted right
+                        look.later()
                 except _STORE_ERRORS as e:
                     self._store_failed(e, writing=True)
                     break
                 inserted += ins
                 raced += rac
-            dropped = len(new) - inserted - raced
+            dropped = len(new) + look.unknown - inserted - raced
             self._add({"inserted": inserted, "dropped": dropped})
             self._flush_if_due()
-            return PutResult(inserted=inserted, present=len(old) + raced, dropped=dropped)
+            return PutResult(inserted=inserted, present=len(look.present) + raced, dropped=dropped)
 
     def touch(self, ns: Namespace, keys: Sequence[Key]) -> None:
         with self._gate.call():

@@ -44,7 +44,7 @@ files must be known before the batch).
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 
 from storage_nodes.ssd.allocator import SlotAllocator
@@ -99,22 +99,42 @@ class GroupCommit:
         data: memoryview,
         stamps: Sequence[Stamp],
         checksums: Sequence[int] | None = None,
+        later: Callable[[], list[int]] | None = None,
     ) -> tuple[int, int]:
         """Store rows ``idx`` of ``data`` (``checksums[i]``, made at commit, for row ``i``;
         ``None``: computed); returns (inserted, raced: published meanwhile by another
         put). Rows that find no room are left out (the head of the chain is kept).
-        Raises the store's I/O or LMDB error; nothing of the group is published then."""
+        ``later``: the rows after ``idx`` still to be looked up (``PutLookup.later``),
+        called once — while the first writes are in flight when this put reserves in
+        two steps, else at once — and stored after ``idx``; not called if not even
+        ``idx`` finds room. Raises the store's I/O or LMDB error; nothing of the group
+        is published then."""
         with self._counted():
             # Alone, the device idles through a reservation: reserve in two steps. Beside
             # another put its writes keep the device busy, and one transaction costs less
             # CPU than two (two callers of 16 were CPU-bound: +14 % reserving at once).
             whole = self._sync.per_put or not self._alone()
-            first = len(idx) if whole else _first_reserved(len(idx))
+            idx = list(idx)
+            if later is not None and (whole or not idx):
+                idx += later()
+                later = None
+            if later is not None:
+                first = len(idx)  # the first writes' keys, the only ones looked up yet
+            else:
+                first = len(idx) if whole else _first_reserved(len(idx))
             slots = self._alloc.reserve(block_bytes, first)
+            keys = [fkeys[i][16:] for i in idx]
+            sums = None if checksums is None else [checksums[i] for i in idx]
             rest: list[Slot] = []
             early: list[tuple[Txn, set[int], int]] = []  # the publish, filled during the writes
 
             def more_slots() -> list[Slot]:
+                if later is not None:  # write_slots reads rows, keys and sums as it goes
+                    extra = later()
+                    idx.extend(extra)
+                    keys.extend(fkeys[i][16:] for i in extra)
+                    if sums is not None and checksums is not None:
+                        sums.extend(checksums[i] for i in extra)
                 rest.extend(self._alloc.reserve(block_bytes, len(idx) - first))
                 return rest
 
@@ -131,19 +151,21 @@ class GroupCommit:
 
             if not slots:
                 return 0, 0
-            split = len(slots) < len(idx) and len(slots) == first  # short: no room for more
+            # short of ``first``: no room for more
+            split = len(slots) == first and (later is not None or len(slots) < len(idx))
             try:
                 written = self._blocks.write_slots(
                     fingerprint,
                     block_bytes,
-                    [fkeys[i][16:] for i in idx],
+                    keys,
                     data,
                     idx,
                     slots,
-                    None if checksums is None else [checksums[i] for i in idx],
+                    sums,
                     sync=self._sync.per_put,
                     more_slots=more_slots if split else None,
                     in_flight=None if self._sync.per_put else in_flight,
+                    grows_to=len(fkeys) if later is not None else 0,
                 )
             except BaseException:
                 for txn, _, _ in early:
@@ -174,6 +196,21 @@ class GroupCommit:
                 raise
             self._alloc.settle(slots, published)
             return len(published), raced
+
+    def ahead(
+        self, n: int, block_bytes: int, data: memoryview, checksums: Sequence[int] | None
+    ) -> int:
+        """Of a put of ``n`` blocks, how many keys are looked up before its first writes
+        go in (``PutLookup``): those of its first reservation where the rest can join
+        its batch later — one batch, rows moved without a staging copy, checksums made
+        at commit (an encoder job covers only the rows known at its start); else all."""
+        if (
+            checksums is None
+            or n > self._blocks.per_batch(block_bytes)
+            or not self._blocks.direct(block_bytes, data)
+        ):
+            return n
+        return _first_reserved(n)
 
     @contextmanager
     def _counted(self) -> Iterator[None]:

@@ -8,19 +8,26 @@ from __future__ import annotations
 
 import errno
 import threading
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
+import xxhash
 
+from kvstore.keys import Key
+from kvstore.tier import PutResult
 from storage_nodes.ssd import SSDTier, uring
 from storage_nodes.ssd.errors import SSDIOError
 from storage_nodes.ssd.writer import _first_reserved
 from tests.io_backends import backends_here, skip_without_uring
 from tests.storage_nodes.ssd.helpers import (
     SLAB,
+    aligned,
     chain,
     log_submissions,
     make_config,
+    paged_ns,
+    payload_for,
     rows,
     small_ns,
     verify_all,
@@ -237,5 +244,67 @@ def test_a_failed_group_aborts_the_publish_it_filled(
     assert t.probe() == "ok"  # degraded by the failure; its probe writes the index too
     assert t.put(ns, b, rows(ns, b)).inserted == 32
     assert verify_all(t, ns) == 128
+    t.check_integrity()
+    t.close()
+
+
+def _paged_put(t: SSDTier, keys: list[Key]) -> PutResult:
+    """``keys`` put from page-aligned rows with their commit checksums (the write-back's
+    shape: rows moved direct, checksums given)."""
+    ns = paged_ns()
+    sums = [xxhash.xxh3_64_intdigest(payload_for(ns, k)) for k in keys]
+    return t.put(ns, keys, aligned(rows(ns, keys)), checksums=sums)
+
+
+def test_a_large_put_looks_up_most_of_its_keys_while_its_first_writes_are_in_flight(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Only the keys of a put's first writes are looked up before those go in; the rest
+    (here three already stored, one of them among the first) while they are in flight.
+    Present keys are counted present and noted as used, absent ones stored whole."""
+    skip_without_uring()
+    ns = paged_ns()
+    t = SSDTier(make_config(tmp_path / "ssd", io_backend="uring", capacity_bytes=CAP))
+    t.register(ns)
+    b = chain(ns, 40, salt=2)
+    old = [b[3], b[17], b[33]]
+    assert _paged_put(t, old).inserted == 3
+    log: list[object] = []
+    me = threading.current_thread().name
+    view = t._view
+    real_present = view.present_set
+
+    def present_set(fkeys: Sequence[bytes]) -> set[int]:
+        log.append(("look-up", len(fkeys)))
+        return real_present(fkeys)
+
+    monkeypatch.setattr(view, "present_set", present_set)
+    log_submissions(monkeypatch, log, lambda name: "submit" if name == me else None)
+    r = _paged_put(t, b)
+    assert (r.inserted, r.present, r.dropped) == (37, 3, 0)
+    ahead = _first_reserved(40)
+    assert log[:2] == [("look-up", ahead), "submit"]  # the first writes' keys, then in
+    assert ("look-up", 40 - ahead) in log[2:]  # the rest, looked up after
+    assert "submit" in log[log.index(("look-up", 40 - ahead)) + 1 :]  # their writes join
+    assert t.contains(ns, b) == 40
+    assert verify_all(t, ns) == 40
+    t.check_integrity()
+    t.close()
+
+
+def test_a_put_whose_first_writes_find_no_room_still_counts_its_later_keys(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No slot for even the first writes: the keys never looked up are looked up all the
+    same, so the result counts the stored ones present and the rest dropped."""
+    ns = paged_ns()
+    t = SSDTier(make_config(tmp_path / "ssd", io_backend=backends_here()[0], capacity_bytes=CAP))
+    t.register(ns)
+    b = chain(ns, 32, salt=4)
+    assert _paged_put(t, [b[20], b[30]]).inserted == 2
+    monkeypatch.setattr(t._writer._alloc, "reserve", lambda bb, n: [])
+    r = _paged_put(t, b)
+    assert (r.inserted, r.present, r.dropped) == (0, 2, 30)
+    assert t.contains(ns, [b[20]]) == 1 and t.contains(ns, b[:20]) == 0
     t.check_integrity()
     t.close()
