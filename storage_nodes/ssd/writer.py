@@ -35,7 +35,10 @@ before its first write goes in and the rest while those writes are in flight
 (``_first_reserved``); their writes join the same batch. On a full store a reservation
 is an eviction, so a one-caller put no longer leaves the device idle through most of it.
 Beside another put it reserves everything at once: the other put's writes keep the
-device busy meanwhile, and one transaction costs less CPU. The order above still holds: every
+device busy meanwhile, and one transaction costs less CPU. Where the later rows can join
+the batch (rows moved direct, checksums given), the put has looked up only its first
+writes' keys too, and looks up the rest as it reserves their slots (``later``,
+``lookup.PutLookup``). The order above still holds: every
 slot is free in a committed transaction before it is written, and the group is published
 once, after all of its writes. A put that syncs its data reserves everything first (its
 files must be known before the batch).
