@@ -21,7 +21,7 @@ import logging
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from itertools import islice
 
 from kvstore.errors import IntegrityError
@@ -123,15 +123,9 @@ class SlotAllocator:
                 self._refill(block_bytes)
             return freed
 
-    def release(self, slots: Iterable[Slot], *, still_free: bool) -> None:
-        """End reservations: after a publish (``still_free=False``) or an aborted put."""
-        with self._lock:
-            slots = list(slots)
-            for s in slots:
-                self._reserved.discard(s)
-                self._reserved_in[s[0]] -= 1
-            if still_free:
-                self._cache_free(slots)
+    def release(self, slots: Sequence[Slot]) -> None:
+        """End reservations whose slots stay free: an aborted put, or slots given back."""
+        self.settle(slots, ())
 
     def settle(self, slots: Sequence[Slot], published: Collection[int]) -> None:
         """End a publish's reservations: ``slots[j]`` for ``j`` in ``published`` now hold
@@ -141,14 +135,12 @@ class SlotAllocator:
             self._reserved.difference_update(slots)
             for slab, k in Counter(s[0] for s in slots).items():
                 self._reserved_in[slab] -= k
-            if len(published) < len(slots):
-                self._cache_free([s for j, s in enumerate(slots) if j not in published])
-
-    def _cache_free(self, slots: Iterable[Slot]) -> None:
-        for s in slots:
-            if self.slab_class.get(s[0]) is not None:
-                self._cache.setdefault(self.slab_class[s[0]], []).append(s)
-                self._cached.add(s)
+            if len(published) == len(slots):
+                return  # the usual publish: nothing goes back to the free cache
+            for j, s in enumerate(slots):
+                if j not in published and self.slab_class.get(s[0]) is not None:
+                    self._cache.setdefault(self.slab_class[s[0]], []).append(s)
+                    self._cached.add(s)
 
     def _refill(self, block_bytes: int) -> bool:
         cache = self._cache.setdefault(block_bytes, [])

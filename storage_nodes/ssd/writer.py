@@ -173,7 +173,7 @@ class GroupCommit:
             except BaseException:
                 for txn, _, _ in early:
                     txn.abort()
-                self._alloc.release(slots + rest, still_free=True)
+                self._alloc.release(slots + rest)
                 raise
             slots, slabs = written.slots, written.slabs
             idx = idx[: len(slots)]
@@ -195,7 +195,7 @@ class GroupCommit:
                 with self._sync.publishing(slabs):
                     self._index.commit(txn)
             except BaseException:
-                self._alloc.release(slots, still_free=True)
+                self._alloc.release(slots)
                 raise
             self._alloc.settle(slots, published)
             return len(published), raced

@@ -97,7 +97,7 @@ def test_a_put_whose_later_slots_find_no_room_stores_the_head_of_its_chain(
         got = real_reserve(block_bytes, n)
         calls.append(n)
         if len(calls) == 2:  # the later slots: only ``room`` of them
-            alloc.release(got[room:], still_free=True)
+            alloc.release(got[room:])
             got = got[:room]
         return got
 
