@@ -124,13 +124,13 @@ def run(args: argparse.Namespace) -> int:
     summary = summarize(rows)
     dtype = str(lm.spec.dtype).removeprefix("torch.")
     if args.json:
-        print(json.dumps({"model": lm.spec.model_id, "dtype": dtype,
+        print(json.dumps({"model": lm.spec.name, "dtype": dtype,
                           "keeps": list(keeps),
                           "safe_keep_tokens": safe,
                           "summary": [s.as_json() for s in summary],
                           "runs": [asdict(r) for r in rows]}))
         return 0
-    print(f"model {lm.spec.model_id} ({dtype}): {len(cases)} sessions of {args.turns} turns, "
+    print(f"model {lm.spec.name} ({dtype}): {len(cases)} sessions of {args.turns} turns, "
           f"{args.new_tokens} new tokens per turn; safe keep {safe}; against a cold prefill")
     cols = ("keep", "mode", "turn", "runs", "replayed", "max|dlogit|", "mean|dlogit|",
             "KL mean", "KL max", "greedy agree")

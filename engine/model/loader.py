@@ -27,6 +27,7 @@ from engine.model.tokenizer import Tokenizer
 from engine.model.weights import checkpoint_files, load_weights, stored_dtype
 
 GENERATION_CONFIG_FILE = "generation_config.json"
+FETCH_MANIFEST_FILE = "kvengine-model.json"  # written by ``kvengine fetch-model``
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +50,22 @@ def eos_token_ids(model_dir: Path, cfg: ModelConfig, tokenizer: Tokenizer) -> tu
         return cfg.eos_token_ids
     eos = tokenizer.eos_token_id
     return () if eos is None else (eos,)
+
+
+def model_name(model_dir: Path) -> str:
+    """The name clients know the model by: the name ``kvengine fetch-model`` installed it
+    under, else ``config.json``'s ``_name_or_path`` where that is a hub-style name rather
+    than the local path transformers writes when saving a local model, else the directory's
+    name."""
+    manifest = model_dir / FETCH_MANIFEST_FILE
+    if manifest.is_file():
+        name = read_json(manifest).get("name")
+        if isinstance(name, str) and name:
+            return name
+    name = read_json(model_dir / "config.json").get("_name_or_path")
+    if isinstance(name, str) and name and not name.startswith(("/", ".", "~")):
+        return name
+    return model_dir.name
 
 
 def load_model(
@@ -81,7 +98,8 @@ def load_model(
             dt = torch.float32
     dev = torch.device(device)
     spec = ModelSpec(
-        model_id=path.name,
+        model_id=cfg.architecture,
+        name=model_name(path),
         architecture=cfg.architecture,
         num_layers=cfg.num_layers,
         hidden_size=cfg.hidden_size,

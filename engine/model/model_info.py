@@ -21,6 +21,7 @@ def describe(model_dir: Path, dtype: str | None) -> dict[str, Any]:
     spec = lm.spec
     elem = spec.dtype.itemsize
     return {
+        "name": spec.name,
         "model_id": spec.model_id,
         "architecture": spec.architecture,
         "revision": spec.revision,

@@ -10,7 +10,10 @@ import torch
 
 @dataclass(frozen=True, slots=True)
 class ModelSpec:
-    model_id: str  # the checkpoint directory's name
+    # The store namespace's model_id: the architecture, so two copies of one checkpoint in
+    # different directories share cached KV (the revision tells checkpoints apart).
+    model_id: str
+    name: str  # what clients call it: the fetched name, config's _name_or_path, the dir
     architecture: str  # config.json "architectures"[0]
     num_layers: int
     hidden_size: int

@@ -45,7 +45,9 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-queue", type=int, default=256, metavar="N",
                    help="requests accepted and not finished; more get 503 with Retry-After")
     p.add_argument("--served-model-name", metavar="NAME",
-                   help="the model's name in the API (default: the checkpoint dir's name)")
+                   help="the model's name in the API (default: the name kvengine fetch-model "
+                        "installed it under, else config.json's _name_or_path, else the "
+                        "checkpoint dir's name)")
     p.add_argument("--pool-tokens", type=int, default=_DEFAULTS.pool_tokens, metavar="N",
                    help="KV pool (the hbm tier) size in tokens")
     p.add_argument("--block-tokens", type=int, default=_DEFAULTS.block_tokens, metavar="N",
@@ -121,7 +123,7 @@ def run(args: argparse.Namespace) -> int:
                       if h.seq is not None else None)
     spec = loaded.spec
     state = ServerState(loop=loop, tokenizer=loaded.tokenizer,
-                        model_name=args.served_model_name or spec.model_id,
+                        model_name=args.served_model_name or spec.name,
                         max_context_tokens=spec.max_context_tokens,
                         vocab_size=spec.vocab_size, tenants=tenants, metrics=metrics,
                         max_queue=args.max_queue, created=int(time.time()),

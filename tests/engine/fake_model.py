@@ -25,6 +25,7 @@ def fake_spec(
 ) -> ModelSpec:
     return ModelSpec(
         model_id="fake",
+        name="fake",
         architecture="Fake",
         num_layers=layers,
         hidden_size=8,
