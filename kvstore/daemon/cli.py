@@ -14,7 +14,7 @@ from typing import Any
 
 from kvstore.daemon.config import ClusterLink, DaemonConfig, ServerLimits
 from kvstore.errors import InvalidArgument
-from kvstore.rpcserver.startup import check_memory
+from kvstore.host import memory_size
 from kvstore.units import parse_duration, parse_size
 
 
@@ -117,8 +117,7 @@ def config_from_args(args: argparse.Namespace) -> DaemonConfig:
         nodes = parse_nodes(args.nodes)  # "h:p,h:p" on the command line, a list in TOML
     else:
         nodes = ()
-    dram_bytes = parse_size(args.dram)
-    check_memory("--dram", dram_bytes)
+    dram_bytes = memory_size("--dram", args.dram)
     return DaemonConfig(
         listen=str(args.listen),
         dram_bytes=dram_bytes,

@@ -99,9 +99,10 @@ def _open_session(args: argparse.Namespace, timeout_s: float) -> Any:
     store = str(args.store)
     if store == "embedded":
         from kvstore.embedded import open_embedded
+        from kvstore.host import memory_size
 
         ssd_cap = parse_size(args.ssd_capacity) if args.ssd_capacity else None
-        manager = open_embedded(parse_size(args.dram), args.ssd_dir, ssd_cap)
+        manager = open_embedded(memory_size("--dram", args.dram), args.ssd_dir, ssd_cap)
         return StoreSession(lambda: manager, reopenable=False, timeout_s=timeout_s)
     if args.ssd_dir or args.ssd_capacity:
         raise LoadgenError("--ssd-dir/--ssd-capacity configure --store embedded only")

@@ -33,6 +33,8 @@ from kvstore.cli import main
             "at most 64 MiB a block",
         ),
         (["--concurrency", "100000"], "--concurrency must be in [1, 1024]"),
+        # Issue 36 (item 1): numpy's _ArrayMemoryError traceback, exit 1.
+        (["--store", "embedded", "--dram", "1PiB"], "--dram 1024.0 TiB is more than this"),
     ],
 )
 def test_bad_flags_are_one_line_and_exit_2(
