@@ -14,6 +14,7 @@ import sys
 from collections.abc import Sequence
 
 from engine.errors import EngineError
+from kvstore.flags import OneLineParser
 
 # name -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -46,7 +47,7 @@ class _HelpFormatter(argparse.HelpFormatter):
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The top parser; only ``command``'s module is imported to configure its flags."""
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(  # its subparsers too: a bad flag value is one line
         prog="kvengine",
         description="A paged-KV inference engine on Hugging Face checkpoints, fed by the "
                     "kvstore cache.",

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from kvstore.errors import KVStoreError
+from kvstore.flags import OneLineParser
 
 # name -> (module, one-line help). Modules are imported only when their command runs,
 # so `kvstore hitrate` never pays for gRPC and `kvstore serve` never for matplotlib.
@@ -44,7 +45,7 @@ class _HelpFormatter(argparse.HelpFormatter):
         return f"{text} (default: %(default)s)"
 
 
-class CommandParser(argparse.ArgumentParser):
+class CommandParser(OneLineParser):
     """A command's parser that keeps, by destination, the action each of its flags made
     (what ``add_argument`` returns): a config file's keys are checked against them.
     Command modules add their flags with ``add_argument`` on the parser itself."""
@@ -127,7 +128,7 @@ def build_parser(
     Only ``command``'s module is imported and configured: the others are listed with
     their one-line help, so ``kvstore hitrate`` never pays for torch or gRPC imports.
     """
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="kvstore",
         description="Tiered KV-cache store: HBM, host DRAM and an SSD cluster with 72 h retention.",
     )

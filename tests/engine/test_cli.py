@@ -1,0 +1,19 @@
+"""``kvengine``: argparse's errors are one line, as every other error of the command."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine import cli
+
+
+def test_a_bad_flag_value_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    # Issue 36 (item 8): argparse printed the whole usage block before its message.
+    with pytest.raises(SystemExit) as e:
+        cli.main(["generate", "--model", "m", "--prompt-file", "p", "--max-new-tokens", "x"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        "kvengine generate: error: --max-new-tokens: invalid int value: 'x'"
+        " (see kvengine generate --help)"
+    ]
