@@ -7,8 +7,9 @@ import json
 
 from clients.config import ClientConfig, parse_store_url, read_token
 from clients.sync_client import GrpcStore
+from kvstore.flags import flag_type
 from kvstore.tier import StoreStats
-from kvstore.units import format_bytes
+from kvstore.units import format_bytes, parse_timeout
 
 
 def configure(p: argparse.ArgumentParser) -> None:
@@ -17,7 +18,12 @@ def configure(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--auth-token-file", default=None, help="token file (else $KVSTORE_AUTH_TOKEN)")
     p.add_argument("--tls-ca", default=None, help="CA certificate for grpcs://")
-    p.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for the daemon")
+    p.add_argument(
+        "--timeout",
+        type=flag_type(parse_timeout),  # nan or inf would reach gRPC as the deadline
+        default="5s",
+        help="how long to wait for the daemon (e.g. 5s, 2m; a bare number is seconds)",
+    )
 
 
 def render(st: StoreStats) -> str:

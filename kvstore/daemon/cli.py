@@ -14,8 +14,9 @@ from typing import Any
 
 from kvstore.daemon.config import ClusterLink, DaemonConfig, ServerLimits
 from kvstore.errors import InvalidArgument
+from kvstore.flags import flag_type
 from kvstore.host import memory_size
-from kvstore.units import parse_duration, parse_size
+from kvstore.units import parse_duration, parse_size, parse_timeout
 
 
 def configure(p: argparse.ArgumentParser) -> None:
@@ -99,6 +100,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--stream-idle-timeout",
+        type=flag_type(parse_timeout),
         default="30s",
         help="cancel a Commit/Get stream whose client moves nothing for this long",
     )
@@ -169,7 +171,7 @@ def limits_from_args(args: argparse.Namespace) -> ServerLimits:
     return ServerLimits(
         max_request_bytes=min(ServerLimits().max_request_bytes, inflight),
         max_inflight_bytes=inflight,
-        stream_idle_timeout_s=parse_duration(args.stream_idle_timeout),
+        stream_idle_timeout_s=float(args.stream_idle_timeout),
     )
 
 

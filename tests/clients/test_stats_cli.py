@@ -6,6 +6,9 @@ import json
 import subprocess
 import sys
 
+import pytest
+
+from kvstore.cli import main
 from kvstore.testing.daemon_process import REPO, DaemonProcess
 
 
@@ -36,3 +39,15 @@ def test_errors_are_one_line() -> None:
     ):
         r = stats(*args)
         assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "0", "-1"])
+def test_a_timeout_is_finite_and_positive(capsys: pytest.CaptureFixture[str], value: str) -> None:
+    # Issue 36 (item 4): nan and inf were accepted and ended in "Deadline Exceeded".
+    with pytest.raises(SystemExit) as e:
+        main(["stats", "--store", "grpc://127.0.0.1:1", f"--timeout={value}"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(
+        f"kvstore stats: error: --timeout: invalid duration '{value}'"
+    ), err
