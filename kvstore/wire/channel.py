@@ -6,6 +6,7 @@ from __future__ import annotations
 import grpc
 
 from kvstore.errors import InvalidArgument
+from kvstore.textfile import read_text
 from kvstore.wire.codec import MAX_MESSAGE_BYTES
 
 #: The metadata key every RPC's token travels in, as ``Bearer TOKEN`` (DESIGN §7).
@@ -28,13 +29,7 @@ def token_from_file(path: str, what: str) -> str:
     """The token in the file ``path``: the first field of its first non-comment line (a bare
     token, or a server's ``token tenant`` line). A file that cannot be read or holds no
     token is an ``InvalidArgument`` naming it as ``what`` (the flag that gave it)."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            lines = f.read().splitlines()
-    except (OSError, UnicodeDecodeError) as e:
-        why = getattr(e, "strerror", None) or "not UTF-8 text"
-        raise InvalidArgument(f"{what} {path}: cannot read ({why})") from None
-    for line in lines:
+    for line in read_text(path, what).splitlines():
         line = line.strip()
         if line and not line.startswith("#"):
             return line.split()[0]

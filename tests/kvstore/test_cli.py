@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from kvstore.cli import main
@@ -41,3 +43,23 @@ def test_argparse_errors_are_one_line(
     capsys: pytest.CaptureFixture[str], argv: list[str], line: str
 ) -> None:
     assert run_bad(capsys, argv) == line
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["stats", "--config", "{blob}"],
+        ["hitrate", "x.jsonl", "--config", "{blob}"],
+        ["stats", "--store", "grpc://127.0.0.1:1", "--auth-token-file", "{blob}"],
+        ["serve", "--listen", "127.0.0.1:0", "--dram", "1MiB", "--auth-token-file", "{blob}"],
+    ],
+)
+def test_a_binary_file_is_named_in_its_error(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, argv: list[str]
+) -> None:
+    # Issue 36 (item 5): "'utf-8' codec can't decode byte 0xff…", naming no file.
+    blob = tmp_path / "blob.bin"
+    blob.write_bytes(b"\xff\xfe\x00binary")
+    line = run_bad(capsys, [a.format(blob=blob) for a in argv])
+    flag = argv[argv.index("{blob}") - 1]
+    assert f"error: {flag} {blob}: cannot read (not UTF-8 text" in line, line
