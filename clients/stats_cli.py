@@ -17,7 +17,7 @@ def configure(p: argparse.ArgumentParser) -> None:
         "--store", default="grpc://127.0.0.1:7420", help="grpc://HOST:PORT or grpcs://HOST:PORT"
     )
     p.add_argument("--auth-token-file", default=None, help="token file (else $KVSTORE_AUTH_TOKEN)")
-    p.add_argument("--tls-ca", default=None, help="CA certificate for grpcs://")
+    p.add_argument("--tls-ca", default=None, help="CA certificate (PEM) for grpcs://")
     p.add_argument(
         "--timeout",
         type=flag_type(parse_timeout),  # nan or inf would reach gRPC as the deadline

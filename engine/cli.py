@@ -14,7 +14,7 @@ import sys
 from collections.abc import Sequence
 
 from engine.errors import EngineError
-from kvstore.flags import OneLineParser
+from kvstore.flags import OneLineParser, quiet_grpc_core
 
 # name -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -68,6 +68,7 @@ def _command_in(argv: Sequence[str]) -> str | None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    quiet_grpc_core()  # kvengine is only ever a gRPC client (of kvstore serve)
     parser = build_parser(_command_in(argv))
     args = parser.parse_args(argv)
     if not getattr(args, "command", None):

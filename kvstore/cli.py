@@ -15,8 +15,11 @@ from collections.abc import Sequence
 from typing import Any
 
 from kvstore.errors import KVStoreError
-from kvstore.flags import OneLineParser
+from kvstore.flags import OneLineParser, quiet_grpc_core
 from kvstore.textfile import read_text
+
+# Commands that run no gRPC server: gRPC's C-core logging stays off their terminal.
+GRPC_CLIENTS = frozenset({"demo", "stats", "hitrate", "loadgen"})
 
 # name -> (module, one-line help). Modules are imported only when their command runs,
 # so `kvstore hitrate` never pays for gRPC and `kvstore serve` never for matplotlib.
@@ -173,7 +176,10 @@ def _command_in(argv: Sequence[str]) -> str | None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser, subparsers = build_parser(_command_in(argv))
+    command = _command_in(argv)
+    if command in GRPC_CLIENTS:
+        quiet_grpc_core()  # before build_parser imports the command's module (and grpc)
+    parser, subparsers = build_parser(command)
     args = parser.parse_args(argv)
     if not getattr(args, "command", None):
         parser.print_help()

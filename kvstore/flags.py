@@ -10,10 +10,20 @@ so a parser error is too, with a pointer to ``--help`` where the usage now lives
 from __future__ import annotations
 
 import argparse
+import os
 from collections.abc import Callable
 from typing import NoReturn, TypeVar
 
 T = TypeVar("T")
+
+
+def quiet_grpc_core() -> None:
+    """Keep gRPC's C-core log lines (``E1205 … ssl_transport_security.cc…``) off the
+    terminal of a command that is only a gRPC client: what went wrong reaches the user as
+    the call's error, in one line. Read once, when grpc is first imported, so the entry
+    point calls this before any command module loads; an operator's own GRPC_VERBOSITY
+    still wins."""
+    os.environ.setdefault("GRPC_VERBOSITY", "NONE")
 
 
 class OneLineParser(argparse.ArgumentParser):

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import ssl
+
 import grpc
 
 from kvstore.errors import InvalidArgument
@@ -46,11 +48,19 @@ def channel_credentials(tls: bool, ca_file: str | None) -> grpc.ChannelCredentia
     plaintext channel."""
     if not tls:
         return None
-    root = None
-    if ca_file:
-        with open(ca_file, "rb") as f:
-            root = f.read()
-    return grpc.ssl_channel_credentials(root)
+    return grpc.ssl_channel_credentials(read_ca_file(ca_file) if ca_file else None)
+
+
+def read_ca_file(path: str) -> bytes:
+    """The PEM certificates of the CA file ``path``, checked before any channel uses them:
+    gRPC takes any bytes, then logs four C-core lines per connection attempt ("Could not
+    load any root certificate") and fails each call as if the server were unreachable."""
+    text = read_text(path, "TLS CA file")
+    try:
+        ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_verify_locations(cadata=text)
+    except (ssl.SSLError, ValueError):  # no certificate in it, or a broken one
+        raise InvalidArgument(f"TLS CA file {path}: holds no PEM certificate") from None
+    return text.encode()
 
 
 def open_channel(target: str, *, tls: bool = False, ca_file: str | None = None) -> grpc.Channel:

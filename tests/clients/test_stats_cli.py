@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -51,3 +53,25 @@ def test_a_timeout_is_finite_and_positive(capsys: pytest.CaptureFixture[str], va
     assert len(err) == 1 and err[0].startswith(
         f"kvstore stats: error: --timeout: invalid duration '{value}'"
     ), err
+
+
+def test_a_bad_ca_file_is_named_before_connecting(tmp_path: Path) -> None:
+    # Issue 36 (item 2): four gRPC C-core log lines, then "Connection refused".
+    bad = tmp_path / "BAD.pem"
+    bad.write_text("not a pem\n")
+    r = stats("--store", "grpcs://127.0.0.1:1", "--tls-ca", str(bad), "--timeout", "2")
+    assert r.returncode == 2
+    assert r.stderr.splitlines() == [
+        f"kvstore stats: error: TLS CA file {bad}: holds no PEM certificate"
+    ]
+
+
+def test_client_commands_keep_grpc_core_logging_off_the_terminal(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.delenv("GRPC_VERBOSITY", raising=False)
+    assert main(["stats", "--store", "http://x:1"]) == 2
+    assert os.environ.get("GRPC_VERBOSITY") == "NONE"
+    monkeypatch.setenv("GRPC_VERBOSITY", "DEBUG")  # an operator's own choice wins
+    assert main(["stats", "--store", "http://x:1"]) == 2
+    assert os.environ["GRPC_VERBOSITY"] == "DEBUG"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from engine import cli
@@ -17,3 +19,13 @@ def test_a_bad_flag_value_is_one_line(capsys: pytest.CaptureFixture[str]) -> Non
         "kvengine generate: error: --max-new-tokens: invalid int value: 'x'"
         " (see kvengine generate --help)"
     ]
+
+
+def test_grpc_core_logging_stays_off_the_terminal(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Issue 36 (item 2): kvengine is only a gRPC client; C-core log lines are not its output.
+    monkeypatch.delenv("GRPC_VERBOSITY", raising=False)
+    with pytest.raises(SystemExit):
+        cli.main(["generate", "--nope"])
+    assert os.environ.get("GRPC_VERBOSITY") == "NONE"
