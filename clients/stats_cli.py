@@ -29,6 +29,10 @@ def configure(p: argparse.ArgumentParser) -> None:
 def render(st: StoreStats) -> str:
     lines = []
     for t in st.tiers:
+        if t.info.get("held") == "unknown":  # a tenant's view of a tier that cannot count
+            size = format_bytes(t.capacity_bytes)
+            lines.append(f"{t.name}: this tenant's share not counted by the tier, of {size}")
+            continue
         pct = 100.0 * t.used_bytes / t.capacity_bytes if t.capacity_bytes else 0.0
         lines.append(
             f"{t.name}: {format_bytes(t.used_bytes)} of "

@@ -75,3 +75,16 @@ def test_client_commands_keep_grpc_core_logging_off_the_terminal(
     monkeypatch.setenv("GRPC_VERBOSITY", "DEBUG")  # an operator's own choice wins
     assert main(["stats", "--store", "http://x:1"]) == 2
     assert os.environ["GRPC_VERBOSITY"] == "DEBUG"
+
+
+def test_a_tier_that_cannot_count_a_tenants_blocks_is_not_shown_as_empty() -> None:
+    from clients.stats_cli import render
+    from kvstore.tier import StoreStats, TierStats
+
+    tiers = (
+        TierStats("dram", 1 << 20, 4096, (), info={"scope": "tenant", "held": "exact"}),
+        TierStats("cluster", 1 << 30, 0, (), info={"scope": "tenant", "held": "unknown"}),
+    )
+    lines = render(StoreStats(tiers=tiers, counters={})).splitlines()
+    assert lines[0] == "dram: 4.0 KiB of 1.0 MiB (0.4%)"
+    assert lines[1] == "cluster: this tenant's share not counted by the tier, of 1.0 GiB"
