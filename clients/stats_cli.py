@@ -56,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
         target=target,
         tls=tls,
         tls_ca_file=args.tls_ca,
-        auth_token=read_token(args.auth_token_file),
+        auth_token=read_token(args.auth_token_file, "--auth-token-file"),
         default_timeout_s=args.timeout,
         shm="off",
     )
