@@ -65,11 +65,12 @@ def parse_store_url(url: str) -> tuple[str, bool]:
     raise InvalidArgument(f"store URL {url!r} must start with grpc:// or grpcs://")
 
 
-def read_token(token_file: str | None) -> str | None:
+def read_token(token_file: str | None, what: str = "token file") -> str | None:
     """The token from ``token_file`` (first field of its first non-comment line; the
-    daemon's ``token tenant`` file format works too) or from ``$KVSTORE_AUTH_TOKEN``."""
+    daemon's ``token tenant`` file format works too) or from ``$KVSTORE_AUTH_TOKEN``.
+    ``what`` is the flag that named the file, for its errors."""
     if token_file:
-        return token_from_file(token_file, "token file")
+        return token_from_file(token_file, what)
     return os.environ.get(TOKEN_ENV) or None
 
 

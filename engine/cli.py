@@ -14,6 +14,7 @@ import sys
 from collections.abc import Sequence
 
 from engine.errors import EngineError
+from kvstore.flags import OneLineParser, quiet_grpc_core
 
 # name -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -48,7 +49,7 @@ class _HelpFormatter(argparse.HelpFormatter):
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The top parser; only ``command``'s module is imported to configure its flags."""
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(  # its subparsers too: a bad flag value is one line
         prog="kvengine",
         description="A paged-KV inference engine on Hugging Face checkpoints, fed by the "
                     "kvstore cache.",
@@ -69,6 +70,7 @@ def _command_in(argv: Sequence[str]) -> str | None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    quiet_grpc_core()  # kvengine is only ever a gRPC client (of kvstore serve)
     parser = build_parser(_command_in(argv))
     args = parser.parse_args(argv)
     if not getattr(args, "command", None):

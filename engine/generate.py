@@ -34,6 +34,7 @@ from engine.model.loader import load_model
 from engine.sampling_params import SamplingParams
 from engine.sequence import TIERS, Sequence
 from engine.session import Conversation, SessionTurn, read_session_file
+from kvstore.textfile import read_text
 from kvstore.units import parse_size
 
 _DEFAULTS = EngineConfig()
@@ -184,7 +185,7 @@ def run(args: argparse.Namespace) -> int:
                           replay_keep_tokens=args.replay_keep, replay_force=args.force,
                           cache_all_layers=args.cache_all_layers)
     turns = (read_session_file(args.session_file) if args.session_file
-             else [SessionTurn("", _read_text(args.prompt_file))])
+             else [SessionTurn("", read_text(args.prompt_file, "--prompt-file"))])
     loaded = load_model(args.model, dtype=args.dtype, device=args.device,
                         progress=not args.json)
     policy = config.replay_policy(loaded.spec.layer_windows)  # refusals before the store opens
@@ -220,13 +221,6 @@ def run(args: argparse.Namespace) -> int:
               f"of KV per token ({policy.stored_layer_fraction:.0%} of the layers)")
     return 0
 
-
-def _read_text(path: str) -> str:
-    try:
-        with open(path, encoding="utf-8") as f:
-            return f.read()
-    except (OSError, UnicodeDecodeError) as e:
-        raise EngineInputError(f"cannot read prompt file {path}: {e}") from None
 
 
 def play(

@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 from dataclasses import asdict
-from pathlib import Path
 
 import torch
 from tqdm import tqdm
@@ -26,6 +25,7 @@ from bounded_replay import default_keep_tokens
 from engine.errors import EngineInputError
 from engine.fidelity import FidelityCase, FidelityRunner, FidelitySettings, summarize
 from engine.model.loader import load_model
+from kvstore.textfile import read_text
 
 
 def _ints(text: str, name: str, *, default: int | None = None) -> tuple[int, ...]:
@@ -85,10 +85,7 @@ def _cases(args: argparse.Namespace, vocab: int, encode) -> list[FidelityCase]: 
     hits = _fractions(args.hits)
     prompts: list[list[int]] = []
     if args.prompts:
-        try:
-            lines = Path(args.prompts).read_text(encoding="utf-8").splitlines()
-        except (OSError, UnicodeDecodeError) as e:
-            raise EngineInputError(f"cannot read prompts file {args.prompts}: {e}") from None
+        lines = read_text(args.prompts, "--prompts").splitlines()  # names the file
         prompts = [encode(line) for line in lines if line.strip()]
         if not prompts:
             raise EngineInputError(f"prompts file {args.prompts} has no prompt")

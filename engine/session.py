@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from engine.errors import EngineInputError
+from kvstore.textfile import read_text
 
 _PLACEHOLDER = "\x00kvengine-answer\x00"
 
@@ -49,10 +50,7 @@ class SessionTurn:
 def read_session_file(path: str | Path) -> list[SessionTurn]:
     """Parse a session file; a bad line is one error naming the file and line."""
     turns: list[SessionTurn] = []
-    try:
-        lines = Path(path).read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as e:
-        raise EngineInputError(f"cannot read session file {path}: {e}") from None
+    lines = read_text(path, "--session-file").splitlines()  # names the file
     for n, line in enumerate(lines, 1):
         if not line.strip():
             continue

@@ -15,6 +15,11 @@ from collections.abc import Sequence
 from typing import Any
 
 from kvstore.errors import KVStoreError
+from kvstore.flags import OneLineParser, quiet_grpc_core
+from kvstore.textfile import read_text
+
+# Commands that run no gRPC server: gRPC's C-core logging stays off their terminal.
+GRPC_CLIENTS = frozenset({"demo", "stats", "hitrate", "loadgen"})
 
 # name -> (module, one-line help). Modules are imported only when their command runs,
 # so `kvstore hitrate` never pays for gRPC and `kvstore serve` never for matplotlib.
@@ -44,7 +49,7 @@ class _HelpFormatter(argparse.HelpFormatter):
         return f"{text} (default: %(default)s)"
 
 
-class CommandParser(argparse.ArgumentParser):
+class CommandParser(OneLineParser):
     """A command's parser that keeps, by destination, the action each of its flags made
     (what ``add_argument`` returns): a config file's keys are checked against them.
     Command modules add their flags with ``add_argument`` on the parser itself."""
@@ -65,11 +70,9 @@ class UsageError(Exception):
 
 def load_config(path: str) -> dict[str, Any]:
     """A TOML config whose keys are flag names (``ssd-dir`` or ``ssd_dir``)."""
+    text = read_text(path, "--config")  # names the file when it is missing or not text
     try:
-        with open(path, "rb") as f:
-            data = tomllib.load(f)
-    except OSError as e:
-        raise UsageError(f"cannot read config {path}: {e.strerror}") from None
+        data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise UsageError(f"invalid TOML in {path}: {e}") from None
     return {k.replace("-", "_"): v for k, v in data.items()}
@@ -78,7 +81,9 @@ def load_config(path: str) -> dict[str, Any]:
 def config_defaults(sub: CommandParser, cfg: dict[str, Any], path: str) -> dict[str, Any]:
     """TOML values as the strings a command line would give, checked against each flag:
     a switch takes true/false; a list becomes ``a,b`` (``nodes = ["h:1", "h:2"]``); numbers
-    become their text, so sizes and durations go through the same parsers as flags."""
+    become their text, so sizes and durations go through the same parsers as flags. A
+    repeatable flag (``--sweep``) takes a string or a list, each item one use of the flag:
+    its default is the list argparse would have built."""
     actions = sub.flags
     out: dict[str, Any] = {}
     for key, value in cfg.items():
@@ -89,30 +94,51 @@ def config_defaults(sub: CommandParser, cfg: dict[str, Any], path: str) -> dict[
                 raise UsageError(f"{where}: expected true or false, got {value!r}")
             out[key] = value
             continue
-        if isinstance(value, list):
-            if not all(_scalar(v) for v in value):
-                raise UsageError(f"{where}: expected a list of strings or numbers")
-            value = ",".join(str(v) for v in value)
-        elif not _scalar(value):
-            raise UsageError(f"{where}: expected a string or a number, got {value!r}")
-        text = str(value)
-        if callable(action.type):
-            try:
-                action.type(text)
-            except (TypeError, ValueError, argparse.ArgumentTypeError):
-                raise UsageError(f"{where}: invalid value {value!r}") from None
-        out[key] = text
+        items = value if isinstance(value, list) else [value]
+        if not all(_scalar(v) for v in items):
+            raise UsageError(f"{where}: expected a string, a number or a list of them")
+        if _repeatable(action):
+            # A list default, not "a,b": argparse's append default is the list of uses
+            # (a string there would be iterated per character: "invalid --sweep 'd'").
+            out[key] = [_flag_text(action, str(v), where) for v in items]
+        else:
+            out[key] = _flag_text(action, ",".join(str(v) for v in items), where)
     return out
 
 
-def apply_config(sub: CommandParser, path: str) -> None:
+def _repeatable(action: argparse.Action) -> bool:
+    return isinstance(action, argparse._AppendAction)  # what action="append" makes
+
+
+def _flag_text(action: argparse.Action, text: str, where: str) -> str:
+    """``text`` checked with the flag's ``type=``, as the command line would be."""
+    if callable(action.type):
+        try:
+            action.type(text)
+        except argparse.ArgumentTypeError as e:  # a flag_type: its parser's message
+            raise UsageError(f"{where}: {e}") from None
+        except (TypeError, ValueError):
+            raise UsageError(f"{where}: invalid value {text!r}") from None
+    return text
+
+
+def apply_config(
+    sub: CommandParser, path: str, given: argparse.Namespace | None = None
+) -> None:
     """Make the TOML file ``path``'s values ``sub``'s defaults (parse again after: flags
-    given on the command line still win); a key that names no flag is a ``UsageError``."""
+    given on the command line still win); a key that names no flag is a ``UsageError``.
+    ``given``, the parse without the config, says which repeatable flags the command line
+    gave: argparse appends those to a list default, so the config's are dropped instead."""
     cfg = load_config(path)
     unknown = sorted(set(cfg) - set(sub.flags))
     if unknown:
         raise UsageError(f"{path}: unknown keys {', '.join(unknown)}")
-    sub.set_defaults(**config_defaults(sub, cfg, path))
+    defaults = config_defaults(sub, cfg, path)
+    if given is not None:
+        for key in [k for k in defaults if _repeatable(sub.flags[k])]:
+            if getattr(given, key, None) is not None:
+                del defaults[key]
+    sub.set_defaults(**defaults)
 
 
 def _scalar(v: object) -> bool:
@@ -127,7 +153,7 @@ def build_parser(
     Only ``command``'s module is imported and configured: the others are listed with
     their one-line help, so ``kvstore hitrate`` never pays for torch or gRPC imports.
     """
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="kvstore",
         description="Tiered KV-cache store: HBM, host DRAM and an SSD cluster with 72 h retention.",
     )
@@ -150,7 +176,10 @@ def _command_in(argv: Sequence[str]) -> str | None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser, subparsers = build_parser(_command_in(argv))
+    command = _command_in(argv)
+    if command in GRPC_CLIENTS:
+        quiet_grpc_core()  # before build_parser imports the command's module (and grpc)
+    parser, subparsers = build_parser(command)
     args = parser.parse_args(argv)
     if not getattr(args, "command", None):
         parser.print_help()
@@ -158,7 +187,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.config:
             # Config values are defaults; flags given on the command line still win.
-            apply_config(subparsers[args.command], args.config)
+            apply_config(subparsers[args.command], args.config, args)
             args = parser.parse_args(argv)
         return int(importlib.import_module(args._module).run(args) or 0)
     except (UsageError, KVStoreError, ValueError) as e:

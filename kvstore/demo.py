@@ -21,6 +21,7 @@ import numpy as np
 
 from kvstore.embedded import open_embedded
 from kvstore.errors import InvalidArgument
+from kvstore.host import memory_size
 from kvstore.keys import Namespace, chain_keys
 from kvstore.units import format_bytes, parse_duration, parse_size
 
@@ -70,14 +71,14 @@ def _store(args: argparse.Namespace, tmp: str | None):
     ssd_dir = None if args.no_ssd else (args.ssd_dir or tmp)
     try:
         return open_embedded(
-            dram_bytes=parse_size(args.dram),
+            dram_bytes=memory_size("--dram", args.dram),
             ssd_dir=ssd_dir,
             ssd_capacity_bytes=parse_size(args.ssd_capacity),
             retention_s=parse_duration(args.retention),
         )
     except ImportError:
         print("note: SSD engine not available, running DRAM only", file=sys.stderr)
-        return open_embedded(dram_bytes=parse_size(args.dram))
+        return open_embedded(dram_bytes=memory_size("--dram", args.dram))
 
 
 def run_conversation(store, turns: int, sessions: int, seed: int) -> list[TurnReport]:

@@ -187,6 +187,12 @@ class Tier(ABC):
         when this tier cannot count them."""
         return None
 
+    def block_footprint(self, block_bytes: int) -> int:
+        """Bytes one block of ``block_bytes`` occupies here, as ``stats().used_bytes``
+        counts it (a tenant's usage is its blocks times this). This default: the payload;
+        a tier that stores a header or pads blocks says so."""
+        return block_bytes
+
     @abstractmethod
     def check_integrity(self) -> None:
         """Re-derive all accounting from first principles; raise ``IntegrityError``."""

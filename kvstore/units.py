@@ -2,7 +2,8 @@
 
 Sizes: an integer is bytes; units ``KiB MiB GiB TiB PiB`` (binary) and ``KB MB GB TB PB``
 (decimal); a ``tok`` suffix means tokens (``3000000tok``, ``3Mtok``); ``inf`` is unbounded.
-Durations: ``90s``, ``15m``, ``72h``, ``3d`` (a bare number is seconds).
+Durations: ``90s``, ``15m``, ``72h``, ``3d`` (a bare number is seconds); a timeout or
+deadline (``parse_timeout``) is finite and positive.
 """
 
 from __future__ import annotations
@@ -84,13 +85,26 @@ def parse_capacity(text: str | int) -> Capacity:
         return Capacity()
     m = _TOKENS_RE.match(s)
     if m:
+        _whole_unless_scaled(text, m.group(1), m.group(2), "tokens")
         return Capacity(tokens=int(float(m.group(1)) * _TOKEN_SCALE[m.group(2)]))
     m = _SIZE_RE.match(s)
     if not m or m.group(2) not in _BYTE_UNITS:
         raise InvalidArgument(
             f"invalid size {text!r}: use bytes, KiB/MiB/GiB/TiB/PiB, KB/MB/GB, 'Ntok' or 'inf'"
         )
+    _whole_unless_scaled(text, m.group(1), m.group(2).removeprefix("b"), "bytes")
     return Capacity(bytes_=int(float(m.group(1)) * _BYTE_UNITS[m.group(2)]))
+
+
+def _whole_unless_scaled(text: str | int, number: str, unit: str, what: str) -> None:
+    """A count of bytes or tokens without a unit is a whole number: ``dram = 1.5`` in a
+    config would otherwise become 1 byte, silently. ``1.5GiB`` is fine."""
+    if not unit and "." in number:
+        example = "1.5GiB" if what == "bytes" else "1.5Ktok"
+        raise InvalidArgument(
+            f"invalid size {text!r}: a number of {what} is whole; give a unit for a fraction"
+            f" (e.g. {example})"
+        )
 
 
 def parse_duration(text: str | float | int) -> float:
@@ -98,6 +112,8 @@ def parse_duration(text: str | float | int) -> float:
     if isinstance(text, bool):
         raise InvalidArgument(f"invalid duration {text!r}")
     if isinstance(text, int | float):
+        if math.isnan(text):  # nan < 0 is False: it would pass as a duration
+            raise InvalidArgument(f"invalid duration {text!r}")
         if text < 0:
             raise InvalidArgument(f"duration must not be negative: {text}")
         return float(text)
@@ -108,6 +124,21 @@ def parse_duration(text: str | float | int) -> float:
     if not m:
         raise InvalidArgument(f"invalid duration {text!r}: use e.g. 90s, 15m, 72h, 3d or inf")
     return float(m.group(1)) * _DURATION_UNITS[m.group(2)]
+
+
+def parse_timeout(text: str | float | int) -> float:
+    """A timeout or deadline in seconds: a duration that is finite and positive. ``inf``
+    or ``nan`` would reach gRPC as a deadline and end as "Deadline Exceeded"; 0 expires at
+    once."""
+    try:
+        seconds = parse_duration(text)
+    except InvalidArgument:
+        seconds = math.nan
+    if not 0 < seconds < math.inf:  # nan included
+        raise InvalidArgument(
+            f"invalid duration {text!r}: a timeout is finite and positive, e.g. 5s or 2m"
+        )
+    return seconds
 
 
 def format_bytes(n: float) -> str:

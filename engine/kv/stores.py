@@ -41,7 +41,11 @@ def default_store_dir() -> Path:
 
 def _open_embedded(url: str, opts: StoreOptions) -> KVStore:
     from kvstore.embedded import open_embedded
+    from kvstore.host import check_memory
 
+    # The one check every command sizing an embedded store makes (its flag is --dram),
+    # before the directory or the DRAM buffer exists.
+    check_memory("--dram", opts.dram_bytes)
     arg = url.partition(":")[2]
     path = Path(arg) if arg else default_store_dir()
     path.mkdir(parents=True, exist_ok=True)

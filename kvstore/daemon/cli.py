@@ -14,8 +14,9 @@ from typing import Any
 
 from kvstore.daemon.config import ClusterLink, DaemonConfig, ServerLimits
 from kvstore.errors import InvalidArgument
-from kvstore.rpcserver.startup import check_memory
-from kvstore.units import parse_duration, parse_size
+from kvstore.flags import flag_type
+from kvstore.host import memory_size
+from kvstore.units import parse_duration, parse_size, parse_timeout
 
 
 def configure(p: argparse.ArgumentParser) -> None:
@@ -99,6 +100,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--stream-idle-timeout",
+        type=flag_type(parse_timeout),
         default="30s",
         help="cancel a Commit/Get stream whose client moves nothing for this long",
     )
@@ -117,8 +119,7 @@ def config_from_args(args: argparse.Namespace) -> DaemonConfig:
         nodes = parse_nodes(args.nodes)  # "h:p,h:p" on the command line, a list in TOML
     else:
         nodes = ()
-    dram_bytes = parse_size(args.dram)
-    check_memory("--dram", dram_bytes)
+    dram_bytes = memory_size("--dram", args.dram)
     return DaemonConfig(
         listen=str(args.listen),
         dram_bytes=dram_bytes,
@@ -170,7 +171,7 @@ def limits_from_args(args: argparse.Namespace) -> ServerLimits:
     return ServerLimits(
         max_request_bytes=min(ServerLimits().max_request_bytes, inflight),
         max_inflight_bytes=inflight,
-        stream_idle_timeout_s=parse_duration(args.stream_idle_timeout),
+        stream_idle_timeout_s=float(args.stream_idle_timeout),
     )
 
 

@@ -20,7 +20,7 @@ import grpc
 
 from kvstore.daemon.catalog import MemoryCatalog
 from kvstore.daemon.staging import DATA_OFFSET, StagingArea
-from kvstore.daemon.tenants import TenantLedger, held_blocks, tenant_stats
+from kvstore.daemon.tenants import TenantLedger, footprints, held_blocks, tenant_stats
 from kvstore.errors import InvalidArgument
 from kvstore.rpcserver.auth import Caller, owns
 from kvstore.rpcserver.plumbing import RpcPlumbing
@@ -65,7 +65,10 @@ class ControlRpcs(RpcPlumbing):
             scope = _scope(caller)
             assert scope is not None  # sees_everything otherwise
             held = held_blocks(self.store, self.catalog.of_tenants(scope))
-            return stats_to_proto(tenant_stats(whole, held, self.ledger.counters_of(scope)))
+            mine = tenant_stats(
+                whole, held, self.ledger.counters_of(scope), footprints(self.store)
+            )
+            return stats_to_proto(mine)
 
         return self._unary_as(ctx, "Stats", run)
 

@@ -126,13 +126,25 @@ def held_blocks(
     return out
 
 
+def footprints(store: KVStore) -> dict[str, Callable[[int], int]]:
+    """Per tier name, the bytes a block of a given size occupies there (its header and
+    padding included where the tier stores them), so a tenant's usage is counted as the
+    whole tier's is."""
+    return {tier.name: tier.block_footprint for tier in getattr(store, "tiers", ())}
+
+
 def tenant_stats(
-    whole: StoreStats, held: Mapping[str, dict[int, int] | None], counters: Mapping[str, int]
+    whole: StoreStats,
+    held: Mapping[str, dict[int, int] | None],
+    counters: Mapping[str, int],
+    footprint: Mapping[str, Callable[[int], int]] | None = None,
 ) -> StoreStats:
-    """``whole`` cut down to one tenant: capacities stay, usage is the tenant's own."""
+    """``whole`` cut down to one tenant: capacities stay, usage is the tenant's own
+    (``footprint``, by tier name, sizes each block as the tier does; else its payload)."""
     tiers = []
     for t in whole.tiers:
         mine = held.get(t.name)
+        size = (footprint or {}).get(t.name, int)  # int(bb) == bb: the payload
         capacity = {c.block_bytes: c.capacity_blocks for c in t.size_classes}
         classes = tuple(
             SizeClassStats(bb, capacity.get(bb, 0), n) for bb, n in sorted((mine or {}).items())
@@ -141,7 +153,7 @@ def tenant_stats(
             TierStats(
                 name=t.name,
                 capacity_bytes=t.capacity_bytes,
-                used_bytes=sum(c.block_bytes * c.used_blocks for c in classes),
+                used_bytes=sum(size(c.block_bytes) * c.used_blocks for c in classes),
                 size_classes=classes,
                 info={"scope": "tenant", "held": "unknown" if mine is None else "exact"},
             )

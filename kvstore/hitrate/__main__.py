@@ -28,7 +28,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         if args.config:
-            apply_config(parser, args.config)
+            apply_config(parser, args.config, args)
             args = parser.parse_args(argv)
         return run(args)
     except (UsageError, KVStoreError, ValueError, FileNotFoundError, PermissionError) as e:

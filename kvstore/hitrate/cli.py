@@ -62,7 +62,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
         action="append",
         default=None,
         metavar="TIER=LO..HI:xF",
-        help="capacity sweep, e.g. dram=1GiB..1TiB:x2 (repeatable, one per tier)",
+        help="capacity sweep, e.g. dram=1GiB..1TiB:x2 (repeatable, one per tier; in a"
+        " config: a string or a list)",
     )
     parser.add_argument(
         "--plot", metavar="F.png", default=None, help="draw the sweep (needs --sweep)"

@@ -16,9 +16,10 @@ import sys
 from typing import Any
 
 from kvstore.errors import StoreUnavailable
+from kvstore.flags import flag_type
 from kvstore.loadgen.errors import LoadgenError
 from kvstore.loadgen.streams import DISPATCHERS
-from kvstore.units import parse_duration, parse_size
+from kvstore.units import parse_size, parse_timeout
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -60,7 +61,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--block-tokens", default=None, help="block size for Mooncake (default 512)"
     )
     parser.add_argument(
-        "--timeout", default="10s", help="deadline of each store call (default 10s)"
+        "--timeout",
+        type=flag_type(parse_timeout),
+        default="10s",
+        help="deadline of each store call (default 10s)",
     )
     parser.add_argument(
         "--no-shm", action="store_true", help="never use the shared-memory fast path"
@@ -99,9 +103,10 @@ def _open_session(args: argparse.Namespace, timeout_s: float) -> Any:
     store = str(args.store)
     if store == "embedded":
         from kvstore.embedded import open_embedded
+        from kvstore.host import memory_size
 
         ssd_cap = parse_size(args.ssd_capacity) if args.ssd_capacity else None
-        manager = open_embedded(parse_size(args.dram), args.ssd_dir, ssd_cap)
+        manager = open_embedded(memory_size("--dram", args.dram), args.ssd_dir, ssd_cap)
         return StoreSession(lambda: manager, reopenable=False, timeout_s=timeout_s)
     if args.ssd_dir or args.ssd_capacity:
         raise LoadgenError("--ssd-dir/--ssd-capacity configure --store embedded only")
@@ -148,9 +153,7 @@ def run(args: argparse.Namespace) -> int:
     config = load_config(args)
     if args.audit_durable and config.durability != "ssd":
         raise LoadgenError("--audit-durable needs --durability ssd")
-    timeout_s = parse_duration(args.timeout)
-    if not 0 < timeout_s < math.inf:
-        raise LoadgenError(f"--timeout must be a positive finite duration, got {args.timeout!r}")
+    timeout_s = float(args.timeout)  # finite and positive: flag_type(parse_timeout)
     session = _open_session(args, timeout_s)
     try:
         # A daemon with a token file takes only namespaces of the token's tenant.

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 from kvstore.errors import InvalidArgument
 from kvstore.keys import Namespace
+from kvstore.textfile import read_text
 from kvstore.wire.errors import AccessDenied
 
 DELEGATION_SUFFIX = "/*"
@@ -119,16 +120,12 @@ class TokenAuth(Authenticator):
         return found
 
 
-def load_token_file(path: str) -> TokenAuth:
-    """Parse ``token tenant [admin]`` lines (``#`` comments, blank lines ignored)."""
+def load_token_file(path: str, what: str = "--auth-token-file") -> TokenAuth:
+    """Parse ``token tenant [admin]`` lines (``#`` comments, blank lines ignored); a file
+    that cannot be read, or is not text, is an error naming it (as ``what``, its flag)."""
     tokens: dict[str, str] = {}
     admins: set[str] = set()
-    try:
-        with open(path, encoding="utf-8") as f:
-            lines = f.read().splitlines()
-    except OSError as e:
-        raise InvalidArgument(f"cannot read auth token file {path}: {e.strerror}") from None
-    for n, raw in enumerate(lines, 1):
+    for n, raw in enumerate(read_text(path, what).splitlines(), 1):
         line = raw.strip()
         if not line or line.startswith("#"):
             continue

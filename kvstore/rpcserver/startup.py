@@ -1,7 +1,7 @@
 """What ``kvstore serve`` and ``kvstore node`` check before they start: every way a flag
 can be wrong for this machine becomes one ``InvalidArgument`` line (exit 2), never a
 traceback — a busy or unresolvable address, a certificate that is not PEM, a directory
-that is a file, more memory than the machine has, a size past what counters can carry.
+that is a file, a size past what counters can carry (memory: ``kvstore.host``).
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ from typing import Protocol
 import grpc
 
 from kvstore.errors import InvalidArgument
-from kvstore.units import format_bytes
 
 #: Sizes travel as int64 counters and uint64 fields; past this, Stats cannot carry them.
 MAX_CAPACITY_BYTES = (1 << 63) - 1
@@ -30,19 +29,6 @@ def check_hostport(flag: str, value: str) -> None:
 def check_capacity(flag: str, nbytes: int) -> None:
     if not 0 < nbytes <= MAX_CAPACITY_BYTES:
         raise InvalidArgument(f"{flag} must be in (0, 2**63) bytes, got {nbytes}")
-
-
-def check_memory(flag: str, nbytes: int) -> None:
-    """Refuse a memory size the machine cannot back at all."""
-    try:
-        total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError):  # not knowable here: let the allocation decide
-        return
-    if nbytes > total:
-        raise InvalidArgument(
-            f"{flag} {format_bytes(nbytes)} is more than this machine's memory "
-            f"({format_bytes(total)})"
-        )
 
 
 def check_directory(flag: str, path: str | Path | None) -> None:

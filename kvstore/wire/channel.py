@@ -3,9 +3,12 @@
 
 from __future__ import annotations
 
+import ssl
+
 import grpc
 
 from kvstore.errors import InvalidArgument
+from kvstore.textfile import read_text
 from kvstore.wire.codec import MAX_MESSAGE_BYTES
 
 #: The metadata key every RPC's token travels in, as ``Bearer TOKEN`` (DESIGN §7).
@@ -28,13 +31,7 @@ def token_from_file(path: str, what: str) -> str:
     """The token in the file ``path``: the first field of its first non-comment line (a bare
     token, or a server's ``token tenant`` line). A file that cannot be read or holds no
     token is an ``InvalidArgument`` naming it as ``what`` (the flag that gave it)."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            lines = f.read().splitlines()
-    except (OSError, UnicodeDecodeError) as e:
-        why = getattr(e, "strerror", None) or "not UTF-8 text"
-        raise InvalidArgument(f"{what} {path}: cannot read ({why})") from None
-    for line in lines:
+    for line in read_text(path, what).splitlines():
         line = line.strip()
         if line and not line.startswith("#"):
             return line.split()[0]
@@ -51,11 +48,19 @@ def channel_credentials(tls: bool, ca_file: str | None) -> grpc.ChannelCredentia
     plaintext channel."""
     if not tls:
         return None
-    root = None
-    if ca_file:
-        with open(ca_file, "rb") as f:
-            root = f.read()
-    return grpc.ssl_channel_credentials(root)
+    return grpc.ssl_channel_credentials(read_ca_file(ca_file) if ca_file else None)
+
+
+def read_ca_file(path: str) -> bytes:
+    """The PEM certificates of the CA file ``path``, checked before any channel uses them:
+    gRPC takes any bytes, then logs four C-core lines per connection attempt ("Could not
+    load any root certificate") and fails each call as if the server were unreachable."""
+    text = read_text(path, "TLS CA file")
+    try:
+        ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_verify_locations(cadata=text)
+    except (ssl.SSLError, ValueError):  # no certificate in it, or a broken one
+        raise InvalidArgument(f"TLS CA file {path}: holds no PEM certificate") from None
+    return text.encode()
 
 
 def open_channel(target: str, *, tls: bool = False, ca_file: str | None = None) -> grpc.Channel:

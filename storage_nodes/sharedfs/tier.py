@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -239,6 +239,18 @@ class SharedFSTier(Tier):
         """This daemon's own keys of ``ns`` (for checks and tooling)."""
         with self._gate.call(), self._ctx.lock:
             return list(self._state(ns).own.lru)
+
+    def namespace_blocks(self, fingerprints: Collection[bytes]) -> dict[bytes, int]:
+        """This daemon's own blocks of each namespace, as its stats count them."""
+        with self._gate.call(), self._ctx.lock:
+            spaces = self._ctx.spaces
+            return {
+                fp: spaces[fp].own.used_blocks() if fp in spaces else 0
+                for fp in set(fingerprints)
+            }
+
+    def block_footprint(self, block_bytes: int) -> int:
+        return slot_bytes_for(block_bytes)  # header and alignment, as stats() counts
 
     # -- stats, checks, lifecycle -----------------------------------------------------
     def stats(self) -> TierStats:

@@ -81,6 +81,11 @@ class LiveIndex:
             if len(batch) < _DELETE_BATCH:
                 return total
 
+    def count_of(self, fingerprint: bytes) -> int:
+        """Blocks of one namespace in the index (a cursor walk over its keys)."""
+        with self._index.begin() as txn:
+            return sum(1 for _ in self._index.iter_namespace(txn, fingerprint))
+
     def keys_of(self, fingerprint: bytes) -> list[bytes]:
         with self._index.begin() as txn:
             return [fk[16:] for fk in self._index.iter_namespace(txn, fingerprint)]

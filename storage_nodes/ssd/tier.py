@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from contextlib import suppress
 from typing import Any
 
@@ -286,6 +286,13 @@ class SSDTier(Tier):
         """Every key of ``ns`` the index holds, expired or not (for checks and tooling)."""
         with self._gate.call():
             return self._view.keys_of(ns.fingerprint)
+
+    def namespace_blocks(self, fingerprints: Collection[bytes]) -> dict[bytes, int]:
+        with self._gate.call():  # a tenant's Stats: the blocks its namespaces hold here
+            return {fp: self._view.count_of(fp) for fp in set(fingerprints)}
+
+    def block_footprint(self, block_bytes: int) -> int:
+        return slot_bytes_for(block_bytes)  # header and alignment, as stats() counts
 
     # -- maintenance ------------------------------------------------------------------
     def probe(self) -> str:

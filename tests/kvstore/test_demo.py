@@ -29,3 +29,14 @@ def test_a_small_run_reports_hits(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["demo", "--no-ssd", "--turns", "3", "--sessions", "2"]) == 0
     out = capsys.readouterr().out
     assert "hit" in out.lower()
+
+
+@pytest.mark.parametrize("ssd", [["--no-ssd"], []])
+def test_more_dram_than_the_machine_has_is_one_line(
+    capsys: pytest.CaptureFixture[str], ssd: list[str]
+) -> None:
+    # Issue 36 (item 1): numpy's _ArrayMemoryError ended a 22-line traceback, exit 1.
+    assert main(["demo", *ssd, "--dram", "1PiB", "--turns", "1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    assert err[0].startswith("kvstore demo: error: --dram 1024.0 TiB is more than this machine's")

@@ -5,7 +5,14 @@ import math
 import pytest
 
 from kvstore.errors import InvalidArgument
-from kvstore.units import Capacity, format_bytes, parse_capacity, parse_duration, parse_size
+from kvstore.units import (
+    Capacity,
+    format_bytes,
+    parse_capacity,
+    parse_duration,
+    parse_size,
+    parse_timeout,
+)
 
 
 @pytest.mark.parametrize(
@@ -68,6 +75,36 @@ def test_durations(text, expect) -> None:
 def test_bad_durations(bad) -> None:
     with pytest.raises(InvalidArgument):
         parse_duration(bad)
+
+
+def test_a_nan_duration_is_refused() -> None:
+    with pytest.raises(InvalidArgument, match="invalid duration"):
+        parse_duration(math.nan)
+
+
+@pytest.mark.parametrize(("text", "expect"), [("5", 5.0), ("0.5", 0.5), ("2m", 120.0), (3, 3.0)])
+def test_timeouts(text, expect) -> None:
+    assert parse_timeout(text) == expect
+
+
+@pytest.mark.parametrize("bad", ["nan", "inf", "infinity", "0", "0s", "-1", "", math.nan, 0])
+def test_a_timeout_is_finite_and_positive(bad) -> None:
+    # Issue 36 (item 4): `kvstore stats --timeout nan` (or inf) reached gRPC as a deadline.
+    with pytest.raises(InvalidArgument, match="a timeout is finite and positive"):
+        parse_timeout(bad)
+
+
+@pytest.mark.parametrize("bad", ["1.5", "1.0", ".5", "1.5B", "1.5 b", "1.5tok"])
+def test_a_bare_fraction_is_not_a_size(bad) -> None:
+    # Issue 36 (item 6): `dram = 1.5` in a config silently became 1 byte.
+    with pytest.raises(InvalidArgument, match="is whole; give a unit for a fraction"):
+        parse_capacity(bad)
+
+
+def test_a_fraction_with_a_unit_is_a_size() -> None:
+    assert parse_size("1.5KiB") == 1536
+    assert parse_capacity("1.5Ktok") == Capacity(tokens=1500)
+    assert parse_size("1024") == parse_size("1024B") == 1024
 
 
 def test_format_bytes() -> None:

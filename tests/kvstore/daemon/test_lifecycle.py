@@ -96,6 +96,10 @@ def serve(*flags: str) -> subprocess.CompletedProcess[str]:
         (["--tls-cert", "/nonexistent"], "--tls-key"),
         (["--access-log-rotate", "5m"], "60"),
         (["--auth-token-file", "/nonexistent/tokens"], "cannot read"),
+        # Issue 36: argparse's usage block (item 8), a timeout of nan (item 4).
+        (["--workers", "abc"], "kvstore serve: error: --workers: invalid int value: 'abc'"),
+        (["--stream-idle-timeout", "nan"], "--stream-idle-timeout: invalid duration 'nan'"),
+        (["--dram", "1.5"], "a number of bytes is whole"),
     ],
 )
 def test_bad_flags_fail_with_one_line(flags: list[str], message: str) -> None:

@@ -16,7 +16,7 @@ from kvstore.dram import DramConfig, DramTier
 from kvstore.errors import StoreUnavailable
 from kvstore.keys import Key, Namespace
 from kvstore.manager import TierManager
-from kvstore.tier import PutResult, Tier, TierStats
+from kvstore.tier import PutResult, SizeClassStats, StoreStats, Tier, TierStats
 from tests.conftest import small_ns
 from tests.kvstore.daemon.conftest import make_chain, payloads
 
@@ -164,3 +164,14 @@ def test_dram_counts_each_namespaces_blocks_exactly(ops: list[tuple[str, int]]) 
         held = {k for k in ks if tier.contains(ns, [k]) == 1}
         assert counts[ns.fingerprint] == len(held)
     tier.check_integrity()
+
+
+def test_a_tenants_bytes_are_counted_as_the_tier_counts_them() -> None:
+    # Issue 36 (item 7): an SSD block occupies its slot (header, alignment), not its payload.
+    bb = NS_A.block_bytes
+    whole = StoreStats(
+        tiers=(TierStats("ssd", 1 << 30, 9 * 4096, (SizeClassStats(bb, 100, 9),)),), counters={}
+    )
+    mine = tenant_stats(whole, {"ssd": {bb: 2}}, {}, {"ssd": lambda b: 4096})
+    assert mine.tiers[0].used_bytes == 2 * 4096
+    assert tenant_stats(whole, {"ssd": {bb: 2}}, {}).tiers[0].used_bytes == 2 * bb

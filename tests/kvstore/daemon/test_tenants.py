@@ -109,8 +109,15 @@ def test_stats_and_flush_are_scoped_to_the_tenant(
             "commit_present_blocks_total": 0,
             "dropped_blocks_total": 0,
         }
+        # Issue 36 (item 7): "ssd: 0 B" after the tenant's blocks were flushed to SSD.
+        ssd = next(t for t in mine.tiers if t.name == "ssd")
+        assert [(c.block_bytes, c.used_blocks) for c in ssd.size_classes] == [(BB, 3)]
+        assert ssd.used_bytes == 3 * slot_bytes_for(BB) and ssd.info["held"] == "exact"
         theirs = b.stats()
         assert next(t for t in theirs.tiers if t.name == "dram").used_bytes == 5 * BB
+        assert next(t for t in theirs.tiers if t.name == "ssd").used_bytes == 5 * slot_bytes_for(
+            BB
+        )
         assert theirs.counters["commit_blocks_total"] == 5
         assert theirs.counters["lookups_total"] == 0
 

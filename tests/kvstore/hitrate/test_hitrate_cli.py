@@ -372,6 +372,42 @@ def test_toml_numbers_are_accepted(
     assert out["tiers"]["dram"]["capacity_blocks"] == 1073741824 // int(512 * 445.5)
 
 
+@pytest.mark.parametrize(
+    "sweep",
+    ['"dram=1GiB..4GiB:x2"', '["dram=1GiB..4GiB:x2"]', '["dram=1GiB..4GiB:x2", "ssd=8GiB,16GiB"]'],
+)
+def test_a_sweep_in_a_config_is_the_flags_sweep(
+    capsys: pytest.CaptureFixture[str], trace: Path, tmp_path: Path, sweep: str
+) -> None:
+    # Issue 36 (item 3): the string was iterated per character: "invalid --sweep 'd'".
+    cfg = tmp_path / "s.toml"
+    cfg.write_text(f"sweep = {sweep}\n")
+    flags = [f"--sweep={s}" for s in json.loads(sweep if sweep.startswith("[") else f"[{sweep}]")]
+    assert run_json(capsys, str(trace), "--config", str(cfg)) == run_json(
+        capsys, str(trace), *flags
+    )
+
+
+def test_a_sweep_on_the_command_line_wins_over_the_configs(
+    capsys: pytest.CaptureFixture[str], trace: Path, tmp_path: Path
+) -> None:
+    cfg = tmp_path / "s.toml"
+    cfg.write_text('sweep = ["ssd=1GiB,2GiB"]\n')
+    given = ["--sweep", "dram=1GiB,2GiB"]
+    assert run_json(capsys, str(trace), "--config", str(cfg), *given) == run_json(
+        capsys, str(trace), *given
+    )
+
+
+def test_a_fractional_size_in_a_config_is_refused(
+    capsys: pytest.CaptureFixture[str], trace: Path, tmp_path: Path
+) -> None:
+    # Issue 36 (item 6): `dram = 1.5` silently became a DRAM tier of 1 byte.
+    cfg = tmp_path / "f.toml"
+    cfg.write_text("dram = 1.5\n")
+    assert "invalid size '1.5'" in fail(capsys, str(trace), "--config", str(cfg))
+
+
 def test_the_standalone_command_checks_a_config_like_kvstore_hitrate(
     capsys: pytest.CaptureFixture[str], trace: Path, tmp_path: Path
 ) -> None:

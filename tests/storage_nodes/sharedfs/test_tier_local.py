@@ -278,3 +278,13 @@ def test_a_file_system_refusing_caller_memory_falls_back_to_staging(daemons, tmp
     assert not io.user_memory
     c = a.stats().counters
     assert c["io_errors_total"] == 0 and c["corrupt_blocks_total"] == 0
+
+
+def test_namespace_blocks_count_this_daemons_own(daemons) -> None:
+    # Issue 36 (item 7): a tenant's Stats showed "ssd: 0 B" (the tier could not count).
+    a = daemons("a")
+    keys = chain(6, seed=7)
+    a.put(NS, keys, rows(keys))
+    other = small_ns(tenant="nobody").fingerprint
+    assert a.namespace_blocks([NS.fingerprint, other]) == {NS.fingerprint: 6, other: 0}
+    assert a.stats().used_bytes == 6 * a.block_footprint(NS.block_bytes)

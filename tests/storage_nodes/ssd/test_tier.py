@@ -152,6 +152,26 @@ def test_namespaces_do_not_share_keys(open_tier) -> None:
     t.check_integrity()
 
 
+def test_namespace_blocks_count_each_namespace_and_its_slots(open_tier) -> None:
+    # Issue 36 (item 7): a tenant's Stats showed "ssd: 0 B" (the tier could not count).
+    a, b = small_ns(), small_ns(tenant="b")
+    t = open_tier()
+    t.register(a)
+    t.register(b)
+    ka, kb = chain(a, 4), chain(b, 7)
+    t.put(a, ka, rows(a, ka))
+    t.put(b, kb, rows(b, kb))
+    other = small_ns(tenant="c").fingerprint  # never written
+    assert t.namespace_blocks([a.fingerprint, b.fingerprint, other]) == {
+        a.fingerprint: 4, b.fingerprint: 7, other: 0,
+    }
+    used = sum(c.used_blocks for c in t.stats().size_classes)
+    assert used == 11 and t.stats().used_bytes == 11 * t.block_footprint(a.block_bytes)
+    assert t.block_footprint(a.block_bytes) > a.block_bytes  # the header, aligned
+    t.delete_namespace(a)
+    assert t.namespace_blocks([a.fingerprint]) == {a.fingerprint: 0}
+
+
 def test_block_too_big_for_a_slab(open_tier) -> None:
     t = open_tier()
     with pytest.raises(SSDConfigError):
