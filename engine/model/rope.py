@@ -100,7 +100,9 @@ def parse_layer_type_ropes(cfg: Mapping[str, Any], max_position_tokens: int
         where = f"rope_parameters.{kind}"
         params = given.get(kind)
         if params is None:
-            params = {}
+            # transformers' default dict names its type, so a legacy rope_scaling that says
+            # ``type`` (not ``rope_type``) leaves these layers unscaled there: here too.
+            params = {"rope_type": "default"}
         if not isinstance(params, Mapping):
             raise ConfigError(f"config.json: {where} must be an object, got {params!r}")
         params = dict(params)
