@@ -11,6 +11,7 @@ tokens equal up to the first near-tie, against ``generate`` on the whole prompt.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import torch
@@ -39,7 +40,7 @@ def gemma(request: pytest.FixtureRequest, hf_checkpoint,  # type: ignore[no-unty
     yield lm, load_reference(path)
 
 
-def _reference(ref: torch.nn.Module, prompt: list[int]) -> tuple[list[int], torch.Tensor]:
+def _reference(ref: Any, prompt: list[int]) -> tuple[list[int], torch.Tensor]:
     with torch.no_grad():
         out = ref.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt)),
                            max_new_tokens=NEW, do_sample=False, output_logits=True,
