@@ -5,7 +5,8 @@ The checkpoints are transformers-written Gemma 3s (``hf_checkpoints``) whose sli
 windows (8 to 24 tokens) the prompt outgrows many times over, so a hit's sliding layers
 need the KV of the window before the hit (exact mode stores it in its own namespace) and a
 misplaced window, RoPE or norm shows in the logits. Logits within tolerance and greedy
-tokens equal up to the first near-tie, against ``generate`` on the whole prompt.
+tokens equal up to the first near-tie, against ``generate`` on the whole prompt. Bounded
+replay (the default for hybrid models) takes its keep from Gemma's windows.
 """
 
 from __future__ import annotations
@@ -92,3 +93,25 @@ def test_store_hit_in_exact_mode_matches_transformers(gemma) -> None:  # type: i
     assert s.hit_tokens["dram"] == HIT_BLOCKS * BT and s.replayed_tokens == 0
     assert s.computed_tokens == PROMPT - HIT_BLOCKS * BT
     _check(run, want, "store hit, exact")
+
+
+def test_bounded_replay_takes_the_gemma_windows(gemma) -> None:  # type: ignore[no-untyped-def]
+    """The default policy bounds the replay by Gemma's largest window (+ the margin); a keep
+    covering the whole hit replays from 0 and matches transformers again."""
+    lm, ref = gemma
+    prompt = tokens(PROMPT, 13)
+    keep = max(w for w in lm.spec.layer_windows if w is not None) + 12
+    policy = config().replay_policy(lm.spec.layer_windows)
+    assert policy.is_bounded and policy.keep_tokens == keep
+    want = _reference(ref, prompt)
+    for cfg, replayed in ((config(), keep), (config(1000), HIT_BLOCKS * BT)):
+        store = open_embedded(dram_bytes=64 << 20)
+        try:
+            fill(lm, cfg, store, prompt[: HIT_BLOCKS * BT])
+            with engine(lm, cfg, store) as eng:
+                run = run_request(eng, prompt, NEW)
+        finally:
+            store.close()
+        assert run.seq.stats.hit_tokens["dram"] == HIT_BLOCKS * BT
+        assert run.seq.stats.replayed_tokens == replayed
+    _check(run, want, "store hit, keep covering the hit")
