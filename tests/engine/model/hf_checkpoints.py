@@ -58,6 +58,14 @@ def _gemma_legacy_rope(cfg: dict[str, Any]) -> None:
     del cfg["layer_types"]
 
 
+def _gemma_270m_form(cfg: dict[str, Any]) -> None:
+    """gemma-3-270m's config.json keys: legacy thetas, ``rope_scaling`` null, the
+    ``_sliding_window_pattern`` transformers ignores beside explicit ``layer_types``."""
+    del cfg["rope_parameters"]
+    cfg.update(rope_theta=1_000_000.0, rope_local_base_freq=10_000.0, rope_scaling=None,
+               _sliding_window_pattern=6)
+
+
 # Gemma 3: head_dim and query_pre_attn_scalar apart from hidden_size // heads, one KV head
 # as gemma-3-270m, thetas far apart so a swapped RoPE shows.
 GEMMA = dict(BASE, head_dim=32, num_key_value_heads=1, query_pre_attn_scalar=24,
@@ -99,6 +107,13 @@ CASES: dict[str, Case] = {c.name: c for c in [
         GEMMA, num_hidden_layers=3, sliding_window=24, rope_scaling={
             "rope_type": "linear", "factor": 4.0}, sliding_window_pattern=3),
          edit=_gemma_legacy_rope),
+    # gemma-3-270m's layer shapes and window (hidden 640, 4 heads and 1 KV head of 256,
+    # intermediate 2048, 512-token window, 5 sliding layers then a full one), with fewer
+    # layers and a small vocabulary so that prompts past the window stay cheap.
+    Case("gemma3_270m_shapes", "Gemma3TextConfig", "Gemma3ForCausalLM", dict(
+        BASE, vocab_size=512, hidden_size=640, intermediate_size=2048, num_hidden_layers=6,
+        num_attention_heads=4, num_key_value_heads=1, head_dim=256, query_pre_attn_scalar=256,
+        sliding_window=512, max_position_embeddings=32768), edit=_gemma_270m_form),
 ]}
 
 
