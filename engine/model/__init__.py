@@ -1,4 +1,5 @@
-"""Hugging Face decoder checkpoints (Llama, Mistral, Qwen2, Qwen3) on the paged KV cache.
+"""Hugging Face decoder checkpoints (Llama, Mistral, Qwen2, Qwen3, Gemma 3) on the paged KV
+cache (README.md: the architectures and their switches).
 
 The runner needs ``load_model`` (→ ``LoadedModel``: ``model`` is a ``CausalLM``, ``spec`` a
 ``ModelSpec``, ``tokenizer`` a ``Tokenizer``); the rest is for tools and tests.

@@ -1,9 +1,10 @@
 """Self-attention over the paged KV cache.
 
-One matmul makes q, k and v (``qkv_proj`` holds q's rows, then k's, then v's); Qwen3 then
-normalises each head of q and k; RoPE rotates both. The step's K/V go into the pool at
-``slot_mapping`` first, so the kernels read every key of a sequence, this chunk's included,
-from where it lies (``kernels.paged_prefill_attention`` for the prefill rows,
+One matmul makes q, k and v (``qkv_proj`` holds q's rows, then k's, then v's); Qwen3 and
+Gemma 3 then normalise each head of q and k; RoPE rotates both. The scale is
+``head_dim ** -0.5``, or Gemma 3's ``query_pre_attn_scalar ** -0.5``. The step's K/V go into
+the pool at ``slot_mapping`` first, so the kernels read every key of a sequence, this
+chunk's included, from where it lies (``kernels.paged_prefill_attention`` for the prefill rows,
 ``kernels.paged_decode_attention`` for the decode rows that follow them).
 """
 
@@ -27,7 +28,7 @@ class Attention(nn.Module):
         self.head_dim = cfg.head_dim
         self.q_size = cfg.num_heads * cfg.head_dim
         self.kv_size = cfg.num_kv_heads * cfg.head_dim
-        self.scale = cfg.head_dim**-0.5
+        self.scale = cfg.attention_scale
         # transformers' sliding_window: key j is visible to query i iff i - j < window.
         self.window = cfg.layer_windows[layer]
         self.qkv_proj = nn.Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size,
@@ -36,8 +37,8 @@ class Attention(nn.Module):
         self.q_norm: RMSNorm | None = None
         self.k_norm: RMSNorm | None = None
         if cfg.qk_norm:
-            self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
-            self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
+            self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps, cfg.norm_style)
+            self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps, cfg.norm_style)
 
     def forward(
         self,

@@ -8,8 +8,10 @@ field.
 
 Sliding windows follow transformers exactly. Qwen2/Qwen3: ``sliding_window`` counts only
 when ``use_sliding_window`` is true; ``layer_types`` lists each layer's kind, and when absent
-layers ``i >= max_window_layers`` slide. Mistral: a non-null ``sliding_window`` applies to
-every layer. Llama ignores windows. transformers masks key ``j`` from query ``i`` unless
+layers ``i >= max_window_layers`` slide. Gemma 3: ``layer_types``, and when absent layer ``i``
+is full iff ``(i + 1) % sliding_window_pattern == 0``; ``sliding_window`` always applies to
+the sliding ones. Mistral: a non-null ``sliding_window`` applies to every layer. Llama
+ignores windows. transformers masks key ``j`` from query ``i`` unless
 ``j > i − sliding_window`` — the kernels' ``i − j < window`` with ``window = sliding_window``.
 """
 
@@ -24,8 +26,14 @@ from typing import Any
 import torch
 
 from engine.errors import ConfigError, UnsupportedModel
-from engine.model.registry import Architecture, BiasPolicy, WindowPolicy, get_architecture
-from engine.model.rope import RopeConfig, parse_rope
+from engine.model.registry import (
+    Architecture,
+    BiasPolicy,
+    NormStyle,
+    WindowPolicy,
+    get_architecture,
+)
+from engine.model.rope import RopeConfig, parse_layer_type_ropes, parse_rope
 
 DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
@@ -33,6 +41,8 @@ DTYPES: dict[str, torch.dtype] = {
     "bfloat16": torch.bfloat16,
 }
 LAYER_TYPES = ("full_attention", "sliding_attention")
+# What transformers' ACT2FN computes for these names: F.silu, F.gelu(approximate="tanh").
+ACTIVATIONS = ("silu", "gelu_pytorch_tanh")
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,15 +67,55 @@ class ModelConfig:
     dtype: torch.dtype | None  # the config's dtype; None when it names none
     eos_token_ids: tuple[int, ...]  # from config.json (generation_config.json wins later)
     bos_token_id: int | None
+    # The switches below came with Gemma 3; their defaults are what the families before it
+    # compute (``_VARIANT_DEFAULTS``).
+    sliding_rope: RopeConfig | None = None  # the sliding layers' RoPE; None: ``rope``
+    activation: str = "silu"  # of the gated MLP, one of ACTIVATIONS
+    norm_style: NormStyle = NormStyle.SCALE
+    sandwich_norms: bool = False  # four norms per layer (Gemma)
+    embed_scale: bool = False  # embeddings times sqrt(hidden_size)
+    attn_scale: float | None = None  # None: head_dim ** -0.5
+    final_logit_softcap: float | None = None  # logits = cap * tanh(logits / cap)
+
+    @property
+    def attention_scale(self) -> float:
+        return self.head_dim**-0.5 if self.attn_scale is None else self.attn_scale
+
+    def layer_rope(self, layer: int) -> RopeConfig:
+        if self.sliding_rope is not None and self.layer_windows[layer] is not None:
+            return self.sliding_rope
+        return self.rope
 
     def kv_fields(self) -> list[Any]:
-        """Every field that changes the K/V a layer computes (for the model revision)."""
-        return [
+        """Every field that changes the K/V a layer computes (for the model revision).
+
+        The switches added with Gemma 3 enter only where they differ from what the earlier
+        families compute, so those families' revisions (and the KV stored under them) stay
+        valid. The final logit soft-cap is left out: it changes no K/V."""
+        fields: list[Any] = [
             self.architecture, self.vocab_size, self.hidden_size, self.intermediate_size,
             self.num_layers, self.num_heads, self.num_kv_heads, self.head_dim,
             self.rms_norm_eps, self.rope.as_fields(), list(self.layer_windows),
             self.qkv_bias, self.o_bias, self.mlp_bias, self.qk_norm, self.tie_word_embeddings,
         ]
+        variant = {
+            "sliding_rope": None if self.sliding_rope is None else self.sliding_rope.as_fields(),
+            "activation": self.activation,
+            "norm_style": self.norm_style.value,
+            "sandwich_norms": self.sandwich_norms,
+            "embed_scale": self.embed_scale,
+            "attn_scale": self.attn_scale,
+        }
+        changed = [[k, v] for k, v in variant.items() if v != _VARIANT_DEFAULTS[k]]
+        if changed:
+            fields.append(changed)
+        return fields
+
+
+_VARIANT_DEFAULTS: dict[str, Any] = {
+    "sliding_rope": None, "activation": "silu", "norm_style": NormStyle.SCALE.value,
+    "sandwich_norms": False, "embed_scale": False, "attn_scale": None,
+}
 
 
 class _Fields:
@@ -130,6 +180,10 @@ def _windows(f: _Fields, num_layers: int) -> tuple[int | None, ...]:
     if policy is WindowPolicy.ALL_LAYERS:
         return (window,) * num_layers
     layer_types = f.get("layer_types")
+    if layer_types is None and policy is WindowPolicy.LAYER_PATTERN:
+        pattern = f.positive_int("sliding_window_pattern")
+        layer_types = ["sliding_attention" if (i + 1) % pattern else "full_attention"
+                       for i in range(num_layers)]
     if layer_types is None:
         if window is None:
             return (None,) * num_layers
@@ -163,9 +217,10 @@ def parse_config(raw: Mapping[str, Any]) -> ModelConfig:
         raise UnsupportedModel("config.json: quantization_config is not supported "
                                "(only unquantized float checkpoints)")
     f = _Fields(raw, arch)
-    act = f.get("hidden_act")
-    if act != "silu":
-        raise UnsupportedModel(f"config.json: hidden_act {act!r} is not supported (only silu)")
+    act = f.get(arch.activation_key)
+    if act not in ACTIVATIONS:
+        raise UnsupportedModel(f"config.json: {arch.activation_key} {act!r} is not supported "
+                               f"(supported: {', '.join(ACTIVATIONS)})")
     hidden = f.positive_int("hidden_size")
     heads = f.positive_int("num_attention_heads")
     num_layers = f.positive_int("num_hidden_layers")
@@ -189,6 +244,14 @@ def parse_config(raw: Mapping[str, Any]) -> ModelConfig:
     max_pos = f.positive_int("max_position_embeddings")
     dtype_name = raw.get("dtype", raw.get("torch_dtype"))
     from_config = arch.bias is BiasPolicy.FROM_CONFIG
+    attn_bias = (from_config or arch.bias is BiasPolicy.ATTENTION_FROM_CONFIG) \
+        and f.flag("attention_bias")
+    if arch.rope_per_layer_type:
+        ropes = parse_layer_type_ropes(raw, max_pos)
+        rope, sliding_rope = ropes["full_attention"], ropes["sliding_attention"]
+    else:
+        rope, sliding_rope = parse_rope(raw, max_pos), None
+    attn_scale, softcap = _gemma_fields(f) if arch.gemma_fields else (None, None)
     return ModelConfig(
         architecture=arch.name,
         vocab_size=f.positive_int("vocab_size"),
@@ -199,19 +262,49 @@ def parse_config(raw: Mapping[str, Any]) -> ModelConfig:
         num_kv_heads=kv_heads,
         head_dim=head_dim,
         rms_norm_eps=float(eps),
-        rope=parse_rope(raw, max_pos),
+        rope=rope,
         max_position_tokens=max_pos,
         layer_windows=_windows(f, num_layers),
-        qkv_bias=arch.bias is BiasPolicy.QKV or (from_config and f.flag("attention_bias")),
-        o_bias=from_config and f.flag("attention_bias"),
+        qkv_bias=arch.bias is BiasPolicy.QKV or attn_bias,
+        o_bias=attn_bias,
         mlp_bias=from_config and f.flag("mlp_bias"),
         qk_norm=arch.qk_norm,
         tie_word_embeddings=f.flag("tie_word_embeddings"),
         dtype=None if dtype_name is None else parse_dtype(dtype_name, "config.json"),
-        eos_token_ids=token_ids(raw.get("eos_token_id"), "config.json: eos_token_id"),
-        bos_token_id=next(iter(token_ids(raw.get("bos_token_id"), "config.json: bos_token_id")),
+        eos_token_ids=token_ids(f.get("eos_token_id"), "config.json: eos_token_id"),
+        bos_token_id=next(iter(token_ids(f.get("bos_token_id"), "config.json: bos_token_id")),
                           None),
+        sliding_rope=sliding_rope,
+        activation=act,
+        norm_style=arch.norm_style,
+        sandwich_norms=arch.sandwich_norms,
+        embed_scale=arch.embed_scale,
+        attn_scale=attn_scale,
+        final_logit_softcap=softcap,
     )
+
+
+def _positive_number(f: _Fields, key: str) -> float:
+    v = f.get(key)
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
+        raise ConfigError(f"config.json: {key} must be a positive number, got {v!r}")
+    return float(v)
+
+
+def _gemma_fields(f: _Fields) -> tuple[float, float | None]:
+    """Gemma 3's attention scale (``query_pre_attn_scalar ** -0.5``, as transformers
+    computes it) and final logit soft-cap; what the engine cannot compute is refused."""
+    if f.get("attn_logit_softcapping") is not None:
+        # The paged kernels have no soft-cap of attention scores: refused, not ignored.
+        raise UnsupportedModel(f"config.json: attn_logit_softcapping "
+                               f"{f.get('attn_logit_softcapping')!r} is not supported "
+                               f"(only null)")
+    if f.flag("use_bidirectional_attention"):
+        raise UnsupportedModel("config.json: use_bidirectional_attention true is not "
+                               "supported (causal decoders only)")
+    scale = _positive_number(f, "query_pre_attn_scalar") ** -0.5
+    cap = f.get("final_logit_softcapping")
+    return scale, None if cap is None else _positive_number(f, "final_logit_softcapping")
 
 
 def read_json(path: Path) -> dict[str, Any]:

@@ -3,6 +3,11 @@
 Module names follow transformers' (``model.layers.N.self_attn…``) except where two of its
 projections are fused (``qkv_proj``, ``gate_up_proj``), so the loader maps names one to
 one. Tied embeddings have no ``lm_head``: the logits reuse the embedding matrix.
+
+Gemma 3's switches (``ModelConfig``): embeddings times ``sqrt(hidden_size)`` (a float32
+scalar cast to the embedding's dtype, as transformers does, so bf16 rounds it the same),
+``(1 + weight)`` norms, four norms per layer (``sandwich_norms``), one RoPE for sliding
+layers and one for full ones, and ``cap * tanh(logits / cap)`` on the logits.
 """
 
 from __future__ import annotations
@@ -18,17 +23,27 @@ from engine.model.base import CausalLM
 from engine.model.config import ModelConfig
 from engine.model.mlp import GatedMLP
 from engine.model.norm import RMSNorm
-from engine.model.rope import RotaryEmbedding, inverse_frequencies
+from engine.model.rope import RopeConfig, RotaryEmbedding, inverse_frequencies
 from engine.model.spec import ModelSpec
 
 
 class DecoderLayer(nn.Module):
+    """Llama's two norms (before attention, before the MLP), or with ``sandwich_norms``
+    Gemma's four: ``post_attention_layernorm`` then normalises the attention's output
+    before the residual add, and ``pre_``/``post_feedforward_layernorm`` wrap the MLP."""
+
     def __init__(self, cfg: ModelConfig, layer: int) -> None:
         super().__init__()
-        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        eps, style = cfg.rms_norm_eps, cfg.norm_style
+        self.input_layernorm = RMSNorm(cfg.hidden_size, eps, style)
         self.self_attn = Attention(cfg, layer)
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, eps, style)
+        self.pre_feedforward_layernorm: RMSNorm | None = None
+        self.post_feedforward_layernorm: RMSNorm | None = None
+        if cfg.sandwich_norms:
+            self.pre_feedforward_layernorm = RMSNorm(cfg.hidden_size, eps, style)
+            self.post_feedforward_layernorm = RMSNorm(cfg.hidden_size, eps, style)
+        self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias, cfg.activation)
 
     def forward(
         self,
@@ -39,8 +54,12 @@ class DecoderLayer(nn.Module):
         k_pool: torch.Tensor,
         v_pool: torch.Tensor,
     ) -> torch.Tensor:
-        h = h + self.self_attn(self.input_layernorm(h), cos, sin, batch, k_pool, v_pool)
-        return h + self.mlp(self.post_attention_layernorm(h))
+        a = self.self_attn(self.input_layernorm(h), cos, sin, batch, k_pool, v_pool)
+        if self.pre_feedforward_layernorm is None or self.post_feedforward_layernorm is None:
+            h = h + a
+            return h + self.mlp(self.post_attention_layernorm(h))
+        h = h + self.post_attention_layernorm(a)
+        return h + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(h)))
 
 
 class DecoderStack(nn.Module):
@@ -50,11 +69,11 @@ class DecoderStack(nn.Module):
         super().__init__()
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_layers))
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.norm_style)
 
 
 class DecoderLM(CausalLM):
-    """Llama, Mistral, Qwen2 and Qwen3 (the config's switches pick the variant)."""
+    """Llama, Mistral, Qwen2, Qwen3 and Gemma 3 (the config's switches pick the variant)."""
 
     def __init__(self, cfg: ModelConfig, spec: ModelSpec) -> None:
         super().__init__()
@@ -64,23 +83,37 @@ class DecoderLM(CausalLM):
         self.lm_head: nn.Linear | None = None
         if not cfg.tie_word_embeddings:
             self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
-        self.rotary = RotaryEmbedding(cfg.rope, cfg.head_dim)
+        # One rotary per distinct RoPE (Gemma 3: sliding and full layers differ); each layer
+        # reads its own's cos/sin, computed once per step.
+        self.ropes: list[RopeConfig] = list(dict.fromkeys(
+            cfg.layer_rope(i) for i in range(cfg.num_layers)))
+        self.rotaries = nn.ModuleList(RotaryEmbedding(r, cfg.head_dim) for r in self.ropes)
+        self.layer_rotary = [self.ropes.index(cfg.layer_rope(i)) for i in range(cfg.num_layers)]
 
     def init_buffers(self, device: torch.device) -> None:
         """Recompute the non-persistent buffers (the model is built on the meta device
         and only its parameters are loaded)."""
-        self.rotary.inv_freq = inverse_frequencies(self.cfg.rope, self.cfg.head_dim).to(device)
+        for rope, rotary in zip(self.ropes, self.rotaries, strict=True):
+            rotary.inv_freq = inverse_frequencies(rope, self.cfg.head_dim).to(device)
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, kv: KVCache) -> torch.Tensor:
         if len(kv.k) != self.cfg.num_layers:
             raise ValueError(f"the KV cache has {len(kv.k)} layers, the model "
                              f"{self.cfg.num_layers}")
-        h = self.model.embed_tokens(batch.input_ids)
-        cos, sin = self.rotary(batch.positions, h.dtype)
+        embed = self.model.embed_tokens
+        h = embed(batch.input_ids)
+        if self.cfg.embed_scale:
+            h = h * torch.tensor(self.cfg.hidden_size**0.5).to(embed.weight.dtype)
+        cos_sin = [rotary(batch.positions, h.dtype) for rotary in self.rotaries]
         for i, layer in enumerate(self.model.layers):
+            cos, sin = cos_sin[self.layer_rotary[i]]
             h = layer(h, cos, sin, batch, kv.k[i], kv.v[i])
         # Norm and logits only for the rows the runner asked for.
         h = self.model.norm(h.index_select(0, batch.logits_indices))
-        weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return F.linear(h, weight).float()
+        weight = embed.weight if self.lm_head is None else self.lm_head.weight
+        logits = F.linear(h, weight)
+        cap = self.cfg.final_logit_softcap
+        if cap is not None:
+            logits = torch.tanh(logits / cap) * cap  # in the model's dtype, as transformers
+        return logits.float()

@@ -31,6 +31,7 @@ from engine.model.presets import (
     hf_config,
     tokenizer_config,
 )
+from engine.model.registry import NormStyle
 from engine.model.toy_tokenizer import train_tokenizer
 from engine.model.weights import SINGLE_FILE, expected_tensors
 
@@ -56,11 +57,14 @@ def random_tensors(config: dict[str, Any], seed: int, progress: bool = False
     gen = torch.Generator().manual_seed(seed)
     out: dict[str, torch.Tensor] = {}
     targets = expected_tensors(cfg)
+    # Scales near 1, not all equal, so a misplaced norm shows; Gemma's norms scale by
+    # 1 + weight, so theirs are drawn around 0.
+    norm_center = 0.0 if cfg.norm_style is NormStyle.ONE_PLUS else 1.0
     for name, target in tqdm(sorted(targets.items()), desc="random weights", unit="tensor",
                              disable=not progress):
         t = torch.randn(target.shape, generator=gen) * INIT_STD
         if name.endswith("norm.weight"):
-            t = 1.0 + 5 * t  # scales near 1, not all equal, so a misplaced norm shows
+            t = norm_center + 5 * t
         out[name] = t.to(dtype).contiguous()
     return out
 
@@ -127,13 +131,14 @@ def make_model(
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--arch", required=True, choices=sorted(ARCHS),
-                        help="model family (transformers' Llama, Qwen2 or Qwen3 layout)")
+                        help="model family (transformers' Llama, Qwen2, Qwen3 or Gemma 3 "
+                             "layout)")
     parser.add_argument("--preset", required=True, choices=sorted(PRESETS),
                         help="tiny: tests, float32, seconds; small: 8 layers, hidden 512, "
                              "8/2 heads of 64, bfloat16, 128K context")
     parser.add_argument("--hybrid", action="store_true",
                         help="alternate sliding (128-token window) and full layers "
-                             "(qwen2/qwen3 only)")
+                             "(qwen2/qwen3/gemma3 only)")
     parser.add_argument("--out", required=True, type=Path, help="directory to create")
     parser.add_argument("--seed", type=int, default=0, help="seed of weights and tokenizer")
     parser.add_argument("--force", action="store_true", help="replace a non-empty --out")

@@ -1,4 +1,4 @@
-"""The SwiGLU feed-forward block, with gate and up projections fused into one matmul."""
+"""The gated feed-forward block, with gate and up projections fused into one matmul."""
 
 from __future__ import annotations
 
@@ -8,13 +8,21 @@ from torch.nn import functional as F
 
 
 class GatedMLP(nn.Module):
-    """``down(silu(gate(x)) * up(x))``; ``gate_up_proj`` holds gate's rows then up's."""
+    """``down(act(gate(x)) * up(x))``; ``gate_up_proj`` holds gate's rows then up's.
 
-    def __init__(self, hidden_size: int, intermediate_size: int, bias: bool) -> None:
+    ``act``: ``silu`` (SwiGLU: Llama, Mistral, Qwen) or ``gelu_pytorch_tanh`` (GeGLU: Gemma),
+    computed as transformers' ``ACT2FN`` does."""
+
+    def __init__(self, hidden_size: int, intermediate_size: int, bias: bool,
+                 act: str = "silu") -> None:
         super().__init__()
+        if act not in ("silu", "gelu_pytorch_tanh"):
+            raise ValueError(f"unknown activation {act!r}")
         self.gate_up_proj = nn.Linear(hidden_size, 2 * intermediate_size, bias=bias)
         self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=bias)
+        self.gelu = act == "gelu_pytorch_tanh"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate).mul_(up))
+        act = F.gelu(gate, approximate="tanh") if self.gelu else F.silu(gate)
+        return self.down_proj(act.mul_(up))

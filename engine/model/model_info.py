@@ -12,13 +12,21 @@ from pathlib import Path
 from typing import Any
 
 from engine.model.loader import load_model
+from engine.model.rope import RopeConfig
 
 KV_BLOCK_TOKENS = 64  # the store's default block
 
 
+def _rope(rope: RopeConfig | None) -> str | None:
+    if rope is None:
+        return None
+    scaling = "" if rope.rope_type == "default" else f" factor {rope.factor:g}"
+    return f"{rope.rope_type} theta {rope.theta:g}{scaling}"
+
+
 def describe(model_dir: Path, dtype: str | None) -> dict[str, Any]:
     lm = load_model(model_dir, dtype=dtype, progress=True)
-    spec = lm.spec
+    spec, cfg = lm.spec, lm.config
     elem = spec.dtype.itemsize
     return {
         "name": spec.name,
@@ -35,6 +43,12 @@ def describe(model_dir: Path, dtype: str | None) -> dict[str, Any]:
         "vocab_size": spec.vocab_size,
         "max_context_tokens": spec.max_context_tokens,
         "layer_windows": list(spec.layer_windows),
+        # The numbers that tell the families apart beyond their shapes.
+        "rope": _rope(cfg.rope),
+        "sliding_rope": _rope(cfg.sliding_rope),  # null: the sliding layers use "rope"
+        "activation": cfg.activation,
+        "attention_scale": cfg.attention_scale,
+        "final_logit_softcap": cfg.final_logit_softcap,
         "eos_token_ids": list(spec.eos_token_ids),
         "chat_template": lm.tokenizer.has_chat_template,
         "kv_bytes_per_block": spec.num_layers * 2 * KV_BLOCK_TOKENS * spec.num_kv_heads

@@ -1,23 +1,34 @@
-"""RMSNorm as transformers computes it: normalise in float32, cast back, then scale."""
+"""RMSNorm as transformers computes it, in the two styles of the supported families.
+
+Both normalise in float32. Llama's casts back to the activations' dtype and then scales by
+``weight``; Gemma's scales by ``1 + weight`` while still in float32 and casts at the end
+(its weights are stored as offsets from 1). The order of cast and scale matters in bf16.
+"""
 
 from __future__ import annotations
 
 import torch
 from torch import nn
 
+from engine.model.registry import NormStyle
+
 
 class RMSNorm(nn.Module):
-    def __init__(self, size: int, eps: float) -> None:
+    def __init__(self, size: int, eps: float, style: NormStyle = NormStyle.SCALE) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(size))
         self.eps = eps
+        self.one_plus = style is NormStyle.ONE_PLUS
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         dtype = x.dtype
         h = x.to(torch.float32)
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        if self.one_plus:
+            return (h * (1.0 + self.weight.float())).to(dtype)
         # The cast back comes before the scale, as in transformers (it matters in bf16).
         return self.weight * h.to(dtype)
 
     def extra_repr(self) -> str:
-        return f"{tuple(self.weight.shape)}, eps={self.eps}"
+        style = ", 1 + weight" if self.one_plus else ""
+        return f"{tuple(self.weight.shape)}, eps={self.eps}{style}"

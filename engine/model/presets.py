@@ -4,7 +4,11 @@
 model: 8 layers, hidden 512, 8 query and 2 KV heads of 64, bfloat16, so one 64-token block
 of KV is 8 × 2 × 64 × 2 × 64 × 2 B = 256 KiB, with a context of 128 K tokens (bounded replay
 benches 64 K). ``--hybrid`` alternates sliding (even layers, 128-token window) and full
-layers through Qwen's ``layer_types``.
+layers through ``layer_types`` (Qwen2, Qwen3, Gemma 3).
+
+Gemma 3 takes the same shapes with its own habits: ``hidden_activation`` gelu_pytorch_tanh,
+a RoPE per layer type (theta 1e6 for full layers, 1e4 for sliding ones, as the released
+models), ``query_pre_attn_scalar`` = head_dim, tied embeddings, no soft-caps.
 """
 
 from __future__ import annotations
@@ -13,9 +17,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine.errors import EngineInputError
-from engine.model.toy_tokenizer import CHATML, LLAMA3, ChatFormat
+from engine.model.toy_tokenizer import CHATML, GEMMA3, LLAMA3, ChatFormat
 
 HYBRID_WINDOW_TOKENS = 128
+# The released Gemma 3s' thetas (rope_theta, rope_local_base_freq), whatever the preset's.
+GEMMA_FULL_THETA = 1_000_000.0
+GEMMA_SLIDING_THETA = 10_000.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +70,8 @@ ARCHS: dict[str, ArchRecipe] = {
                         hybrid_ok=True),
     "qwen3": ArchRecipe("Qwen3ForCausalLM", "qwen3", CHATML, tie_word_embeddings=True,
                         hybrid_ok=True),
+    "gemma3": ArchRecipe("Gemma3ForCausalLM", "gemma3_text", GEMMA3, tie_word_embeddings=True,
+                         hybrid_ok=True),
 }
 
 
@@ -74,8 +83,9 @@ def layer_windows(preset: Preset, hybrid: bool) -> list[int | None]:
 
 def check_hybrid(arch: str, hybrid: bool) -> None:
     if hybrid and not ARCHS[arch].hybrid_ok:
-        raise EngineInputError(f"--hybrid needs --arch qwen2 or qwen3 (layer_types); "
-                               f"{arch} has no sliding layers")
+        ok = sorted(a for a, r in ARCHS.items() if r.hybrid_ok)
+        raise EngineInputError(f"--hybrid needs --arch {', '.join(ok[:-1])} or {ok[-1]} "
+                               f"(layer_types); {arch} has no sliding layers")
 
 
 def hf_config(arch: str, preset: Preset, hybrid: bool, special_ids: dict[str, int]
@@ -94,7 +104,6 @@ def hf_config(arch: str, preset: Preset, hybrid: bool, special_ids: dict[str, in
         "num_attention_heads": preset.num_heads,
         "num_key_value_heads": preset.num_kv_heads,
         "head_dim": preset.head_dim,
-        "hidden_act": "silu",
         "max_position_embeddings": preset.max_context_tokens,
         "rms_norm_eps": 1e-6,
         "rope_parameters": {"rope_type": "default", "rope_theta": preset.rope_theta},
@@ -107,16 +116,29 @@ def hf_config(arch: str, preset: Preset, hybrid: bool, special_ids: dict[str, in
         "pad_token_id": None,
         "dtype": preset.dtype,
     }
-    if arch in ("llama", "qwen3"):
+    if arch in ("llama", "qwen3", "gemma3"):
         cfg["attention_bias"] = False
     if arch == "llama":
         cfg["mlp_bias"] = False
+    windows = layer_windows(preset, hybrid)
     if arch in ("qwen2", "qwen3"):
-        windows = layer_windows(preset, hybrid)
         cfg["use_sliding_window"] = hybrid
-        cfg["sliding_window"] = HYBRID_WINDOW_TOKENS if hybrid else None
         cfg["max_window_layers"] = preset.num_layers
+    if arch in ("qwen2", "qwen3", "gemma3"):
+        cfg["sliding_window"] = HYBRID_WINDOW_TOKENS if hybrid else None
         cfg["layer_types"] = ["sliding_attention" if w else "full_attention" for w in windows]
+    if arch == "gemma3":
+        cfg["hidden_activation"] = "gelu_pytorch_tanh"
+        cfg["rope_parameters"] = {
+            "full_attention": {"rope_type": "default", "rope_theta": GEMMA_FULL_THETA},
+            "sliding_attention": {"rope_type": "default", "rope_theta": GEMMA_SLIDING_THETA},
+        }
+        cfg["query_pre_attn_scalar"] = preset.head_dim
+        cfg["final_logit_softcapping"] = None
+        cfg["attn_logit_softcapping"] = None
+        cfg["use_bidirectional_attention"] = False
+    else:
+        cfg["hidden_act"] = "silu"
     return cfg
 
 

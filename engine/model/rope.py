@@ -2,10 +2,11 @@
 
 Parsing follows transformers' ``RotaryEmbeddingConfigMixin``: a legacy ``rope_scaling`` dict
 wins over ``rope_parameters``; ``rope_theta`` comes from that dict, else the top level, else
-10000; the type is ``rope_type`` (or the legacy ``type``), ``default`` when absent. Only
-``default``, ``linear`` and ``llama3`` are implemented; anything else is refused by name
-rather than computed differently. The frequencies are computed as transformers does (float32
-``inv_freq``, ``cos``/``sin`` of ``position × inv_freq`` cast to the activations' dtype).
+10000 (Gemma 3's per-layer-type form: ``parse_layer_type_ropes``); the type is ``rope_type``
+(or the legacy ``type``), ``default`` when absent. Only ``default``, ``linear`` and ``llama3``
+are implemented; anything else is refused by name rather than computed differently. The
+frequencies are computed as transformers does (float32 ``inv_freq``, ``cos``/``sin`` of
+``position × inv_freq`` cast to the activations' dtype).
 """
 
 from __future__ import annotations
@@ -57,13 +58,77 @@ def parse_rope(cfg: Mapping[str, Any], max_position_tokens: int) -> RopeConfig:
     theta_src = params if "rope_theta" in params else cfg
     theta = (_number(theta_src, "rope_theta", where if theta_src is params else "config")
              if theta_src.get("rope_theta") is not None else DEFAULT_THETA)
+    # transformers gives a top-level original_max_position_embeddings priority over the
+    # dict's, and falls back to max_position_embeddings.
+    original = cfg.get("original_max_position_embeddings")
+    if original is None:
+        original = params.get("original_max_position_embeddings", max_position_tokens)
+    return _typed(params, where, theta, original,
+                  params.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0)))
+
+
+# Gemma3TextConfig's thetas when the config gives none (``default_theta``).
+GEMMA_THETAS = {"full_attention": 1_000_000.0, "sliding_attention": 10_000.0}
+# The legacy top-level key each layer type's theta came from.
+_LEGACY_THETA_KEYS = {"full_attention": "rope_theta", "sliding_attention": "rope_local_base_freq"}
+
+
+def parse_layer_type_ropes(cfg: Mapping[str, Any], max_position_tokens: int
+                           ) -> dict[str, RopeConfig]:
+    """Gemma 3's RoPE per layer type, as ``Gemma3TextConfig.convert_rope_params_to_dict``:
+    ``rope_parameters`` keyed by ``full_attention``/``sliding_attention``; a legacy
+    ``rope_scaling`` updates the full-attention dict only; a missing theta comes from the
+    legacy top-level ``rope_theta`` (full) or ``rope_local_base_freq`` (sliding), else 1e6 /
+    1e4. transformers ignores the keys of a flat (unkeyed) ``rope_parameters``; the engine
+    refuses them rather than guess which layers they were meant for."""
+    given = cfg.get("rope_parameters")
+    if given is None:
+        given = {}
+    if not isinstance(given, Mapping):
+        raise ConfigError(f"config.json: rope_parameters must be an object, got {given!r}")
+    flat = sorted(k for k in given if k not in GEMMA_THETAS)
+    if flat:
+        raise UnsupportedModel(
+            f"config.json: rope_parameters must be keyed by layer type (full_attention, "
+            f"sliding_attention), got key {flat[0]!r}")
+    scaling = cfg.get("rope_scaling")
+    if scaling is not None and not isinstance(scaling, Mapping):
+        raise ConfigError(f"config.json: rope_scaling must be an object, got {scaling!r}")
+    partial = cfg.get("partial_rotary_factor", 1.0)
+    out: dict[str, RopeConfig] = {}
+    for kind, default_theta in GEMMA_THETAS.items():
+        where = f"rope_parameters.{kind}"
+        params = given.get(kind)
+        if params is None:
+            # transformers' default dict names its type, so a legacy rope_scaling that says
+            # ``type`` (not ``rope_type``) leaves these layers unscaled there: here too.
+            params = {"rope_type": "default"}
+        if not isinstance(params, Mapping):
+            raise ConfigError(f"config.json: {where} must be an object, got {params!r}")
+        params = dict(params)
+        if kind == "full_attention" and scaling:
+            params.update(scaling)
+        if params.get("rope_theta") is None:
+            legacy = _LEGACY_THETA_KEYS[kind]
+            params["rope_theta"] = (default_theta if cfg.get(legacy) is None
+                                    else _number(cfg, legacy, "config"))
+        theta = _number(params, "rope_theta", where)
+        # Nested dicts take max_position_embeddings, never a top-level original length.
+        original = params.get("original_max_position_embeddings", max_position_tokens)
+        out[kind] = _typed(params, where, theta, original,
+                           params.get("partial_rotary_factor", partial))
+    return out
+
+
+def _typed(params: Mapping[str, Any], where: str, theta: float, original: Any,
+           partial: Any) -> RopeConfig:
+    """One RoPE dict's type and scaling, its theta and original length already resolved."""
     rope_type = params.get("rope_type", params.get("type", "default"))
     if rope_type not in ROPE_TYPES:
         raise UnsupportedModel(
             f"config.json: {where}.rope_type {rope_type!r} is not supported "
             f"(supported: {', '.join(ROPE_TYPES)})"
         )
-    partial = params.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0))
     if partial not in (None, 1, 1.0):
         raise UnsupportedModel(
             f"config.json: partial_rotary_factor {partial!r} is not supported (only 1.0)"
@@ -73,11 +138,6 @@ def parse_rope(cfg: Mapping[str, Any], max_position_tokens: int) -> RopeConfig:
     factor = _number(params, "factor", where)
     if rope_type == "linear":
         return RopeConfig("linear", theta, factor=factor)
-    # transformers gives a top-level original_max_position_embeddings priority over the
-    # dict's, and falls back to max_position_embeddings.
-    original = cfg.get("original_max_position_embeddings")
-    if original is None:
-        original = params.get("original_max_position_embeddings", max_position_tokens)
     if isinstance(original, bool) or not isinstance(original, int) or original < 1:
         raise ConfigError(f"config.json: {where}.original_max_position_embeddings must be a "
                           f"positive integer, got {original!r}")

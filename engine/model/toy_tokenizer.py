@@ -5,10 +5,12 @@ sentences, numbers, code-like lines and chat-like turns, so the merges look like
 tokenizer's (common words become one token) while any byte string stays encodable. Nothing
 is downloaded; the same seed and size give the same ``tokenizer.json``.
 
-Two families, as the real checkpoints they mimic: Qwen (ChatML tokens, no BOS, NFC and
+Three families, as the real checkpoints they mimic: Qwen (ChatML tokens, no BOS, NFC and
 Qwen's pre-tokenizer split, which transformers' ``Qwen2Tokenizer`` rebuilds on load, so the
-saved ``tokenizer.json`` must already use it) and Llama 3 (header tokens, a BOS added by the
-post-processor, GPT-2's byte-level split).
+saved ``tokenizer.json`` must already use it), Llama 3 (header tokens, a BOS added by the
+post-processor, GPT-2's byte-level split) and Gemma 3 (turn tokens and a BOS as Llama 3's;
+the real one is a SentencePiece-style BPE, but only the special tokens and the template
+matter to the engine).
 """
 
 from __future__ import annotations
@@ -87,6 +89,42 @@ LLAMA3 = ChatFormat(
         "{%- if add_generation_prompt %}\n"
         "{{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}\n"
         "{%- endif %}\n"
+    ),
+    tokenizer_class="PreTrainedTokenizerFast",
+    split_regex=None,
+)
+
+
+# Gemma 3's chat template (the released one, for string contents): a system message is
+# prefixed to the first user turn, roles must alternate, the assistant is ``model``. The
+# special tokens' order gives Gemma's ids: <pad> 0, <eos> 1, <bos> 2.
+GEMMA3 = ChatFormat(
+    special_tokens=("<pad>", "<eos>", "<bos>", "<start_of_turn>", "<end_of_turn>"),
+    bos_token="<bos>",
+    eos_token="<end_of_turn>",
+    stop_tokens=("<end_of_turn>", "<eos>"),
+    chat_template=(
+        "{{ bos_token }}\n"
+        "{%- if messages[0]['role'] == 'system' -%}\n"
+        "    {%- set first_user_prefix = messages[0]['content'] + '\\n\\n' -%}\n"
+        "    {%- set loop_messages = messages[1:] -%}\n"
+        "{%- else -%}\n"
+        "    {%- set first_user_prefix = '' -%}\n"
+        "    {%- set loop_messages = messages -%}\n"
+        "{%- endif -%}\n"
+        "{%- for message in loop_messages -%}\n"
+        "    {%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) -%}\n"
+        "        {{ raise_exception('Conversation roles must alternate "
+        "user/assistant/user/assistant/...') }}\n"
+        "    {%- endif -%}\n"
+        "    {%- set role = 'model' if message['role'] == 'assistant' else message['role'] -%}\n"
+        "    {{ '<start_of_turn>' + role + '\\n' + (first_user_prefix if loop.first else '') }}\n"
+        "    {{- message['content'] | trim }}\n"
+        "    {{- '<end_of_turn>\\n' }}\n"
+        "{%- endfor -%}\n"
+        "{%- if add_generation_prompt -%}\n"
+        "    {{ '<start_of_turn>model\\n' }}\n"
+        "{%- endif -%}\n"
     ),
     tokenizer_class="PreTrainedTokenizerFast",
     split_regex=None,

@@ -74,7 +74,10 @@ def expected_tensors(cfg: ModelConfig) -> dict[str, Target]:
         out["lm_head.weight"] = Target("lm_head.weight", (cfg.vocab_size, hid))
     for i in range(cfg.num_layers):
         src, dst = f"model.layers.{i}.", f"model.layers.{i}."
-        for norm in ("input_layernorm", "post_attention_layernorm"):
+        norms = ["input_layernorm", "post_attention_layernorm"]
+        if cfg.sandwich_norms:
+            norms += ["pre_feedforward_layernorm", "post_feedforward_layernorm"]
+        for norm in norms:
             out[f"{src}{norm}.weight"] = Target(f"{dst}{norm}.weight", (hid,))
         qkv = f"{dst}self_attn.qkv_proj"
         for name, offset, rows in (("q", 0, qs), ("k", qs, kvs), ("v", qs + kvs, kvs)):

@@ -46,6 +46,34 @@ def _drop_layer_types(cfg: dict[str, Any]) -> None:
     del cfg["layer_types"]  # layers >= max_window_layers slide, computed on load
 
 
+def _gemma_legacy_rope(cfg: dict[str, Any]) -> None:
+    """The form of the released Gemma 3 configs (gemma-3-270m): top-level ``rope_theta`` and
+    ``rope_local_base_freq``, a ``rope_scaling`` for the full layers, a
+    ``sliding_window_pattern`` instead of ``layer_types``."""
+    ropes = cfg.pop("rope_parameters")
+    cfg["rope_theta"] = ropes["full_attention"]["rope_theta"]
+    cfg["rope_local_base_freq"] = ropes["sliding_attention"]["rope_theta"]
+    cfg["rope_scaling"] = {"rope_type": "linear", "factor": 4.0}
+    cfg["sliding_window_pattern"] = 3
+    del cfg["layer_types"]
+
+
+def _gemma_270m_form(cfg: dict[str, Any]) -> None:
+    """gemma-3-270m's config.json keys: legacy thetas, ``rope_scaling`` null, the
+    ``_sliding_window_pattern`` transformers ignores beside explicit ``layer_types``."""
+    del cfg["rope_parameters"]
+    cfg.update(rope_theta=1_000_000.0, rope_local_base_freq=10_000.0, rope_scaling=None,
+               _sliding_window_pattern=6)
+
+
+# Gemma 3: head_dim and query_pre_attn_scalar apart from hidden_size // heads, one KV head
+# as gemma-3-270m, thetas far apart so a swapped RoPE shows.
+GEMMA = dict(BASE, head_dim=32, num_key_value_heads=1, query_pre_attn_scalar=24,
+             sliding_window=16, rope_parameters={
+                 "full_attention": {"rope_type": "default", "rope_theta": 1e6},
+                 "sliding_attention": {"rope_type": "default", "rope_theta": 100.0}})
+
+
 CASES: dict[str, Case] = {c.name: c for c in [
     Case("llama", "LlamaConfig", "LlamaForCausalLM", dict(BASE)),
     Case("llama_tied_llama3_rope", "LlamaConfig", "LlamaForCausalLM", dict(
@@ -68,15 +96,36 @@ CASES: dict[str, Case] = {c.name: c for c in [
         layer_types=["full_attention", "sliding_attention"] * 2)),
     Case("qwen3_sharded", "Qwen3Config", "Qwen3ForCausalLM", dict(BASE),
          save=dict(max_shard_size="60KB")),
+    Case("gemma3_window", "Gemma3TextConfig", "Gemma3ForCausalLM", dict(
+        GEMMA, num_hidden_layers=4, sliding_window=8,
+        layer_types=["sliding_attention", "sliding_attention", "full_attention",
+                     "sliding_attention"])),
+    Case("gemma3_hybrid_softcap", "Gemma3TextConfig", "Gemma3ForCausalLM", dict(
+        GEMMA, num_hidden_layers=4, final_logit_softcapping=1.5, tie_word_embeddings=False,
+        layer_types=["sliding_attention", "full_attention"] * 2)),
+    Case("gemma3_hybrid_legacy_rope", "Gemma3TextConfig", "Gemma3ForCausalLM", dict(
+        GEMMA, num_hidden_layers=3, sliding_window=24, rope_scaling={
+            "rope_type": "linear", "factor": 4.0}, sliding_window_pattern=3),
+         edit=_gemma_legacy_rope),
+    # gemma-3-270m's layer shapes and window (hidden 640, 4 heads and 1 KV head of 256,
+    # intermediate 2048, 512-token window, 5 sliding layers then a full one), with fewer
+    # layers and a small vocabulary so that prompts past the window stay cheap.
+    Case("gemma3_270m_shapes", "Gemma3TextConfig", "Gemma3ForCausalLM", dict(
+        BASE, vocab_size=512, hidden_size=640, intermediate_size=2048, num_hidden_layers=6,
+        num_attention_heads=4, num_key_value_heads=1, head_dim=256, query_pre_attn_scalar=256,
+        sliding_window=512, max_position_embeddings=32768), edit=_gemma_270m_form),
 ]}
 
 
 def randomize(model: torch.nn.Module, seed: int) -> None:
     gen = torch.Generator().manual_seed(seed)
+    # Gemma's norms scale by 1 + weight: their weights sit around 0, not 1.
+    norm_center = 0.0 if "Gemma" in type(model).__name__ else 1.0
     with torch.no_grad():
         for name, p in sorted(model.named_parameters()):
             noise = torch.randn(p.shape, generator=gen)
-            p.copy_(1.0 + 0.1 * noise if name.endswith("norm.weight") else 0.05 * noise)
+            p.copy_(norm_center + 0.1 * noise if name.endswith("norm.weight")
+                    else 0.05 * noise)
 
 
 _TOKENIZER_JSON: list[str] = []

@@ -1,8 +1,11 @@
 """``dtype`` override: a float32 checkpoint served in bfloat16 keeps activations and KV in
-bfloat16 and stays close to transformers running the same weights in bfloat16."""
+bfloat16 and stays close to transformers running the same weights in bfloat16 (Gemma 3
+too: its embedding scale is rounded to bfloat16 and its norms cast after scaling, as
+transformers does)."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from engine.model import load_model
@@ -10,8 +13,9 @@ from tests.engine.model.hf_checkpoints import load_reference
 from tests.engine.model.paged import PagedHarness
 
 
-def test_bfloat16_override(hf_checkpoint) -> None:  # type: ignore[no-untyped-def]
-    path = hf_checkpoint("qwen3_hybrid_head_dim")
+@pytest.mark.parametrize("case", ["qwen3_hybrid_head_dim", "gemma3_hybrid_softcap"])
+def test_bfloat16_override(hf_checkpoint, case: str) -> None:  # type: ignore[no-untyped-def]
+    path = hf_checkpoint(case)
     lm = load_model(path, dtype="bfloat16")
     assert lm.spec.dtype == torch.bfloat16
     assert {p.dtype for p in lm.model.parameters()} == {torch.bfloat16}

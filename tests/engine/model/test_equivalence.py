@@ -1,9 +1,12 @@
 """The engine's model against transformers on checkpoints transformers wrote.
 
-Every architecture (Llama, Mistral, Qwen2, Qwen3), tied and untied embeddings, derived and
-explicit head_dim, GQA, RoPE default/linear (legacy ``rope_scaling``)/llama3, biases, Qwen3's
-q/k norms, sharded safetensors, and sliding windows shorter than the prompt (Mistral on every
-layer, Qwen2/Qwen3 alternating through ``layer_types`` or via ``max_window_layers``). The
+Every architecture (Llama, Mistral, Qwen2, Qwen3, Gemma 3), tied and untied embeddings,
+derived and explicit head_dim, GQA, RoPE default/linear (legacy ``rope_scaling``)/llama3,
+biases, Qwen3's q/k norms, sharded safetensors, and sliding windows shorter than the prompt
+(Mistral on every layer, Qwen2/Qwen3/Gemma 3 alternating through ``layer_types``, via
+``max_window_layers`` or Gemma's ``sliding_window_pattern``). Gemma 3 also with both RoPE
+forms (per-layer-type ``rope_parameters``; legacy ``rope_theta`` + ``rope_local_base_freq`` +
+``rope_scaling``) and a final logit soft-cap. The
 model runs through paged KV in shuffled pool blocks: prefill in uneven chunks, decode
 steps, and two sequences of different lengths batched together.
 """

@@ -4,6 +4,7 @@ written whole or not at all."""
 from __future__ import annotations
 
 import hashlib
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -29,7 +30,7 @@ def _digests(path: Path) -> dict[str, str]:
 
 
 @pytest.mark.parametrize("arch,hybrid", [("llama", False), ("qwen2", True), ("qwen3", False),
-                                         ("qwen3", True)])
+                                         ("qwen3", True), ("gemma3", True)])
 def test_made_model_agrees_with_transformers(tmp_path: Path, arch: str, hybrid: bool) -> None:
     path = make_model(arch, "tiny", tmp_path / "m", hybrid=hybrid, seed=3).path
     ref, lm = load_reference(path), load_model(path)
@@ -99,7 +100,7 @@ def test_cli_writes_and_refuses_to_overwrite(tmp_path: Path,
 def test_cli_bad_arguments_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     assert cli.main(["make-model", "--arch", "llama", "--preset", "tiny", "--hybrid",
                      "--out", str(tmp_path / "x")]) == 2
-    assert "--hybrid needs --arch qwen2 or qwen3" in capsys.readouterr().err
+    assert "--hybrid needs --arch gemma3, qwen2 or qwen3" in capsys.readouterr().err
     assert not (tmp_path / "x").exists()
     with pytest.raises(SystemExit) as info:
         cli.main(["make-model", "--arch", "gpt2", "--preset", "tiny", "--out", "x"])
@@ -112,3 +113,30 @@ def test_console_script_help() -> None:
                          timeout=120, check=True)
     for flag in ("--arch", "--preset", "--hybrid", "--out", "--seed"):
         assert flag in run.stdout
+
+
+def test_gemma3_presets_and_model_info(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """``small`` as a Gemma 3: the bench shapes with Gemma's switches; ``model-info`` shows
+    the windows and both RoPEs of a made ``tiny``."""
+    ids = {t: i for i, t in enumerate(("<pad>", "<eos>", "<bos>", "<start_of_turn>",
+                                       "<end_of_turn>"))}
+    cfg = parse_config(hf_config("gemma3", PRESETS["small"], True, ids))
+    assert cfg.architecture == "Gemma3ForCausalLM" and cfg.tie_word_embeddings
+    assert (cfg.num_layers, cfg.hidden_size, cfg.head_dim, cfg.dtype) \
+        == (8, 512, 64, torch.bfloat16)
+    assert cfg.layer_windows == (128, None) * 4
+    assert cfg.sliding_rope is not None and cfg.sliding_rope.theta == 1e4
+    assert cfg.rope.theta == 1e6 and cfg.attention_scale == 64**-0.5
+    assert parse_config(hf_config("gemma3", PRESETS["small"], False, ids)).layer_windows \
+        == (None,) * 8
+    out = tmp_path / "g"
+    assert cli.main(["make-model", "--arch", "gemma3", "--preset", "tiny", "--hybrid",
+                     "--out", str(out)]) == 0
+    capsys.readouterr()
+    assert cli.main(["model-info", "--model", str(out), "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["architecture"] == "Gemma3ForCausalLM"
+    assert info["layer_windows"] == [128, None]
+    assert (info["rope"], info["sliding_rope"]) == ("default theta 1e+06", "default theta 10000")
+    assert info["activation"] == "gelu_pytorch_tanh" and info["attention_scale"] == 0.25
+    assert info["kv_bytes_per_block"] == 2 * 2 * 64 * 2 * 16 * 4

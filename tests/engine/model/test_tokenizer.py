@@ -56,7 +56,8 @@ TOOLS = [{"type": "function", "function": {"name": "f", "description": "ünïcod
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("tok")
-    out = {arch: make_model(arch, "tiny", root / arch).path for arch in ("llama", "qwen2")}
+    out = {arch: make_model(arch, "tiny", root / arch).path
+           for arch in ("llama", "qwen2", "gemma3")}
     custom = root / "custom"
     make_model("llama", "tiny", custom)
     (custom / "chat_template.jinja").write_text(TEMPLATE)  # wins over tokenizer_config's
@@ -68,7 +69,7 @@ def _theirs(path: Path) -> Any:
     return transformers.AutoTokenizer.from_pretrained(path)
 
 
-@pytest.mark.parametrize("which", ["llama", "qwen2", "custom"])
+@pytest.mark.parametrize("which", ["llama", "qwen2", "gemma3", "custom"])
 @pytest.mark.parametrize("chat", range(len(CHATS)))
 @pytest.mark.parametrize("gen", [True, False])
 def test_chat_template_renders_like_transformers(checkpoints: dict[str, Path], which: str,
@@ -110,7 +111,7 @@ def test_template_cannot_reach_python_internals(checkpoints: dict[str, Path]) ->
             ChatTemplate(source, tok.special_tokens).render([{"role": "user", "content": "x"}])
 
 
-@pytest.mark.parametrize("which", ["llama", "qwen2"])
+@pytest.mark.parametrize("which", ["llama", "qwen2", "gemma3"])
 def test_encode_decode_like_transformers(checkpoints: dict[str, Path], which: str) -> None:
     ours, theirs = Tokenizer.from_dir(checkpoints[which]), _theirs(checkpoints[which])
     texts = [*corpus(11, 200), "12345 67890 x=3.14159", "héllo wörld 日本語 🙂",

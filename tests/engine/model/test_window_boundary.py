@@ -21,7 +21,7 @@ def _run(lm, tokens: list[int]) -> torch.Tensor:  # type: ignore[no-untyped-def]
     return h.prefill("a", [13, len(tokens) - 13])
 
 
-@pytest.mark.parametrize("case", ["mistral_window", "qwen2_hybrid"])
+@pytest.mark.parametrize("case", ["mistral_window", "qwen2_hybrid", "gemma3_window"])
 def test_window_boundary(hf_checkpoint, case: str) -> None:  # type: ignore[no-untyped-def]
     path = hf_checkpoint(case)
     lm, ref = load_model(path), load_reference(path)
