@@ -36,19 +36,19 @@ ENGINE_CACHE := $(or $(KVENGINE_CACHE_DIR),$(HOME)/.cache/kvengine)
 CHAT_MODEL   := $(ENGINE_CACHE)/models/smollm2-135m-instruct
 HYBRID_MODEL := $(ENGINE_CACHE)/models/gemma3-270m
 DEMO_FLAGS    = --session-file examples/agent_session.jsonl --max-new-tokens 32 --greedy \
-                --pool-tokens 3072 --dram 256MiB --ssd-capacity 2GiB --show-answers
+                --dram 256MiB --ssd-capacity 2GiB
 
 run: setup
 	@$(VENV)/bin/kvengine fetch-model smollm2-135m-instruct --out $(CHAT_MODEL)
 	@$(VENV)/bin/kvengine fetch-model gemma3-270m --out $(HYBRID_MODEL)
 	@mkdir -p $(ENGINE_CACHE) && store=$$(mktemp -d $(ENGINE_CACHE)/demo-store.XXXXXX) && \
 	  echo "== SmolLM2-135M-Instruct, 1st process, empty store: pool (hbm) hits, and DRAM hits for what the pool evicted" && \
-	  $(VENV)/bin/kvengine generate --model $(CHAT_MODEL) $(DEMO_FLAGS) --kv-store embedded:$$store && \
+	  $(VENV)/bin/kvengine generate --model $(CHAT_MODEL) $(DEMO_FLAGS) --pool-tokens 3072 --show-answers --kv-store embedded:$$store && \
 	  echo "== 2nd process, same store: its DRAM starts empty, so the first hits come from SSD" && \
-	  $(VENV)/bin/kvengine generate --model $(CHAT_MODEL) $(DEMO_FLAGS) --kv-store embedded:$$store && \
+	  $(VENV)/bin/kvengine generate --model $(CHAT_MODEL) $(DEMO_FLAGS) --pool-tokens 3072 --show-answers --kv-store embedded:$$store && \
 	  rm -rf $$store/* && \
 	  echo "== Gemma 3 270M (hybrid), empty store: store hits replay their last 524 tokens" && \
-	  $(VENV)/bin/kvengine generate --model $(HYBRID_MODEL) $(DEMO_FLAGS) --kv-store embedded:$$store; \
+	  $(VENV)/bin/kvengine generate --model $(HYBRID_MODEL) $(DEMO_FLAGS) --pool-tokens 4096 --kv-store embedded:$$store; \
 	  rc=$$?; rm -rf $$store; exit $$rc
 
 test: setup
