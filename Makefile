@@ -48,7 +48,7 @@ run: setup
 	  $(VENV)/bin/kvengine generate --model $(CHAT_MODEL) $(DEMO_FLAGS) --pool-tokens 3072 --show-answers --kv-store embedded:$$store && \
 	  rm -rf $$store/* && \
 	  echo "== Gemma 3 270M (hybrid), empty store: store hits replay their last 524 tokens" && \
-	  $(VENV)/bin/kvengine generate --model $(HYBRID_MODEL) $(DEMO_FLAGS) --pool-tokens 4096 --kv-store embedded:$$store; \
+	  $(VENV)/bin/kvengine generate --model $(HYBRID_MODEL) $(DEMO_FLAGS) --pool-tokens 3328 --kv-store embedded:$$store; \
 	  rc=$$?; rm -rf $$store; exit $$rc
 
 test: setup
