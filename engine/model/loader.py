@@ -21,6 +21,7 @@ import torch
 from engine.errors import CheckpointError
 from engine.model.config import ModelConfig, load_config, parse_dtype, read_json, token_ids
 from engine.model.decoder import DecoderLM
+from engine.model.generation_config import NO_DEFAULTS, SamplingDefaults, sampling_defaults
 from engine.model.revision import model_revision
 from engine.model.spec import ModelSpec
 from engine.model.tokenizer import Tokenizer
@@ -37,6 +38,8 @@ class LoadedModel:
     tokenizer: Tokenizer
     config: ModelConfig
     path: Path  # the resolved checkpoint directory
+    # generation_config.json's sampling values, for the parameters a request leaves out
+    sampling_defaults: SamplingDefaults = NO_DEFAULTS
 
 
 def eos_token_ids(model_dir: Path, cfg: ModelConfig, tokenizer: Tokenizer) -> tuple[int, ...]:
@@ -119,4 +122,5 @@ def load_model(
     model.init_buffers(dev)
     load_weights(model, cfg, files, progress)
     model.eval()
-    return LoadedModel(model=model, spec=spec, tokenizer=tokenizer, config=cfg, path=path)
+    return LoadedModel(model=model, spec=spec, tokenizer=tokenizer, config=cfg, path=path,
+                       sampling_defaults=sampling_defaults(path))

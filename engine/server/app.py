@@ -22,6 +22,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from engine.errors import EngineInputError
+from engine.model.generation_config import NO_DEFAULTS, SamplingDefaults
 from engine.model.tokenizer import Tokenizer
 from engine.server.engine_loop import (
     DoneEvent,
@@ -56,6 +57,7 @@ class ServerState:
     block_bytes: int = 0
     retry_after_s: int = 1
     created: int = 0
+    sampling_defaults: SamplingDefaults = NO_DEFAULTS
 
 
 @dataclass
@@ -156,7 +158,8 @@ def _prompt_ids(state: ServerState, req: GenerationRequest) -> list[int]:
 async def _generate(state: ServerState, request: Request, kind: Kind) -> Response:
     arrival = time.perf_counter()
     tenant = state.tenants.authenticate(request.headers.get("authorization"))
-    req = parse_request(await _read_json(request), kind, state.vocab_size)
+    req = parse_request(await _read_json(request), kind, state.vocab_size,
+                        state.sampling_defaults)
     if req.model != state.model_name:
         raise not_found(f"model {req.model!r} is not served here (it serves "
                         f"{state.model_name!r})", param="model")

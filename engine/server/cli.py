@@ -129,7 +129,8 @@ def run(args: argparse.Namespace) -> int:
                         max_queue=args.max_queue, created=int(time.time()),
                         block_tokens=config.block_tokens,
                         pool_tokens=config.num_blocks * config.block_tokens,
-                        block_bytes=link.ns.block_bytes)
+                        block_bytes=link.ns.block_bytes,
+                        sampling_defaults=loaded.sampling_defaults)
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

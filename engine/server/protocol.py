@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from engine.errors import EngineInputError
+from engine.model.generation_config import NO_DEFAULTS, SamplingDefaults
 from engine.sampling_params import SamplingParams
 from engine.server.errors import APIError, bad_request, unsupported
 
@@ -50,8 +51,10 @@ PARAMETERS: dict[str, Param] = {
     "max_tokens": Param("honoured", BOTH, "default: the rest of the context, at most 16 "
                         "for completions (as OpenAI)"),
     "max_completion_tokens": Param("honoured", ("chat",), "as `max_tokens`"),
-    "temperature": Param("honoured", BOTH, "0 is greedy; default 1"),
-    "top_p": Param("honoured", BOTH, "nucleus sampling"),
+    "temperature": Param("honoured", BOTH, "0 is greedy; default: the checkpoint's "
+                         "generation_config.json, else 1"),
+    "top_p": Param("honoured", BOTH, "nucleus sampling; default: the checkpoint's "
+                   "generation_config.json, else 1"),
     "seed": Param("honoured", BOTH, "a generator per request: same seed, same output"),
     "stop": Param("honoured", BOTH, "up to 4 strings; the text ends before the first"),
     "stream": Param("honoured", BOTH, "server-sent events ending in `data: [DONE]`"),
@@ -197,7 +200,10 @@ def _messages(body: Mapping[str, Any]) -> list[dict[str, str]]:
     return out
 
 
-def parse_request(body: Any, kind: Kind, vocab_size: int) -> GenerationRequest:
+def parse_request(body: Any, kind: Kind, vocab_size: int,
+                  defaults: SamplingDefaults = NO_DEFAULTS) -> GenerationRequest:
+    """``defaults``: the checkpoint's generation_config.json values, used for the sampling
+    parameters the body leaves out (as vLLM's server does)."""
     if not isinstance(body, dict):
         raise bad_request("the request body must be a JSON object")
     _check_parameters(body, kind)
@@ -234,8 +240,8 @@ def parse_request(body: Any, kind: Kind, vocab_size: int) -> GenerationRequest:
         params = SamplingParams(
             # None: as many as fit (the engine stops at the context's end).
             max_new_tokens=max_tokens if max_tokens is not None else 1 << 30,
-            temperature=_number(body, "temperature", 1.0, 0.0, 2.0),
-            top_p=_number(body, "top_p", 1.0, 0.0, 1.0),
+            temperature=_number(body, "temperature", defaults.get("temperature", 1.0), 0.0, 2.0),
+            top_p=_number(body, "top_p", defaults.get("top_p", 1.0), 0.0, 1.0),
             seed=seed,
             ignore_eos=ignore_eos,
         )
