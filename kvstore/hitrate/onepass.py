@@ -1,0 +1,169 @@
+"""Every capacity point of an LRU replay in one pass over the input (``_hitrate.c``).
+
+Each tier is an LRU over the same stream of commits, so one stack of reuse distances
+(Mattson et al., 1970) answers every tier and every point: a block is in a tier of capacity
+``C`` iff its depth is ``<= C`` (and, in the SSD, it is not idle past the retention). The
+native ``Stack`` keeps the depths in a Fenwick tree over last-access positions and adds
+each point's DESIGN §10 totals per request — the same integer arithmetic as ``Simulator``
+and the same floating-point sums in the same order, so results are equal, not close.
+
+With ``sample_rate < 1`` (SHARDS) only keys hashed under the rate are tracked; capacities
+are scaled by the rate and the tracked blocks' tokens by its inverse.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from kvstore.hitrate.batches import AccessBatch
+from kvstore.hitrate.config import TIER_NAMES, SimConfig, is_absent
+from kvstore.hitrate.errors import ConfigError, HitrateError
+from kvstore.hitrate.result import SimResult, TierResult
+
+
+class MemoryLimitError(HitrateError):
+    """The exact stack would outgrow ``--max-memory``."""
+
+
+def _native():  # type: ignore[no-untyped-def]
+    try:
+        from kvstore import _hitrate
+    except ImportError as e:  # pragma: no cover - `make setup` builds it
+        raise HitrateError(
+            f"the native hit-rate module is not built ({e}); run `make setup`"
+        ) from None
+    return _hitrate
+
+
+@dataclass(frozen=True, slots=True)
+class PassStats:
+    """What the pass saw: every access, the tracked (sampled) ones, the live stack."""
+
+    accesses: int
+    tracked_accesses: int
+    live_blocks: int
+    memory_bytes: int
+    sample_rate: float
+
+
+class OnePass:
+    """Replays batches once for every config in ``points`` (each an LRU tier layout)."""
+
+    def __init__(
+        self,
+        points: Sequence[SimConfig],
+        *,
+        sample_rate: float = 1.0,
+        max_memory_bytes: int | None = None,
+    ) -> None:
+        if not points:
+            raise ConfigError("no points to evaluate")
+        first = points[0]
+        for p in points:
+            if p.policy != "lru":
+                raise ConfigError("the one-pass replay needs --policy lru")
+            if (p.retention_s, p.time_scale, p.replay_keep_tokens) != (
+                first.retention_s,
+                first.time_scale,
+                first.replay_keep_tokens,
+            ):
+                raise ConfigError("one pass shares retention, time scale and replay keep")
+        if not 0 < sample_rate <= 1:
+            raise ConfigError(f"--sample must be in (0, 1], got {sample_rate}")
+        self.points = list(points)
+        self.sample_rate = sample_rate
+        self.max_memory_bytes = max_memory_bytes
+        self._stack = None  # built on the first batch: capacities need the block size
+        self._block_tokens = 0
+
+    def _build(self, block_tokens: int) -> None:
+        caps = []
+        for cfg in self.points:
+            for name in TIER_NAMES:
+                blocks = cfg.capacity_blocks(name, block_tokens)
+                # A sampled depth d stands for d / rate: compare it with C x rate.
+                caps.append(-1 if math.isinf(blocks) else math.floor(blocks * self.sample_rate))
+        first = self.points[0]
+        self._stack = _native().Stack(
+            np.array(caps, dtype=np.int64),
+            first.retention_s,
+            first.time_scale,
+            float(first.replay_keep_tokens),
+            self.sample_rate,
+            self.max_memory_bytes or 0,
+        )
+        self._block_tokens = block_tokens
+
+    def feed(self, batches: Iterable[AccessBatch]) -> None:
+        for batch in batches:
+            self.feed_batch(batch)
+
+    def feed_batch(self, batch: AccessBatch) -> None:
+        if batch.block_tokens != self._block_tokens:
+            if self._block_tokens:
+                raise ConfigError(
+                    f"requests with block sizes {self._block_tokens} and {batch.block_tokens} "
+                    "in one replay; replay each block size separately"
+                )
+            self._build(batch.block_tokens)
+        try:
+            self._stack.feed(  # type: ignore[union-attr]
+                batch.keys, batch.offsets, batch.times_s, batch.lengths, batch.block_tokens
+            )
+        except MemoryError as e:
+            limit = self.max_memory_bytes or 0
+            raise MemoryLimitError(
+                f"--max-memory {limit / 2**20:,.0f} MiB: the exact stack {e}; "
+                "raise --max-memory or sample (--sample 0.01)"
+            ) from None
+
+    def stats(self) -> PassStats:
+        if self._stack is None:
+            return PassStats(0, 0, 0, 0, self.sample_rate)
+        s = self._stack
+        _, _, _, acc, tracked, _ = s.totals()
+        return PassStats(acc, tracked, s.live_blocks, s.memory_bytes, self.sample_rate)
+
+    def check(self) -> None:
+        if self._stack is not None:
+            self._stack.check()
+
+    def results(self) -> list[SimResult]:
+        """One result per point (empty before the first batch)."""
+        if self._stack is None:
+            return []
+        requests, input_tokens, ratio_requests, _, _, per_point = self._stack.totals()
+        b, rate = self._block_tokens, self.sample_rate
+        out = []
+        for cfg, (tok, blk, ratio_sum, replay) in zip(self.points, per_point, strict=True):
+            if rate < 1:  # a tracked block stands for 1 / rate blocks
+                tok = tuple(round(t / rate) for t in tok)
+                blk = tuple(round(x / rate) for x in blk)
+            hit = min(sum(tok), input_tokens)
+            tiers = tuple(
+                TierResult(
+                    name=name,
+                    hit_tokens=tok[i],
+                    hit_blocks=blk[i],
+                    capacity_blocks=cfg.capacity_blocks(name, b),
+                    present=not is_absent(cfg.capacity(name)),
+                )
+                for i, name in enumerate(TIER_NAMES)
+            )
+            out.append(
+                SimResult(
+                    requests=requests,
+                    input_tokens=input_tokens,
+                    hit_tokens=hit,
+                    ratio_sum=ratio_sum,
+                    ratio_requests=ratio_requests,
+                    replay_extra_tokens=round(replay),
+                    block_tokens=b,
+                    tiers=tiers,
+                )
+            )
+        return out
