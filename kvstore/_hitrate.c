@@ -22,12 +22,17 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+/* memmem: Python.h defines _GNU_SOURCE */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
 #define TIERS 3
+#define BUCKETS 16 /* sampled blocks split by hash, for the estimate's spread */
+#define DIRECT_KEYS (1ULL << 31)
+#define PREFETCH 8 /* keys ahead */
+#define ROOM 3     /* positions per live block after a renumbering */
 #define UNTRACKED INT64_MAX /* the depth of a block absent from the stack */
 #define UNBOUNDED (INT64_MAX - 1) /* an unbounded tier: holds every tracked depth */
 
@@ -50,6 +55,10 @@ typedef struct {
     /* key -> position: open addressing, linear probing, backward-shift deletion */
     Entry *tab;
     uint64_t tab_mask;
+    int64_t tab_live;
+    /* keys below DIRECT_KEYS (readers' dense ids): position by index, no hashing */
+    int64_t *direct;
+    int64_t direct_len;
     int64_t live;
     /* per position 1..size: Fenwick counts, owner key, commit time (NaN = vacated) */
     int32_t *fen;
@@ -69,11 +78,15 @@ typedef struct {
     /* totals per point */
     int64_t *tier_tokens, *tier_blocks;
     double *ratio_sum, *replay_tokens;
+    int64_t *bucket_tokens; /* [point][bucket] hit tokens of the tracked blocks */
     int64_t requests, input_tokens, ratio_requests, accesses, tracked_accesses;
     /* scratch for one request */
-    int64_t *depth, *chain_index;
-    uint8_t *expired;
+    int64_t *depth, *chain_index, *old_pos;
+    int64_t **entry; /* each tracked block's position field, from the look-up */
+    int32_t *carry;
+    uint8_t *expired, *bucket;
     Py_ssize_t scratch;
+    uint64_t tab_gen; /* bumped when the table is rebuilt: cached Entry pointers go stale */
 } Stack;
 
 /* ---- Fenwick ------------------------------------------------------------------------ */
@@ -88,10 +101,25 @@ static inline int64_t fen_prefix(const int32_t *fen, int64_t i) {
     return s;
 }
 
+/* Add d at every position of [a, b]: O(b - a + log^2 size) instead of O((b - a) log size).
+ * Each node's share from inside the range is carried to its parent; only the O(log size)
+ * nodes whose parent lies beyond b walk up to the root. */
+static void fen_add_run(int32_t *fen, int64_t size, int64_t a, int64_t b, int32_t d,
+                        int32_t *carry) {
+    for (int64_t i = a; i <= b; i++) carry[i - a] = d;
+    for (int64_t i = a; i <= b; i++) {
+        int32_t v = carry[i - a];
+        fen[i] += v;
+        int64_t j = i + (i & -i);
+        if (j <= b) carry[j - a] += v;
+        else fen_add(fen, size, j, v);
+    }
+}
+
 /* ---- hash table ----------------------------------------------------------------------- */
 
 static int64_t stack_bytes(const Stack *s, uint64_t tab_slots, int64_t size) {
-    return (int64_t)(tab_slots * sizeof(Entry)) +
+    return (int64_t)(tab_slots * sizeof(Entry)) + s->direct_len * (int64_t)sizeof(int64_t) +
            (size + 1) * (int64_t)(sizeof(int32_t) + sizeof(uint64_t) + sizeof(double));
 }
 
@@ -133,17 +161,19 @@ static int tab_grow(Stack *s) {
     free(s->tab);
     s->tab = t;
     s->tab_mask = n - 1;
+    s->tab_gen++;
     return 0;
 }
 
 /* The entry for key, inserted (pos 0 filled in by the caller) if absent. */
 static Entry *tab_upsert(Stack *s, uint64_t key, int *inserted) {
-    if ((uint64_t)(s->live + 1) * 2 > s->tab_mask + 1 && tab_grow(s) < 0) return NULL;
+    if ((uint64_t)(s->tab_live + 1) * 2 > s->tab_mask + 1 && tab_grow(s) < 0) return NULL;
     uint64_t i = mix64(key) & s->tab_mask;
     for (;;) {
         Entry *e = &s->tab[i];
         if (e->pos == 0) {
             e->key = key;
+            s->tab_live++;
             *inserted = 1;
             return e;
         }
@@ -158,6 +188,7 @@ static Entry *tab_upsert(Stack *s, uint64_t key, int *inserted) {
 static void tab_delete(Stack *s, Entry *e) {
     uint64_t mask = s->tab_mask, i = (uint64_t)(e - s->tab), j = i;
     e->pos = 0;
+    s->tab_live--;
     for (;;) { /* backward shift: no tombstones, probe chains stay short */
         j = (j + 1) & mask;
         Entry *f = &s->tab[j];
@@ -172,37 +203,95 @@ static void tab_delete(Stack *s, Entry *e) {
     }
 }
 
-/* ---- positions -------------------------------------------------------------------------- */
+/* The position field of key (0 = absent), or NULL if the key has none. */
+static inline int64_t *slot_find(Stack *s, uint64_t key) {
+    if (key < DIRECT_KEYS) {
+        if ((int64_t)key >= s->direct_len || s->direct[key] == 0) return NULL;
+        return &s->direct[key];
+    }
+    Entry *e = tab_find(s, key);
+    return e ? &e->pos : NULL;
+}
 
-/* Renumber live blocks 1..live in recency order into arrays with room for `incoming`. */
-static int renumber(Stack *s, int64_t incoming) {
-    int64_t n = 2 * (s->live + incoming);
-    if (n < 1024) n = 1024;
-    if (over_limit(s, s->tab_mask + 1, n)) return -1;
-    int32_t *fen = calloc(n + 1, sizeof(int32_t));
-    uint64_t *owner = malloc((n + 1) * sizeof(uint64_t));
-    double *tpos = malloc((n + 1) * sizeof(double));
-    if (!fen || !owner || !tpos) {
-        free(fen), free(owner), free(tpos);
+static int direct_grow(Stack *s, uint64_t key) {
+    int64_t n = s->direct_len ? s->direct_len : 1024;
+    while (n <= (int64_t)key) n *= 2;
+    if (s->max_bytes > 0 &&
+        stack_bytes(s, s->tab_mask + 1, s->size) + (n - s->direct_len) * 8 > s->max_bytes) {
+        PyErr_Format(PyExc_MemoryError, "needs %lld bytes for block ids up to %llu",
+                     (long long)(stack_bytes(s, s->tab_mask + 1, s->size) +
+                                 (n - s->direct_len) * 8),
+                     (unsigned long long)key);
+        return -1;
+    }
+    int64_t *d = realloc(s->direct, n * sizeof(int64_t));
+    if (!d) {
         PyErr_NoMemory();
         return -1;
     }
+    memset(d + s->direct_len, 0, (n - s->direct_len) * sizeof(int64_t));
+    s->direct = d;
+    s->direct_len = n;
+    s->tab_gen++;
+    return 0;
+}
+
+/* The position field of key, made (0, *inserted = 1) if absent; NULL on error. */
+static inline int64_t *slot_upsert(Stack *s, uint64_t key, int *inserted) {
+    if (key < DIRECT_KEYS) {
+        if ((int64_t)key >= s->direct_len && direct_grow(s, key) < 0) return NULL;
+        *inserted = s->direct[key] == 0;
+        return &s->direct[key];
+    }
+    Entry *e = tab_upsert(s, key, inserted);
+    return e ? &e->pos : NULL;
+}
+
+static inline void slot_delete(Stack *s, uint64_t key) {
+    if (key < DIRECT_KEYS) s->direct[key] = 0;
+    else tab_delete(s, tab_find(s, key));
+}
+
+/* ---- positions -------------------------------------------------------------------------- */
+
+/* Renumber live blocks 1..live in recency order, with room for `incoming` more and as many
+ * again as live (ROOM): a renumbering then pays for itself over that many accesses. The
+ * arrays are reused (compacted in place) unless they must grow. */
+static int renumber(Stack *s, int64_t incoming) {
+    int64_t n = ROOM * (s->live + incoming);
+    if (n < 1024) n = 1024;
+    if (n > s->size) {
+        if (over_limit(s, s->tab_mask + 1, n)) return -1;
+        int32_t *fen = realloc(s->fen, (n + 1) * sizeof(int32_t));
+        if (fen) s->fen = fen;
+        uint64_t *owner = realloc(s->owner, (n + 1) * sizeof(uint64_t));
+        if (owner) s->owner = owner;
+        double *tpos = realloc(s->tpos, (n + 1) * sizeof(double));
+        if (tpos) s->tpos = tpos;
+        if (!fen || !owner || !tpos) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        s->size = n;
+    }
     int64_t k = 0;
-    for (int64_t p = s->lo; p <= s->clock; p++) {
+    for (int64_t p = s->lo; p <= s->clock; p++) { /* k <= p: moving down is safe in place */
+        if (p + PREFETCH <= s->clock && s->owner[p + PREFETCH] >= DIRECT_KEYS)
+            __builtin_prefetch(&s->tab[mix64(s->owner[p + PREFETCH]) & s->tab_mask]);
         if (isnan(s->tpos[p])) continue;
         k++;
-        owner[k] = s->owner[p];
-        tpos[k] = s->tpos[p];
-        tab_find(s, owner[k])->pos = k;
+        s->owner[k] = s->owner[p];
+        s->tpos[k] = s->tpos[p];
+        *slot_find(s, s->owner[k]) = k;
     }
-    for (int64_t i = 1; i <= n; i++) { /* Fenwick of k leading ones, built in O(n) */
+    int32_t *fen = s->fen;
+    memset(fen, 0, (s->size + 1) * sizeof(int32_t));
+    for (int64_t i = 1; i <= s->size; i++) { /* Fenwick of k leading ones, built in O(n) */
         if (i <= k) fen[i] += 1;
         int64_t j = i + (i & -i);
-        if (j <= n) fen[j] += fen[i];
+        if (j <= s->size) fen[j] += fen[i];
     }
-    free(s->fen), free(s->owner), free(s->tpos);
-    s->fen = fen, s->owner = owner, s->tpos = tpos;
-    s->size = n, s->clock = k, s->lo = 1;
+    s->clock = k, s->lo = 1;
     return 0;
 }
 
@@ -215,7 +304,7 @@ static void prune(Stack *s, double cutoff) {
             int deep = s->live > s->keep_depth;
             int idle = s->has_retention && t < cutoff && s->live > s->keep_depth_no_retention;
             if (!deep && !idle) return;
-            tab_delete(s, tab_find(s, s->owner[p]));
+            slot_delete(s, s->owner[p]);
             fen_add(s->fen, s->size, p, -1);
             s->tpos[p] = NAN;
             s->live--;
@@ -224,46 +313,74 @@ static void prune(Stack *s, double cutoff) {
     }
 }
 
-static int touch(Stack *s, uint64_t key) {
-    int inserted;
-    Entry *e = tab_upsert(s, key, &inserted);
-    if (!e) return -1;
-    if (inserted) {
-        s->live++;
-    } else {
-        fen_add(s->fen, s->size, e->pos, -1);
-        s->tpos[e->pos] = NAN;
-    }
-    int64_t p = ++s->clock;
-    e->pos = p;
-    fen_add(s->fen, s->size, p, 1);
-    s->owner[p] = key;
-    s->tpos[p] = s->now_s;
-    return 0;
-}
-
-/* ---- one request ------------------------------------------------------------------------ */
-
 static int ensure_scratch(Stack *s, Py_ssize_t n) {
     if (n <= s->scratch) return 0;
     Py_ssize_t m = n > 2 * s->scratch ? n : 2 * s->scratch;
-    int64_t *d = realloc(s->depth, m * sizeof(int64_t));
-    if (d) s->depth = d;
-    int64_t *c = realloc(s->chain_index, m * sizeof(int64_t));
-    if (c) s->chain_index = c;
-    uint8_t *x = realloc(s->expired, m);
-    if (x) s->expired = x;
-    if (!d || !c || !x) {
-        PyErr_NoMemory();
-        return -1;
-    }
+    void *p;
+#define GROW(field, type)                                   \
+    if (!(p = realloc(s->field, m * sizeof(type)))) goto oom; \
+    s->field = p;
+    GROW(depth, int64_t)
+    GROW(chain_index, int64_t)
+    GROW(old_pos, int64_t)
+    GROW(entry, int64_t *)
+    GROW(carry, int32_t)
+    GROW(expired, uint8_t)
+    GROW(bucket, uint8_t)
+#undef GROW
     s->scratch = m;
     return 0;
+oom:
+    PyErr_NoMemory();
+    return -1;
 }
 
 static inline int64_t block_weight(int64_t j, int64_t b, int64_t big_l) {
     int64_t w = big_l - j * b;
     return w <= 0 ? 0 : (w < b ? w : b);
+}
+
+/* Decrement the Fenwick counts at old positions, a run of consecutive ones at a time (a
+ * chain committed together sits on consecutive positions: the common case). */
+static void remove_runs(Stack *s, int64_t *pos, Py_ssize_t n) {
+    Py_ssize_t i = 0;
+    while (i < n) {
+        Py_ssize_t j = i + 1;
+        while (j < n && pos[j] == pos[j - 1] + 1) j++;
+        if (j - i > 8)
+            fen_add_run(s->fen, s->size, pos[i], pos[j - 1], -1, s->carry);
+        else
+            for (Py_ssize_t k = i; k < j; k++) fen_add(s->fen, s->size, pos[k], -1);
+        i = j;
+    }
+}
+
+/* Commit the tracked blocks last -> first: each moves to a fresh position on top. */
+static int commit(Stack *s, const uint64_t *keys, Py_ssize_t m) {
+    int64_t first = s->clock + 1;
+    Py_ssize_t removed = 0;
+    uint64_t gen = s->tab_gen;
+    for (Py_ssize_t k = m - 1; k >= 0; k--) {
+        uint64_t key = keys[s->chain_index[k]];
+        int64_t *e = gen == s->tab_gen ? s->entry[k] : NULL;
+        if (!e) { /* absent at the look-up, or the table was rebuilt since */
+            int inserted;
+            e = slot_upsert(s, key, &inserted);
+            if (!e) return -1;
+            if (inserted) s->live++;
+        }
+        if (*e) { /* old counts go in one pass below; the new ones as one run */
+            s->old_pos[removed++] = *e;
+            s->tpos[*e] = NAN;
+        }
+        int64_t p = ++s->clock;
+        *e = p;
+        s->owner[p] = key;
+        s->tpos[p] = s->now_s;
+    }
+    if (s->clock >= first) fen_add_run(s->fen, s->size, first, s->clock, 1, s->carry);
+    remove_runs(s, s->old_pos, removed);
+    return 0;
 }
 
 static int one_request(Stack *s, const uint64_t *keys, Py_ssize_t n, double t, int64_t big_l,
@@ -273,20 +390,33 @@ static int one_request(Stack *s, const uint64_t *keys, Py_ssize_t n, double t, i
     double cutoff = s->now_s - s->retention_s;
     prune(s, cutoff);
     if (ensure_scratch(s, n) < 0) return -1;
+    if (s->clock + n > s->size && renumber(s, n) < 0) return -1;
     /* look-up: the depths of the tracked blocks before this request's commit */
     Py_ssize_t m = 0;
     int64_t *depth = s->depth, *chain_index = s->chain_index;
     uint8_t *expired = s->expired;
+    int64_t prev_pos = -1, prev_depth = 0;
     for (Py_ssize_t j = 0; j < n; j++) {
-        if (s->sampled && mix64(keys[j]) >= s->sample_below) continue;
+        /* the table is bigger than the caches: ask for a later key's slot early */
+        if (j + PREFETCH < n && keys[j + PREFETCH] >= DIRECT_KEYS)
+            __builtin_prefetch(&s->tab[mix64(keys[j + PREFETCH]) & s->tab_mask]);
+        uint64_t h = s->sampled ? mix64(keys[j]) : 0;
+        if (h >= s->sample_below) continue;
+        s->bucket[m] = (uint8_t)(h % BUCKETS); /* low bits: independent of the rate's test */
         chain_index[m] = j;
-        Entry *e = tab_find(s, keys[j]);
+        int64_t *e = slot_find(s, keys[j]);
+        s->entry[m] = e;
         if (!e) {
             depth[m] = UNTRACKED;
             expired[m] = 1;
         } else {
-            depth[m] = s->live - fen_prefix(s->fen, e->pos - 1);
-            expired[m] = s->has_retention && s->tpos[e->pos] < cutoff;
+            int64_t p = *e;
+            /* the previous commit put this chain on consecutive positions, b_1 on top */
+            depth[m] = p == prev_pos - 1 ? prev_depth + 1
+                                         : s->live - fen_prefix(s->fen, p - 1);
+            expired[m] = s->has_retention && s->tpos[p] < cutoff;
+            prev_pos = p;
+            prev_depth = depth[m];
         }
         m++;
     }
@@ -310,6 +440,7 @@ static int one_request(Stack *s, const uint64_t *keys, Py_ssize_t n, double t, i
             tok[tier] += w;
             blk[tier] += 1;
             hit += w;
+            if (s->sampled) s->bucket_tokens[p * BUCKETS + s->bucket[k]] += w;
         }
         for (int i = 0; i < TIERS; i++) {
             s->tier_tokens[p * TIERS + i] += tok[i];
@@ -320,10 +451,7 @@ static int one_request(Stack *s, const uint64_t *keys, Py_ssize_t n, double t, i
         if (big_l > 0) s->ratio_sum[p] += h / (double)big_l;
         if (h > 0) s->replay_tokens[p] += h < s->keep_tokens ? h : s->keep_tokens;
     }
-    /* commit: every block touched last -> first */
-    if (s->clock + n > s->size && renumber(s, n) < 0) return -1;
-    for (Py_ssize_t k = m - 1; k >= 0; k--)
-        if (touch(s, keys[chain_index[k]]) < 0) return -1;
+    if (commit(s, keys, m) < 0) return -1;
     prune(s, cutoff);
     return 0;
 }
@@ -341,9 +469,10 @@ static int get_buffer(PyObject *o, Py_buffer *v, Py_ssize_t itemsize, const char
 }
 
 static void Stack_dealloc(Stack *s) {
-    free(s->tab), free(s->fen), free(s->owner), free(s->tpos), free(s->caps);
+    free(s->tab), free(s->direct), free(s->fen), free(s->owner), free(s->tpos), free(s->caps);
     free(s->tier_tokens), free(s->tier_blocks), free(s->ratio_sum), free(s->replay_tokens);
-    free(s->depth), free(s->chain_index), free(s->expired);
+    free(s->depth), free(s->chain_index), free(s->old_pos), free(s->entry), free(s->carry);
+    free(s->expired), free(s->bucket), free(s->bucket_tokens);
     Py_TYPE(s)->tp_free((PyObject *)s);
 }
 
@@ -378,12 +507,13 @@ static int Stack_init(Stack *s, PyObject *args, PyObject *kw) {
     s->tier_blocks = calloc(n, sizeof(int64_t));
     s->ratio_sum = calloc(s->npoints, sizeof(double));
     s->replay_tokens = calloc(s->npoints, sizeof(double));
+    s->bucket_tokens = calloc((size_t)s->npoints * BUCKETS, sizeof(int64_t));
     s->tab = calloc(1024, sizeof(Entry));
     s->size = 1024;
     s->fen = calloc(s->size + 1, sizeof(int32_t));
     s->owner = calloc(s->size + 1, sizeof(uint64_t));
     s->tpos = calloc(s->size + 1, sizeof(double));
-    if (!s->caps || !s->tier_tokens || !s->tier_blocks || !s->ratio_sum || !s->replay_tokens ||
+    if (!s->caps || !s->tier_tokens || !s->tier_blocks || !s->ratio_sum || !s->replay_tokens || !s->bucket_tokens ||
         !s->tab || !s->fen || !s->owner || !s->tpos) {
         PyBuffer_Release(&cb);
         PyErr_NoMemory();
@@ -456,15 +586,24 @@ rel_k:
 }
 
 /* totals() -> (requests, input_tokens, ratio_requests, accesses, tracked_accesses,
- *              [(tier_tokens[3], tier_blocks[3], ratio_sum, replay_tokens) per point]) */
+ *              [(tier_tokens[3], tier_blocks[3], ratio_sum, replay_tokens, bucket_tokens[16])
+ *               per point]) */
 static PyObject *Stack_totals(Stack *s, PyObject *unused) {
     PyObject *pts = PyList_New(s->npoints);
     if (!pts) return NULL;
     for (int p = 0; p < s->npoints; p++) {
         const int64_t *tk = &s->tier_tokens[p * TIERS], *bk = &s->tier_blocks[p * TIERS];
-        PyObject *item = Py_BuildValue("((LLL)(LLL)dd)", (long long)tk[0], (long long)tk[1],
+        PyObject *buckets = PyTuple_New(BUCKETS);
+        if (!buckets) {
+            Py_DECREF(pts);
+            return NULL;
+        }
+        for (int i = 0; i < BUCKETS; i++)
+            PyTuple_SET_ITEM(buckets, i, PyLong_FromLongLong(s->bucket_tokens[p * BUCKETS + i]));
+        PyObject *item = Py_BuildValue("((LLL)(LLL)ddN)", (long long)tk[0], (long long)tk[1],
                                        (long long)tk[2], (long long)bk[0], (long long)bk[1],
-                                       (long long)bk[2], s->ratio_sum[p], s->replay_tokens[p]);
+                                       (long long)bk[2], s->ratio_sum[p], s->replay_tokens[p],
+                                       buckets);
         if (!item) {
             Py_DECREF(pts);
             return NULL;
@@ -482,11 +621,12 @@ static PyObject *Stack_check(Stack *s, PyObject *unused) {
     for (int64_t p = 1; p <= s->clock; p++) {
         if (isnan(s->tpos[p])) continue;
         if (p < s->lo) goto bad;
-        Entry *e = tab_find(s, s->owner[p]);
-        if (!e || e->pos != p) goto bad;
+        int64_t *e = slot_find(s, s->owner[p]);
+        if (!e || *e != p) goto bad;
         alive++;
     }
     for (uint64_t i = 0; i <= s->tab_mask; i++) slots += s->tab[i].pos != 0;
+    for (int64_t i = 0; i < s->direct_len; i++) slots += s->direct[i] != 0;
     if (total != s->live || alive != s->live || slots != s->live) goto bad;
     Py_RETURN_NONE;
 bad:
@@ -531,8 +671,126 @@ static PyObject *mod_mix(PyObject *m, PyObject *arg) {
     return PyLong_FromUnsignedLongLong(mix64(x));
 }
 
+/* ---- kv-cache-tester documents --------------------------------------------------------- */
+
+static const char *skip_ws(const char *p, const char *end) {
+    while (p < end && (*p == ' ' || *p == '\n' || *p == '\r' || *p == '\t')) p++;
+    return p;
+}
+
+/* Parse `[int, int, ...]` at p into ids; the end of the list, or NULL if it is anything
+ * else (floats, literals, nesting, overflow): then the list is left for json to judge. */
+static const char *parse_int_list(const char *p, const char *end, int64_t **ids, Py_ssize_t *n,
+                                  Py_ssize_t *cap) {
+    Py_ssize_t start = *n;
+    p = skip_ws(p + 1, end);
+    if (p < end && *p == ']') return p + 1;
+    for (;;) {
+        int neg = 0;
+        if (p < end && *p == '-') neg = 1, p++;
+        if (p >= end || *p < '0' || *p > '9' || (*p == '0' && p + 1 < end && p[1] >= '0' && p[1] <= '9'))
+            goto bail;
+        uint64_t v = 0;
+        while (p < end && *p >= '0' && *p <= '9') {
+            if (v > (UINT64_C(1) << 62)) goto bail;
+            v = v * 10 + (uint64_t)(*p++ - '0');
+        }
+        if (v > (uint64_t)INT64_MAX) goto bail;
+        if (p < end && (*p == '.' || *p == 'e' || *p == 'E')) goto bail;
+        if (*n == *cap) {
+            Py_ssize_t c = *cap ? 2 * *cap : 4096;
+            int64_t *q = realloc(*ids, c * sizeof(int64_t));
+            if (!q) goto bail;
+            *ids = q, *cap = c;
+        }
+        (*ids)[(*n)++] = neg ? -(int64_t)v : (int64_t)v;
+        p = skip_ws(p, end);
+        if (p < end && *p == ',') {
+            p = skip_ws(p + 1, end);
+            continue;
+        }
+        if (p < end && *p == ']') return p + 1;
+        goto bail;
+    }
+bail:
+    *n = start;
+    return NULL;
+}
+
+/* split_hash_ids(doc: bytes) -> (skeleton: bytes, ids: bytes (int64), offsets: bytes (int64))
+ * Every `"hash_ids": [ints]` becomes `"hash_ids": {"\u0000": i}` in the skeleton, its ids
+ * ids[offsets[i]:offsets[i+1]]: json then parses a document of small fields only, and the
+ * ids (most of a session file) never become Python objects. */
+static PyObject *mod_split_hash_ids(PyObject *m, PyObject *arg) {
+    Py_buffer in;
+    if (PyObject_GetBuffer(arg, &in, PyBUF_SIMPLE) < 0) return NULL;
+    const char *p = in.buf, *end = p + in.len, *copied = p;
+    static const char tag[] = "\"hash_ids\"";
+    const size_t tag_len = sizeof(tag) - 1;
+    int64_t *ids = NULL, *off = NULL;
+    Py_ssize_t n = 0, cap = 0, lists = 0, off_cap = 0;
+    char *out = malloc(in.len + 1);
+    Py_ssize_t out_len = 0;
+    PyObject *result = NULL;
+    if (!out) goto oom;
+    while (p < end) {
+        const char *hit = memmem(p, end - p, tag, tag_len);
+        if (!hit) break;
+        p = hit + tag_len;
+        if (hit > (const char *)in.buf && hit[-1] == '\\') continue; /* inside a string */
+        const char *q = skip_ws(p, end);
+        if (q >= end || *q != ':') continue;
+        q = skip_ws(q + 1, end);
+        if (q >= end || *q != '[') continue;
+        Py_ssize_t before = n;
+        const char *after = parse_int_list(q, end, &ids, &n, &cap);
+        if (!after) continue;
+        if (lists + 2 > off_cap) {
+            Py_ssize_t c = off_cap ? 2 * off_cap : 1024;
+            int64_t *o = realloc(off, c * sizeof(int64_t));
+            if (!o) goto oom;
+            off = o, off_cap = c;
+        }
+        off[lists] = before;
+        off[lists + 1] = n;
+        char marker[48];
+        int len = snprintf(marker, sizeof marker, "{\"\\u0000\": %zd}", lists);
+        lists++;
+        memcpy(out + out_len, copied, q - copied); /* the marker is never longer than [] */
+        out_len += q - copied;
+        if ((Py_ssize_t)len > after - q) { /* a short list: keep it as it is */
+            memcpy(out + out_len, q, after - q);
+            out_len += after - q;
+            n = before;
+            lists--;
+        } else {
+            memcpy(out + out_len, marker, len);
+            out_len += len;
+        }
+        copied = p = after;
+    }
+    memcpy(out + out_len, copied, end - copied);
+    out_len += end - copied;
+    {
+        PyObject *sk = PyBytes_FromStringAndSize(out, out_len);
+        PyObject *ib = PyBytes_FromStringAndSize((const char *)ids, n * (Py_ssize_t)sizeof(int64_t));
+        PyObject *ob = PyBytes_FromStringAndSize((const char *)off,
+                                                 (lists ? lists + 1 : 0) * (Py_ssize_t)sizeof(int64_t));
+        if (sk && ib && ob) result = Py_BuildValue("(NNN)", sk, ib, ob);
+        else Py_XDECREF(sk), Py_XDECREF(ib), Py_XDECREF(ob);
+    }
+    goto done;
+oom:
+    PyErr_NoMemory();
+done:
+    free(out), free(ids), free(off);
+    PyBuffer_Release(&in);
+    return result;
+}
+
 static PyMethodDef module_methods[] = {
     {"mix64", mod_mix, METH_O, "the key hash used for sampling and the table"},
+    {"split_hash_ids", mod_split_hash_ids, METH_O, "kv-cache-tester ids out of a document"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -29,7 +29,7 @@ class MemoryLimitError(HitrateError):
     """The exact stack would outgrow ``--max-memory``."""
 
 
-def _native():  # type: ignore[no-untyped-def]
+def native():  # type: ignore[no-untyped-def]
     try:
         from kvstore import _hitrate
     except ImportError as e:  # pragma: no cover - `make setup` builds it
@@ -88,7 +88,7 @@ class OnePass:
                 # A sampled depth d stands for d / rate: compare it with C x rate.
                 caps.append(-1 if math.isinf(blocks) else math.floor(blocks * self.sample_rate))
         first = self.points[0]
-        self._stack = _native().Stack(
+        self._stack = native().Stack(
             np.array(caps, dtype=np.int64),
             first.retention_s,
             first.time_scale,
@@ -128,6 +128,25 @@ class OnePass:
         _, _, _, acc, tracked, _ = s.totals()
         return PassStats(acc, tracked, s.live_blocks, s.memory_bytes, self.sample_rate)
 
+    def error_bounds(self) -> list[float]:
+        """Per point, twice the standard error of the sampled token hit rate (~95 %), in
+        percentage points; 0 when exact. Measured from the run itself: the tracked blocks
+        fall in 16 hash buckets, each an independent estimate of the hit tokens, and their
+        spread is the sampling error (SHARDS' depth rescaling error is not in it; the
+        bench measures the whole error against the exact curve)."""
+        if self._stack is None or self.sample_rate >= 1:
+            return [0.0] * len(self.points)
+        _, input_tokens, _, _, _, per_point = self._stack.totals()
+        out = []
+        for *_, buckets in per_point:
+            k = len(buckets)
+            est = [k * b / self.sample_rate for b in buckets]
+            mean = sum(est) / k
+            var = sum((e - mean) ** 2 for e in est) / (k - 1)
+            se = math.sqrt(var / k)
+            out.append(200 * se / input_tokens if input_tokens else 0.0)
+        return out
+
     def check(self) -> None:
         if self._stack is not None:
             self._stack.check()
@@ -139,7 +158,7 @@ class OnePass:
         requests, input_tokens, ratio_requests, _, _, per_point = self._stack.totals()
         b, rate = self._block_tokens, self.sample_rate
         out = []
-        for cfg, (tok, blk, ratio_sum, replay) in zip(self.points, per_point, strict=True):
+        for cfg, (tok, blk, ratio_sum, replay, _) in zip(self.points, per_point, strict=True):
             if rate < 1:  # a tracked block stands for 1 / rate blocks
                 tok = tuple(round(t / rate) for t in tok)
                 blk = tuple(round(x / rate) for x in blk)
