@@ -30,7 +30,8 @@
 
 #define TIERS 3
 #define BUCKETS 16 /* sampled blocks split by hash, for the estimate's spread */
-#define DIRECT_KEYS (1ULL << 31)
+#define DIRECT_KEYS (1ULL << 31) /* keys that may be indexed directly */
+#define DENSE_FACTOR 8           /* direct slots allowed per live block */
 #define PREFETCH 8 /* keys ahead */
 #define ROOM 3     /* positions per live block after a renumbering */
 #define UNTRACKED INT64_MAX /* the depth of a block absent from the stack */
@@ -203,25 +204,21 @@ static void tab_delete(Stack *s, Entry *e) {
     }
 }
 
-/* The position field of key (0 = absent), or NULL if the key has none. */
+/* The position field of key (0 = absent), or NULL if the key has none. Keys below
+ * direct_len are indexed directly; the rest live in the hash table. */
 static inline int64_t *slot_find(Stack *s, uint64_t key) {
-    if (key < DIRECT_KEYS) {
-        if ((int64_t)key >= s->direct_len || s->direct[key] == 0) return NULL;
-        return &s->direct[key];
-    }
+    if (key < (uint64_t)s->direct_len) return s->direct[key] ? &s->direct[key] : NULL;
     Entry *e = tab_find(s, key);
     return e ? &e->pos : NULL;
 }
 
-static int direct_grow(Stack *s, uint64_t key) {
-    int64_t n = s->direct_len ? s->direct_len : 1024;
-    while (n <= (int64_t)key) n *= 2;
-    if (s->max_bytes > 0 &&
-        stack_bytes(s, s->tab_mask + 1, s->size) + (n - s->direct_len) * 8 > s->max_bytes) {
-        PyErr_Format(PyExc_MemoryError, "needs %lld bytes for block ids up to %llu",
-                     (long long)(stack_bytes(s, s->tab_mask + 1, s->size) +
-                                 (n - s->direct_len) * 8),
-                     (unsigned long long)key);
+/* Extend the direct range to n keys, moving the table's keys below n into it. Only while
+ * ids look dense (n within a few times the live blocks): a sparse id space stays hashed. */
+static int direct_grow(Stack *s, int64_t n) {
+    int64_t need = stack_bytes(s, s->tab_mask + 1, s->size) + (n - s->direct_len) * 8;
+    if (s->max_bytes > 0 && need > s->max_bytes) {
+        PyErr_Format(PyExc_MemoryError, "needs %lld bytes for %lld live blocks",
+                     (long long)need, (long long)s->live);
         return -1;
     }
     int64_t *d = realloc(s->direct, n * sizeof(int64_t));
@@ -232,14 +229,40 @@ static int direct_grow(Stack *s, uint64_t key) {
     memset(d + s->direct_len, 0, (n - s->direct_len) * sizeof(int64_t));
     s->direct = d;
     s->direct_len = n;
+    if (s->tab_live) { /* rebuild the table without the keys now direct */
+        uint64_t slots = s->tab_mask + 1;
+        Entry *old = s->tab, *t = calloc(slots, sizeof(Entry));
+        if (!t) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        s->tab = t;
+        s->tab_live = 0;
+        for (uint64_t j = 0; j < slots; j++) {
+            if (old[j].pos == 0) continue;
+            if (old[j].key < (uint64_t)n) {
+                d[old[j].key] = old[j].pos;
+                continue;
+            }
+            uint64_t i = mix64(old[j].key) & s->tab_mask;
+            while (t[i].pos != 0) i = (i + 1) & s->tab_mask;
+            t[i] = old[j];
+            s->tab_live++;
+        }
+        free(old);
+    }
     s->tab_gen++;
     return 0;
 }
 
 /* The position field of key, made (0, *inserted = 1) if absent; NULL on error. */
 static inline int64_t *slot_upsert(Stack *s, uint64_t key, int *inserted) {
-    if (key < DIRECT_KEYS) {
-        if ((int64_t)key >= s->direct_len && direct_grow(s, key) < 0) return NULL;
+    if (key >= (uint64_t)s->direct_len && key < DIRECT_KEYS) {
+        int64_t n = s->direct_len ? s->direct_len : 1024;
+        while (n <= (int64_t)key) n *= 2;
+        if (n <= DENSE_FACTOR * (s->live + 65536) && direct_grow(s, n) < 0) return NULL;
+    }
+    if (key < (uint64_t)s->direct_len) {
         *inserted = s->direct[key] == 0;
         return &s->direct[key];
     }
@@ -248,7 +271,7 @@ static inline int64_t *slot_upsert(Stack *s, uint64_t key, int *inserted) {
 }
 
 static inline void slot_delete(Stack *s, uint64_t key) {
-    if (key < DIRECT_KEYS) s->direct[key] = 0;
+    if (key < (uint64_t)s->direct_len) s->direct[key] = 0;
     else tab_delete(s, tab_find(s, key));
 }
 
@@ -276,7 +299,7 @@ static int renumber(Stack *s, int64_t incoming) {
     }
     int64_t k = 0;
     for (int64_t p = s->lo; p <= s->clock; p++) { /* k <= p: moving down is safe in place */
-        if (p + PREFETCH <= s->clock && s->owner[p + PREFETCH] >= DIRECT_KEYS)
+        if (p + PREFETCH <= s->clock && s->owner[p + PREFETCH] >= (uint64_t)s->direct_len)
             __builtin_prefetch(&s->tab[mix64(s->owner[p + PREFETCH]) & s->tab_mask]);
         if (isnan(s->tpos[p])) continue;
         k++;
@@ -398,7 +421,7 @@ static int one_request(Stack *s, const uint64_t *keys, Py_ssize_t n, double t, i
     int64_t prev_pos = -1, prev_depth = 0;
     for (Py_ssize_t j = 0; j < n; j++) {
         /* the table is bigger than the caches: ask for a later key's slot early */
-        if (j + PREFETCH < n && keys[j + PREFETCH] >= DIRECT_KEYS)
+        if (j + PREFETCH < n && keys[j + PREFETCH] >= (uint64_t)s->direct_len)
             __builtin_prefetch(&s->tab[mix64(keys[j + PREFETCH]) & s->tab_mask]);
         uint64_t h = s->sampled ? mix64(keys[j]) : 0;
         if (h >= s->sample_below) continue;
