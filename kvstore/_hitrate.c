@@ -87,8 +87,18 @@ typedef struct {
     int32_t *carry;
     uint8_t *expired, *bucket;
     Py_ssize_t scratch;
+    char error[160]; /* set by the core, which runs without the GIL; raised by feed() */
     uint64_t tab_gen; /* bumped when the table is rebuilt: cached Entry pointers go stale */
 } Stack;
+
+/* ---- errors: the core runs without the GIL, so it only notes them ----------------------- */
+
+static void fail_oom(Stack *s) { snprintf(s->error, sizeof s->error, "out of memory"); }
+
+static void fail_limit(Stack *s, int64_t need) {
+    snprintf(s->error, sizeof s->error, "needs %lld bytes for %lld live blocks", (long long)need,
+             (long long)s->live);
+}
 
 /* ---- Fenwick ------------------------------------------------------------------------ */
 
@@ -127,8 +137,7 @@ static int64_t stack_bytes(const Stack *s, uint64_t tab_slots, int64_t size) {
 static int over_limit(Stack *s, uint64_t tab_slots, int64_t size) {
     int64_t need = stack_bytes(s, tab_slots, size);
     if (s->max_bytes > 0 && need > s->max_bytes) {
-        PyErr_Format(PyExc_MemoryError, "needs %lld bytes for %lld live blocks", (long long)need,
-                     (long long)s->live);
+        fail_limit(s, need);
         return 1;
     }
     return 0;
@@ -149,7 +158,7 @@ static int tab_grow(Stack *s) {
     if (over_limit(s, n, s->size)) return -1;
     Entry *t = calloc(n, sizeof(Entry));
     if (!t) {
-        PyErr_NoMemory();
+        fail_oom(s);
         return -1;
     }
     for (uint64_t j = 0; j < old_n; j++) {
@@ -217,13 +226,12 @@ static inline int64_t *slot_find(Stack *s, uint64_t key) {
 static int direct_grow(Stack *s, int64_t n) {
     int64_t need = stack_bytes(s, s->tab_mask + 1, s->size) + (n - s->direct_len) * 8;
     if (s->max_bytes > 0 && need > s->max_bytes) {
-        PyErr_Format(PyExc_MemoryError, "needs %lld bytes for %lld live blocks",
-                     (long long)need, (long long)s->live);
+        fail_limit(s, need);
         return -1;
     }
     int64_t *d = realloc(s->direct, n * sizeof(int64_t));
     if (!d) {
-        PyErr_NoMemory();
+        fail_oom(s);
         return -1;
     }
     memset(d + s->direct_len, 0, (n - s->direct_len) * sizeof(int64_t));
@@ -233,7 +241,7 @@ static int direct_grow(Stack *s, int64_t n) {
         uint64_t slots = s->tab_mask + 1;
         Entry *old = s->tab, *t = calloc(slots, sizeof(Entry));
         if (!t) {
-            PyErr_NoMemory();
+            fail_oom(s);
             return -1;
         }
         s->tab = t;
@@ -292,7 +300,7 @@ static int renumber(Stack *s, int64_t incoming) {
         double *tpos = realloc(s->tpos, (n + 1) * sizeof(double));
         if (tpos) s->tpos = tpos;
         if (!fen || !owner || !tpos) {
-            PyErr_NoMemory();
+            fail_oom(s);
             return -1;
         }
         s->size = n;
@@ -354,7 +362,7 @@ static int ensure_scratch(Stack *s, Py_ssize_t n) {
     s->scratch = m;
     return 0;
 oom:
-    PyErr_NoMemory();
+    fail_oom(s);
     return -1;
 }
 
@@ -592,10 +600,18 @@ static PyObject *Stack_feed(Stack *s, PyObject *args) {
         goto rel_l;
     }
     int rc = 0;
+    s->error[0] = 0;
+    /* The GIL is released: a reader thread parses the next batch meanwhile. The caller
+     * must not use this Stack from another thread during a feed (OnePass never does). */
+    Py_BEGIN_ALLOW_THREADS
     for (Py_ssize_t i = 0; i < r && rc == 0; i++)
         rc = one_request(s, keys + off[i], (Py_ssize_t)(off[i + 1] - off[i]), t[i], len[i], b);
+    Py_END_ALLOW_THREADS
     PyBuffer_Release(&lb), PyBuffer_Release(&tb), PyBuffer_Release(&ob), PyBuffer_Release(&kb);
-    if (rc < 0) return NULL;
+    if (rc < 0) {
+        PyErr_SetString(PyExc_MemoryError, s->error[0] ? s->error : "out of memory");
+        return NULL;
+    }
     Py_RETURN_NONE;
 rel_l:
     PyBuffer_Release(&lb);
@@ -702,7 +718,7 @@ static const char *skip_ws(const char *p, const char *end) {
 }
 
 /* Parse `[int, int, ...]` at p into ids; the end of the list, or NULL if it is anything
- * else (floats, literals, nesting, overflow): then the list is left for json to judge. */
+ * else (floats, literals, nesting, 19+ digits): then the list is left for json to judge. */
 static const char *parse_int_list(const char *p, const char *end, int64_t **ids, Py_ssize_t *n,
                                   Py_ssize_t *cap) {
     Py_ssize_t start = *n;
@@ -711,14 +727,11 @@ static const char *parse_int_list(const char *p, const char *end, int64_t **ids,
     for (;;) {
         int neg = 0;
         if (p < end && *p == '-') neg = 1, p++;
-        if (p >= end || *p < '0' || *p > '9' || (*p == '0' && p + 1 < end && p[1] >= '0' && p[1] <= '9'))
-            goto bail;
+        const char *d = p;
         uint64_t v = 0;
-        while (p < end && *p >= '0' && *p <= '9') {
-            if (v > (UINT64_C(1) << 62)) goto bail;
-            v = v * 10 + (uint64_t)(*p++ - '0');
-        }
-        if (v > (uint64_t)INT64_MAX) goto bail;
+        while (p < end && (unsigned)(*p - '0') < 10) v = v * 10 + (uint64_t)(*p++ - '0');
+        int digits = (int)(p - d);
+        if (digits == 0 || digits > 18 || (digits > 1 && *d == '0')) goto bail;
         if (p < end && (*p == '.' || *p == 'e' || *p == 'E')) goto bail;
         if (*n == *cap) {
             Py_ssize_t c = *cap ? 2 * *cap : 4096;
@@ -727,6 +740,11 @@ static const char *parse_int_list(const char *p, const char *end, int64_t **ids,
             *ids = q, *cap = c;
         }
         (*ids)[(*n)++] = neg ? -(int64_t)v : (int64_t)v;
+        if (p < end && *p == ',') { /* the common case: "1,2,3" */
+            p++;
+            if (p < end && *p == ' ') p = skip_ws(p, end);
+            continue;
+        }
         p = skip_ws(p, end);
         if (p < end && *p == ',') {
             p = skip_ws(p + 1, end);
@@ -740,73 +758,85 @@ bail:
     return NULL;
 }
 
-/* split_hash_ids(doc: bytes) -> (skeleton: bytes, ids: bytes (int64), offsets: bytes (int64))
- * Every `"hash_ids": [ints]` becomes `"hash_ids": {"\u0000": i}` in the skeleton, its ids
- * ids[offsets[i]:offsets[i+1]]: json then parses a document of small fields only, and the
- * ids (most of a session file) never become Python objects. */
-static PyObject *mod_split_hash_ids(PyObject *m, PyObject *arg) {
-    Py_buffer in;
-    if (PyObject_GetBuffer(arg, &in, PyBUF_SIMPLE) < 0) return NULL;
-    const char *p = in.buf, *end = p + in.len, *copied = p;
+typedef struct {
+    char *out;
+    Py_ssize_t out_len;
+    int64_t *ids, *off;
+    Py_ssize_t n, lists;
+} Split;
+
+/* The scan of split_hash_ids, without the GIL; -1 when out of memory. */
+static int split_scan(const char *buf, Py_ssize_t len, Split *r) {
+    const char *p = buf, *end = buf + len, *copied = buf;
     static const char tag[] = "\"hash_ids\"";
     const size_t tag_len = sizeof(tag) - 1;
-    int64_t *ids = NULL, *off = NULL;
-    Py_ssize_t n = 0, cap = 0, lists = 0, off_cap = 0;
-    char *out = malloc(in.len + 1);
-    Py_ssize_t out_len = 0;
-    PyObject *result = NULL;
-    if (!out) goto oom;
+    Py_ssize_t cap = 0, off_cap = 0;
+    if (!(r->out = malloc(len + 1))) return -1;
     while (p < end) {
         const char *hit = memmem(p, end - p, tag, tag_len);
         if (!hit) break;
         p = hit + tag_len;
-        if (hit > (const char *)in.buf && hit[-1] == '\\') continue; /* inside a string */
+        if (hit > buf && hit[-1] == '\\') continue; /* inside a string */
         const char *q = skip_ws(p, end);
         if (q >= end || *q != ':') continue;
         q = skip_ws(q + 1, end);
         if (q >= end || *q != '[') continue;
-        Py_ssize_t before = n;
-        const char *after = parse_int_list(q, end, &ids, &n, &cap);
+        Py_ssize_t before = r->n;
+        const char *after = parse_int_list(q, end, &r->ids, &r->n, &cap);
         if (!after) continue;
-        if (lists + 2 > off_cap) {
-            Py_ssize_t c = off_cap ? 2 * off_cap : 1024;
-            int64_t *o = realloc(off, c * sizeof(int64_t));
-            if (!o) goto oom;
-            off = o, off_cap = c;
-        }
-        off[lists] = before;
-        off[lists + 1] = n;
         char marker[48];
-        int len = snprintf(marker, sizeof marker, "{\"\\u0000\": %zd}", lists);
-        lists++;
-        memcpy(out + out_len, copied, q - copied); /* the marker is never longer than [] */
-        out_len += q - copied;
-        if ((Py_ssize_t)len > after - q) { /* a short list: keep it as it is */
-            memcpy(out + out_len, q, after - q);
-            out_len += after - q;
-            n = before;
-            lists--;
+        int mlen = snprintf(marker, sizeof marker, "{\"\\u0000\": %zd}", r->lists);
+        memcpy(r->out + r->out_len, copied, q - copied);
+        r->out_len += q - copied;
+        if ((Py_ssize_t)mlen > after - q) { /* a short list: no room for the marker, keep it */
+            memcpy(r->out + r->out_len, q, after - q);
+            r->out_len += after - q;
+            r->n = before;
         } else {
-            memcpy(out + out_len, marker, len);
-            out_len += len;
+            if (r->lists + 2 > off_cap) {
+                Py_ssize_t c = off_cap ? 2 * off_cap : 1024;
+                int64_t *o = realloc(r->off, c * sizeof(int64_t));
+                if (!o) return -1;
+                r->off = o, off_cap = c;
+            }
+            r->off[r->lists] = before;
+            r->off[r->lists + 1] = r->n;
+            r->lists++;
+            memcpy(r->out + r->out_len, marker, mlen);
+            r->out_len += mlen;
         }
         copied = p = after;
     }
-    memcpy(out + out_len, copied, end - copied);
-    out_len += end - copied;
-    {
-        PyObject *sk = PyBytes_FromStringAndSize(out, out_len);
-        PyObject *ib = PyBytes_FromStringAndSize((const char *)ids, n * (Py_ssize_t)sizeof(int64_t));
-        PyObject *ob = PyBytes_FromStringAndSize((const char *)off,
-                                                 (lists ? lists + 1 : 0) * (Py_ssize_t)sizeof(int64_t));
+    memcpy(r->out + r->out_len, copied, end - copied);
+    r->out_len += end - copied;
+    return 0;
+}
+
+/* split_hash_ids(doc: bytes) -> (skeleton: bytes, ids: bytes (int64), offsets: bytes (int64))
+ * Every `"hash_ids": [ints]` becomes `"hash_ids": {"\u0000": i}` in the skeleton, its ids
+ * ids[offsets[i]:offsets[i+1]]: json then parses a document of small fields only, and the
+ * ids (most of a session file) never become Python objects. Runs without the GIL, so
+ * files load in parallel threads. */
+static PyObject *mod_split_hash_ids(PyObject *m, PyObject *arg) {
+    Py_buffer in;
+    if (PyObject_GetBuffer(arg, &in, PyBUF_SIMPLE) < 0) return NULL;
+    Split r = {0};
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = split_scan(in.buf, in.len, &r);
+    Py_END_ALLOW_THREADS
+    PyObject *result = NULL;
+    if (rc < 0) {
+        PyErr_NoMemory();
+    } else {
+        PyObject *sk = PyBytes_FromStringAndSize(r.out, r.out_len);
+        PyObject *ib = PyBytes_FromStringAndSize((const char *)r.ids, r.n * 8);
+        PyObject *ob =
+            PyBytes_FromStringAndSize((const char *)r.off, (r.lists ? r.lists + 1 : 0) * 8);
         if (sk && ib && ob) result = Py_BuildValue("(NNN)", sk, ib, ob);
         else Py_XDECREF(sk), Py_XDECREF(ib), Py_XDECREF(ob);
     }
-    goto done;
-oom:
-    PyErr_NoMemory();
-done:
-    free(out), free(ids), free(off);
+    free(r.out), free(r.ids), free(r.off);
     PyBuffer_Release(&in);
     return result;
 }

@@ -14,6 +14,8 @@ are scaled by the rate and the tracked blocks' tokens by its inverse.
 from __future__ import annotations
 
 import math
+import queue
+import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -99,8 +101,31 @@ class OnePass:
         self._block_tokens = block_tokens
 
     def feed(self, batches: Iterable[AccessBatch]) -> None:
-        for batch in batches:
-            self.feed_batch(batch)
+        """Replay every batch. The native replay releases the GIL, so it runs on a thread
+        of its own while this one reads and packs the next batch (two cores: both busy)."""
+        pending: queue.Queue[AccessBatch | None] = queue.Queue(maxsize=2)
+        failed: list[BaseException] = []
+
+        def replay() -> None:
+            while (batch := pending.get()) is not None:
+                if not failed:
+                    try:
+                        self.feed_batch(batch)
+                    except BaseException as e:  # handed to the reading thread
+                        failed.append(e)
+
+        worker = threading.Thread(target=replay, name="hitrate-replay", daemon=True)
+        worker.start()
+        try:
+            for batch in batches:
+                if failed:
+                    break
+                pending.put(batch)
+        finally:
+            pending.put(None)
+            worker.join()
+        if failed:
+            raise failed[0]
 
     def feed_batch(self, batch: AccessBatch) -> None:
         if batch.block_tokens != self._block_tokens:

@@ -12,13 +12,18 @@ only one file's requests are kept per file in the merge.
 
 from __future__ import annotations
 
+import heapq
 import json
+import os
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from operator import itemgetter
 from typing import Any
 
 import numpy as np
 
-from kvstore.hitrate.batches import Row, scope_ids
+from kvstore.hitrate.batches import AccessBatch, Row, batches_of, scope_ids
 from kvstore.hitrate.errors import ConfigError, TraceError
 from kvstore.hitrate.readers import fields
 from kvstore.hitrate.readers.base import TraceReader
@@ -29,44 +34,77 @@ _MARK = "\u0000"  # split_hash_ids' stand-in for a list of ids: {"\u0000": index
 DENSE_KEYS = 1 << 31  # the native stack indexes keys below this directly (no hashing)
 
 
-class KvCacheTesterReader(TraceReader):
-    format = "kv-cache-tester"
+@dataclass(frozen=True, slots=True)
+class _Session:
+    """One session's requests, each held as its difference from the one before it in the
+    file: a session re-sends its context, so the new blocks are a small part and a merge
+    of many sessions holds about their distinct ids, not every access."""
 
-    def file_rows(self, index: int, path: str) -> Iterator[Row]:
-        """The file's requests as ``(t, L, uint64 keys, B)``, ids made dense run-wide keys
-        (``base + id``, the base counting every earlier file's ids) when they fit, else
-        hashed with the file (``scope_ids``). Held between the load and the replay as each
-        request's difference from the one before it in the file (a session re-sends its
-        context: the new blocks are a small part), so a merge of many sessions holds about
-        their distinct ids, not every access."""
-        doc, ids, offsets = self._load_split(path)
-        reqs = self._flatten(path, doc, lambda v, name: self._id_array(v, name, ids, offsets))
-        reqs.sort(key=lambda r: r[0])
-        arrays = [r[2] for r in reqs]
-        lo = min((int(a.min()) for a in arrays if len(a)), default=0)
-        hi = max((int(a.max()) for a in arrays if len(a)), default=-1)
-        if index == 0:
-            self._next_base = 0
-            self.total_accesses = 0
-        self.total_accesses = (self.total_accesses or 0) + sum(len(a) for a in arrays)
-        base = self._next_base
-        dense = lo >= 0 and base + hi + 1 <= DENSE_KEYS
-        if dense:
-            self._next_base = base + hi + 1
+    deltas: list[tuple[float, int, int, np.ndarray, int]]  # (t, L, shared prefix, rest, B)
+    lo: int
+    hi: int
+    accesses: int
+
+    @staticmethod
+    def of(reqs: list[tuple[float, int, np.ndarray, int]]) -> _Session:
         deltas = []
         prev = np.empty(0, dtype=np.int64)
+        lo, hi, accesses = 0, -1, 0
         for t, big_l, a, b in reqs:
             n = min(len(prev), len(a))
             same = prev[:n] == a[:n]
             p = n if same.all() else int(same.argmin())
-            deltas.append((t, big_l, p, a[p:].copy(), b))
+            rest = a[p:].copy()
+            if len(rest):
+                lo, hi = min(lo, int(rest.min())), max(hi, int(rest.max()))
+            deltas.append((t, big_l, p, rest, b))
+            accesses += len(a)
             prev = a
-        del reqs, arrays, prev
+        return _Session(deltas, lo, hi, accesses)
+
+    def rows(self, base: int, index: int) -> Iterator[Row]:
+        """Rows with ids as ``base + id`` (dense), or hashed with ``index`` if base < 0."""
         keys = np.empty(0, dtype=np.uint64)
-        for t, big_l, p, suffix, b in deltas:
-            new = suffix.astype(np.uint64) + np.uint64(base) if dense else scope_ids(suffix, index)
+        for t, big_l, p, rest, b in self.deltas:
+            new = rest.astype(np.uint64) + np.uint64(base) if base >= 0 else scope_ids(rest, index)
             keys = np.concatenate((keys[:p], new)) if p else new
             yield t, big_l, keys, b
+
+
+class KvCacheTesterReader(TraceReader):
+    format = "kv-cache-tester"
+
+    def file_rows(self, index: int, path: str) -> Iterator[Row]:
+        """The file's requests as ``(t, L, uint64 keys, B)``; see ``batches``."""
+        session = self._prepare(path)
+        self.total_accesses = session.accesses
+        return session.rows(0, index)
+
+    def batches(self) -> Iterator[AccessBatch]:
+        """Sessions are loaded two at a time (the ids are split out of the JSON without the
+        GIL), then merged by time. Ids become dense run-wide keys (``base + id``, the base
+        counting every earlier file's ids) when they fit, else they are hashed with the
+        file (``scope_ids``)."""
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            sessions = list(pool.map(self._prepare, self.paths))
+        self.total_accesses = sum(s.accesses for s in sessions)
+        streams = []
+        base = 0
+        for index, session in enumerate(sessions):
+            dense = session.lo >= 0 and base + session.hi + 1 <= DENSE_KEYS
+            streams.append(session.rows(base if dense else -1, index))
+            if dense:
+                base += session.hi + 1
+        if len(streams) == 1:
+            return batches_of(streams[0])
+        return batches_of(heapq.merge(*streams, key=itemgetter(0)))
+
+    def _prepare(self, path: str) -> _Session:
+        doc, ids, offsets = self._load_split(path)
+        reqs = self._flatten(path, doc, lambda v, name: self._id_array(v, name, ids, offsets))
+        reqs.sort(key=lambda r: r[0])  # stable: equal times keep parent-first file order
+        self.bytes_done += os.path.getsize(path)
+        return _Session.of(reqs)
 
     def _load_split(self, path: str) -> tuple[Any, np.ndarray, np.ndarray]:
         from kvstore.hitrate.onepass import native

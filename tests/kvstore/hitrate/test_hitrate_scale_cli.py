@@ -3,7 +3,6 @@ one-pass figures against the simulator on real traces, and the bad inputs of iss
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
