@@ -102,7 +102,7 @@ def report(
         one_s, one_rss, one = cli(path)
         sw_s, sw_rss, sw = cli(path, "--sweep", SWEEP)
         s1_s, s1_rss, s1 = cli(path, "--sweep", SWEEP, "--sample", "0.01")
-        acc = one["method"]["block_accesses"]
+        acc = s1["method"]["block_accesses"]
         out.update(
             {
                 f"{name}_sessions": len(list(path.glob("*.json"))),
@@ -160,7 +160,7 @@ def report(
 
 
 def _strip(new: dict) -> dict:
-    return {k: v for k, v in new.items() if k != "method"}
+    return {k: v for k, v in new.items() if k != "method"}  # sampled runs only
 
 
 # -- child processes -----------------------------------------------------------------------
