@@ -203,6 +203,7 @@ def scale_main(args: argparse.Namespace) -> int:
             sessions=args.sessions,
             baseline_scaled=args.baseline_scaled,
             stream_accesses=int(args.stream_accesses),
+            runs=1 if args.quick else 3,
         )
     )
     if args.json:

@@ -28,8 +28,12 @@ SWEEP = "ssd=1GiB..1PiB:x4"
 ISSUE_SESSIONS = 710
 
 
+CPU_S: dict[str, float] = {}  # the last child's user + system seconds, by its flags
+
+
 def child(argv: list[str]) -> tuple[float, int, dict]:
-    """Run ``python argv`` in a fresh process: wall seconds, peak RSS bytes, its JSON."""
+    """Run ``python argv`` in a fresh process: wall seconds, peak RSS bytes, its JSON (its
+    CPU seconds, which the box's other load inflates less, go to ``CPU_S``)."""
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     with tempfile.TemporaryFile() as err:
         t0 = time.perf_counter()
@@ -44,6 +48,7 @@ def child(argv: list[str]) -> tuple[float, int, dict]:
         if proc.returncode:
             err.seek(0)
             raise RuntimeError(f"{argv}: exit {proc.returncode}: {err.read().decode()[-500:]}")
+    CPU_S[" ".join(argv[2:])] = usage.ru_utime + usage.ru_stime
     return seconds, usage.ru_maxrss * 1024, json.loads(out)
 
 
@@ -90,8 +95,27 @@ def same_figures(today: dict, new: dict) -> tuple[bool, float]:
     return walk(today, new), worst
 
 
+def median_of(runs: int, path: Path, *flags: str) -> tuple[float, int, dict]:
+    """Median seconds and largest peak RSS of ``runs`` fresh runs (interleaving is left out:
+    each run is seconds long, and the box's other load shows in the spread anyway)."""
+    done = []
+    for _ in range(runs):
+        s, rss, body = cli(path, *flags)
+        done.append((s, rss, body, CPU_S[" ".join([str(path), "--json", "--no-progress", *flags])]))
+    done.sort(key=lambda d: d[0])
+    mid = done[len(done) // 2]
+    CPU_S["median"] = mid[3]
+    return mid[0], max(d[1] for d in done), mid[2]
+
+
 def report(
-    traces: Path, *, work: Path, sessions: int, baseline_scaled: bool, stream_accesses: int
+    traces: Path,
+    *,
+    work: Path,
+    sessions: int,
+    baseline_scaled: bool,
+    stream_accesses: int,
+    runs: int = 3,
 ) -> dict[str, object]:
     """Every figure of the issue, as one flat dict (seconds, bytes, points)."""
     out: dict[str, object] = {}
@@ -99,9 +123,12 @@ def report(
     scaled = scaled_copy(sample, sessions, work / f"kvct{sessions}")
     sets = [("sample", sample, True), (f"scaled{sessions}", scaled, baseline_scaled)]
     for name, path, with_baseline in sets:
-        one_s, one_rss, one = cli(path)
-        sw_s, sw_rss, sw = cli(path, "--sweep", SWEEP)
-        s1_s, s1_rss, s1 = cli(path, "--sweep", SWEEP, "--sample", "0.01")
+        one_s, one_rss, one = median_of(runs, path)
+        out[f"{name}_exact_point_cpu_s"] = CPU_S["median"]
+        sw_s, sw_rss, sw = median_of(runs, path, "--sweep", SWEEP)
+        out[f"{name}_sweep11_cpu_s"] = CPU_S["median"]
+        s1_s, s1_rss, s1 = median_of(runs, path, "--sweep", SWEEP, "--sample", "0.01")
+        out[f"{name}_sample1pct_cpu_s"] = CPU_S["median"]
         acc = s1["method"]["block_accesses"]
         out.update(
             {
