@@ -15,7 +15,7 @@ static int get_buffer(PyObject *o, Py_buffer *v, Py_ssize_t itemsize, const char
 }
 
 static void Stack_dealloc(Stack *s) {
-    free(s->tab), free(s->direct), free(s->fen), free(s->owner), free(s->tpos), free(s->caps);
+    free(s->tab), free(s->direct), free(s->fen), free(s->owner), free(s->tpos), free(s->alive), free(s->caps);
     free(s->tier_tokens), free(s->tier_blocks), free(s->ratio_sum), free(s->replay_tokens);
     free(s->depth), free(s->chain_index), free(s->old_pos), free(s->entry), free(s->carry);
     free(s->expired), free(s->bucket), free(s->bucket_tokens);
@@ -59,8 +59,9 @@ static int Stack_init(Stack *s, PyObject *args, PyObject *kw) {
     s->fen = calloc(s->size + 1, sizeof(int32_t));
     s->owner = calloc(s->size + 1, sizeof(uint64_t));
     s->tpos = calloc(s->size + 1, sizeof(double));
+    s->alive = calloc(s->size / 64 + 1, sizeof(uint64_t));
     if (!s->caps || !s->tier_tokens || !s->tier_blocks || !s->ratio_sum || !s->replay_tokens || !s->bucket_tokens ||
-        !s->tab || !s->fen || !s->owner || !s->tpos) {
+        !s->tab || !s->fen || !s->owner || !s->tpos || !s->alive) {
         PyBuffer_Release(&cb);
         PyErr_NoMemory();
         return -1;
@@ -173,7 +174,7 @@ static PyObject *Stack_totals(Stack *s, PyObject *unused) {
 static PyObject *Stack_check(Stack *s, PyObject *unused) {
     int64_t total = fen_prefix(s->fen, s->size), alive = 0, slots = 0;
     for (int64_t p = 1; p <= s->clock; p++) {
-        if (isnan(s->tpos[p])) continue;
+        if (!is_alive(s, p)) continue;
         if (p < s->lo) goto bad;
         int64_t *e = slot_find(s, s->owner[p]);
         if (!e || *e != p) goto bad;

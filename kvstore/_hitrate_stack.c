@@ -56,7 +56,8 @@ static void fen_add_run(int32_t *fen, int64_t size, int64_t a, int64_t b, int32_
 
 int64_t stack_bytes(const Stack *s, uint64_t tab_slots, int64_t size) {
     return (int64_t)(tab_slots * sizeof(Entry)) + s->direct_len * (int64_t)sizeof(int64_t) +
-           (size + 1) * (int64_t)(sizeof(int32_t) + sizeof(uint64_t) + sizeof(double));
+           (size + 1) * (int64_t)(sizeof(int32_t) + sizeof(uint64_t) + sizeof(double)) +
+           (size / 64 + 1) * (int64_t)sizeof(uint64_t);
 }
 
 static int over_limit(Stack *s, uint64_t tab_slots, int64_t size) {
@@ -224,7 +225,9 @@ static int renumber(Stack *s, int64_t incoming) {
         if (owner) s->owner = owner;
         double *tpos = realloc(s->tpos, (n + 1) * sizeof(double));
         if (tpos) s->tpos = tpos;
-        if (!fen || !owner || !tpos) {
+        uint64_t *alive = realloc(s->alive, (n / 64 + 1) * sizeof(uint64_t));
+        if (alive) s->alive = alive;
+        if (!fen || !owner || !tpos || !alive) {
             fail_oom(s);
             return -1;
         }
@@ -234,12 +237,14 @@ static int renumber(Stack *s, int64_t incoming) {
     for (int64_t p = s->lo; p <= s->clock; p++) { /* k <= p: moving down is safe in place */
         if (p + PREFETCH <= s->clock && s->owner[p + PREFETCH] >= (uint64_t)s->direct_len)
             __builtin_prefetch(&s->tab[mix64(s->owner[p + PREFETCH]) & s->tab_mask]);
-        if (isnan(s->tpos[p])) continue;
+        if (!is_alive(s, p)) continue;
         k++;
         s->owner[k] = s->owner[p];
         s->tpos[k] = s->tpos[p];
         *slot_find(s, s->owner[k]) = k;
     }
+    memset(s->alive, 0, (s->size / 64 + 1) * sizeof(uint64_t));
+    for (int64_t i = 1; i <= k; i++) s->alive[i >> 6] |= UINT64_C(1) << (i & 63);
     int32_t *fen = s->fen;
     memset(fen, 0, (s->size + 1) * sizeof(int32_t));
     for (int64_t i = 1; i <= s->size; i++) { /* Fenwick of k leading ones, built in O(n) */
@@ -247,7 +252,7 @@ static int renumber(Stack *s, int64_t incoming) {
         int64_t j = i + (i & -i);
         if (j <= s->size) fen[j] += fen[i];
     }
-    s->clock = k, s->lo = 1;
+    s->clock = k, s->lo = 1, s->fresh = 1;
     return 0;
 }
 
@@ -255,14 +260,14 @@ static int renumber(Stack *s, int64_t incoming) {
 static void prune(Stack *s, double cutoff) {
     while (s->lo <= s->clock) {
         int64_t p = s->lo;
-        double t = s->tpos[p];
-        if (!isnan(t)) {
+        if (is_alive(s, p)) {
             int deep = s->live > s->keep_depth;
-            int idle = s->has_retention && t < cutoff && s->live > s->keep_depth_no_retention;
+            int idle =
+                s->has_retention && s->tpos[p] < cutoff && s->live > s->keep_depth_no_retention;
             if (!deep && !idle) return;
             slot_delete(s, s->owner[p]);
             fen_add(s->fen, s->size, p, -1);
-            s->tpos[p] = NAN;
+            s->alive[p >> 6] &= ~(UINT64_C(1) << (p & 63));
             s->live--;
         }
         s->lo++;
@@ -327,12 +332,13 @@ static int commit(Stack *s, const uint64_t *keys, Py_ssize_t m) {
         }
         if (*e) { /* old counts go in one pass below; the new ones as one run */
             s->old_pos[removed++] = *e;
-            s->tpos[*e] = NAN;
+            s->alive[*e >> 6] &= ~(UINT64_C(1) << (*e & 63));
         }
         int64_t p = ++s->clock;
         *e = p;
         s->owner[p] = key;
         s->tpos[p] = s->now_s;
+        s->alive[p >> 6] |= UINT64_C(1) << (p & 63);
     }
     if (s->clock >= first) fen_add_run(s->fen, s->size, first, s->clock, 1, s->carry);
     remove_runs(s, s->old_pos, removed);
@@ -347,6 +353,10 @@ int one_request(Stack *s, const uint64_t *keys, Py_ssize_t n, double t, int64_t 
     prune(s, cutoff);
     if (ensure_scratch(s, n) < 0) return -1;
     if (s->clock + n > s->size && renumber(s, n) < 0) return -1;
+    /* Times only grow with positions, so "idle past the retention" is "below one position":
+     * found by a pointer that only moves up, not by reading each block's time. */
+    if (s->fresh < s->lo) s->fresh = s->lo;
+    while (s->has_retention && s->fresh <= s->clock && s->tpos[s->fresh] < cutoff) s->fresh++;
     /* look-up: the depths of the tracked blocks before this request's commit */
     Py_ssize_t m = 0;
     int64_t *depth = s->depth, *chain_index = s->chain_index;
@@ -370,7 +380,7 @@ int one_request(Stack *s, const uint64_t *keys, Py_ssize_t n, double t, int64_t 
             /* the previous commit put this chain on consecutive positions, b_1 on top */
             depth[m] = p == prev_pos - 1 ? prev_depth + 1
                                          : s->live - fen_prefix(s->fen, p - 1);
-            expired[m] = s->has_retention && s->tpos[p] < cutoff;
+            expired[m] = p < s->fresh;
             prev_pos = p;
             prev_depth = depth[m];
         }

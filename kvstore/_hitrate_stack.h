@@ -47,7 +47,9 @@ typedef struct {
     /* per position 1..size: Fenwick counts, owner key, commit time (NaN = vacated) */
     int32_t *fen;
     uint64_t *owner;
-    double *tpos;
+    double *tpos;     /* commit time per position: non-decreasing, live or not */
+    uint64_t *alive;  /* bit per position: a block's current one (vacated ones clear) */
+    int64_t fresh;    /* first position committed at or after the retention cutoff */
     int64_t size, clock, lo;
     /* points: caps[p * 3 + tier] in (sampled) blocks, UNBOUNDED = unbounded */
     int npoints;
@@ -80,6 +82,8 @@ static inline int64_t fen_prefix(const int32_t *fen, int64_t i) {
     for (; i > 0; i &= i - 1) s += fen[i];
     return s;
 }
+
+static inline int is_alive(const Stack *s, int64_t p) { return (s->alive[p >> 6] >> (p & 63)) & 1; }
 
 int64_t stack_bytes(const Stack *s, uint64_t tab_slots, int64_t size);
 int64_t *slot_find(Stack *s, uint64_t key);
