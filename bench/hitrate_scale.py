@@ -22,6 +22,7 @@ import tempfile
 import time
 from operator import itemgetter
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 SWEEP = "ssd=1GiB..1PiB:x4"
@@ -70,7 +71,7 @@ def scaled_copy(src: Path, sessions: int, dst: Path) -> Path:
     return dst
 
 
-def max_error_points(exact: dict, sampled: dict) -> float:
+def max_error_points(exact: dict[str, Any], sampled: dict[str, Any]) -> float:
     pairs = zip([exact, *exact.get("sweep", [])], [sampled, *sampled.get("sweep", [])], strict=True)
     return max(100 * abs(a["token_hit_rate"] - b["token_hit_rate"]) for a, b in pairs)
 
@@ -81,16 +82,16 @@ def same_figures(today: dict, new: dict) -> tuple[bool, float]:
     the new engine per request."""
     worst = 0.0
 
-    def walk(a: object, b: object) -> bool:
+    def walk(a: Any, b: Any) -> bool:
         nonlocal worst
         if isinstance(a, dict):
-            return all(k in b and walk(v, b[k]) for k, v in a.items())  # type: ignore[operator]
+            return all(k in b and walk(v, b[k]) for k, v in a.items())
         if isinstance(a, list):
-            return len(a) == len(b) and all(walk(x, y) for x, y in zip(a, b, strict=True))  # type: ignore[arg-type]
+            return len(a) == len(b) and all(walk(x, y) for x, y in zip(a, b, strict=True))
         if isinstance(a, float) and a != b:
-            worst = max(worst, abs(a - b) / max(abs(a), 1e-300))  # type: ignore[operator]
-            return math.isclose(a, b, rel_tol=1e-9)  # type: ignore[arg-type]
-        return a == b
+            worst = max(worst, abs(a - b) / max(abs(a), 1e-300))
+            return math.isclose(a, b, rel_tol=1e-9)
+        return bool(a == b)
 
     return walk(today, new), worst
 

@@ -11,7 +11,7 @@ import json
 import math
 import sys
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, cast
 
 from kvstore.eviction import POLICIES
 from kvstore.hitrate.config import SimConfig
@@ -204,7 +204,8 @@ def run(args: argparse.Namespace) -> int:
         if how is not None and how.name == "sampled":
             # Exact runs keep today's shape (loadgen's reports mirror every key of it).
             body["method"] = how.to_dict()
-            for p, bound in zip(body.get("sweep", []), how.point_error_bounds[1:], strict=False):
+            sweep_rows = cast(list[dict[str, object]], body.get("sweep", []))
+            for p, bound in zip(sweep_rows, how.point_error_bounds[1:], strict=False):
                 p["error_bound_points"] = bound
         print(json.dumps(body, allow_nan=False))
     else:

@@ -18,6 +18,7 @@ import queue
 import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -79,7 +80,7 @@ class OnePass:
         self.points = list(points)
         self.sample_rate = sample_rate
         self.max_memory_bytes = max_memory_bytes
-        self._stack = None  # built on the first batch: capacities need the block size
+        self._stack: Any = None  # built on the first batch: capacities need the block size
         self._block_tokens = 0
 
     def _build(self, block_tokens: int) -> None:
@@ -136,7 +137,7 @@ class OnePass:
                 )
             self._build(batch.block_tokens)
         try:
-            self._stack.feed(  # type: ignore[union-attr]
+            self._stack.feed(
                 batch.keys, batch.offsets, batch.times_s, batch.lengths, batch.block_tokens
             )
         except MemoryError as e:
