@@ -141,9 +141,13 @@ class OnePass:
                 batch.keys, batch.offsets, batch.times_s, batch.lengths, batch.block_tokens
             )
         except MemoryError as e:
-            limit = self.max_memory_bytes or 0
+            what = "the sampled stack" if self.sample_rate < 1 else "the exact stack"
+            if self.max_memory_bytes is None:  # the machine's memory, not the flag, ran out
+                raise MemoryLimitError(
+                    f"{what}: {e}; sample (--sample 0.01) or replay less at once"
+                ) from None
             raise MemoryLimitError(
-                f"--max-memory {limit / 2**20:,.0f} MiB: the exact stack {e}; "
+                f"--max-memory {self.max_memory_bytes / 2**20:,.0f} MiB: {what} {e}; "
                 "raise --max-memory or sample (--sample 0.01)"
             ) from None
 
