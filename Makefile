@@ -9,7 +9,8 @@ PROTO  := kvstore/wire/proto/kvstore.proto
 
 .PHONY: setup run test bench lint proto clean
 
-$(STAMP): pyproject.toml Makefile kvstore/_rowcopy.c
+$(STAMP): pyproject.toml Makefile kvstore/_rowcopy.c kvstore/_hitrate.c kvstore/_hitrate_stack.c \
+          kvstore/_hitrate_split.c kvstore/_hitrate_stack.h
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0

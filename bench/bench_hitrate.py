@@ -10,7 +10,15 @@
 3. An 11-point DRAM sweep of that trace: single pass (stack distances) against one
    replay per point.
 
-Run: ``.venv/bin/python -m bench.bench_hitrate`` (``--quick`` for a smoke run).
+4. ``--scale`` (issue #35, ``bench/hitrate_scale.py``): one exact point, the 11-point
+   ``--sweep ssd=1GiB..1PiB:x4`` and 1 % sampling, in seconds and peak RSS, on the public
+   kv-cache-tester sample and on it scaled to ``--sessions`` (710: the issue's set) by
+   replicating sessions, against today's simulator (``--baseline-scaled`` also runs it on
+   the scaled set: ~20 min); and ``--stream-accesses`` (default 1e9) block accesses
+   streamed through the engine in bounded memory.
+
+Run: ``.venv/bin/python -m bench.bench_hitrate`` (``--quick`` for a smoke run;
+``--scale-only`` for item 4 alone).
 """
 
 from __future__ import annotations
@@ -86,7 +94,15 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--scale", action="store_true", help="also issue #35's figures")
+    ap.add_argument("--scale-only", action="store_true", help="only issue #35's figures")
+    ap.add_argument("--sessions", type=int, default=710)
+    ap.add_argument("--baseline-scaled", action="store_true")
+    ap.add_argument("--stream-accesses", type=float, default=1e9)
+    ap.add_argument("--work-dir", default="/tmp/kvstore-bench-hitrate")
     args = ap.parse_args()
+    if args.scale_only:
+        return scale_main(args)
     runs = 3 if args.quick else 5
     if hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})  # one core
@@ -167,7 +183,36 @@ def main() -> int:
             shown = f"{v:,.3f}" if isinstance(v, float) and not math.isinf(v) else v
             print(f"{k:36} {shown}")
     ok = out["single_vs_limit"] >= 1 and out["three_vs_limit"] >= 1  # type: ignore[operator]
+    if args.scale:
+        ok = scale_main(args) == 0 and ok
     return 0 if ok else 1
+
+
+def scale_main(args: argparse.Namespace) -> int:
+    from bench.hitrate_scale import report
+
+    traces = traces_dir()
+    if not (traces / "kv-cache-tester").is_dir():
+        print(f"scale: skipped, {traces / 'kv-cache-tester'} not found")
+        return 0
+    out: dict[str, object] = {"machine": machine()}
+    out.update(
+        report(
+            traces,
+            work=Path(args.work_dir),
+            sessions=args.sessions,
+            baseline_scaled=args.baseline_scaled,
+            stream_accesses=int(args.stream_accesses),
+            runs=1 if args.quick else 3,
+        )
+    )
+    if args.json:
+        print(json.dumps(out, indent=2))
+    else:
+        for k, v in out.items():
+            shown = f"{v:,.3f}" if isinstance(v, float) else v
+            print(f"{k:44} {shown}")
+    return 0
 
 
 if __name__ == "__main__":

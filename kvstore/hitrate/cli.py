@@ -11,11 +11,13 @@ import json
 import math
 import sys
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, cast
 
 from kvstore.eviction import POLICIES
 from kvstore.hitrate.config import SimConfig
 from kvstore.hitrate.errors import ConfigError
+from kvstore.hitrate.passrun import Method, PassOptions, run_one_pass
+from kvstore.hitrate.progress import batch_progress
 from kvstore.hitrate.readers import FORMATS, open_inputs
 from kvstore.hitrate.report import Prices, to_json, to_text
 from kvstore.hitrate.request import Request
@@ -69,6 +71,22 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--plot", metavar="F.png", default=None, help="draw the sweep (needs --sweep)"
     )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument(
+        "--exact", action="store_true", help="every block access tracked (the default)"
+    )
+    mode.add_argument(
+        "--sample",
+        metavar="RATE",
+        default=None,
+        help="SHARDS: track only keys hashed under RATE in (0, 1], e.g. 0.01 (lru only)",
+    )
+    parser.add_argument(
+        "--max-memory",
+        metavar="SIZE",
+        default=None,
+        help="refuse (exit 2) rather than let the replay's stack outgrow SIZE, e.g. 1GiB",
+    )
 
 
 def _number(value: Any, flag: str, cast: Callable[[str], float] = float) -> float:
@@ -115,9 +133,24 @@ def _block_tokens(args: argparse.Namespace) -> int | None:
     return b
 
 
+def _pass_options(args: argparse.Namespace) -> PassOptions:
+    rate = 1.0 if args.sample is None else _number(args.sample, "--sample")
+    limit = None
+    if args.max_memory is not None:
+        cap = parse_capacity(args.max_memory)
+        if cap.unbounded or cap.bytes_ is None:
+            raise ConfigError(f"--max-memory needs a size in bytes, got {args.max_memory!r}")
+        limit = cap.bytes_
+    return PassOptions(sample_rate=rate, max_memory_bytes=limit)
+
+
+def _show_progress(args: argparse.Namespace) -> bool:
+    return not (args.json or args.no_progress or not sys.stderr.isatty())
+
+
 def _progress(args: argparse.Namespace) -> Callable[[Iterator[Request]], Iterator[Request]]:
     """tqdm on a terminal; nothing (not even the import) otherwise."""
-    if args.json or args.no_progress or not sys.stderr.isatty():
+    if not _show_progress(args):
         return lambda it: it
 
     def wrap(it: Iterator[Request]) -> Iterator[Request]:
@@ -145,9 +178,17 @@ def run(args: argparse.Namespace) -> int:
     def requests() -> Iterator[Request]:
         return progress(reader.requests())
 
+    options = _pass_options(args)
+    if config.policy != "lru" and options.sample_rate < 1:
+        raise ConfigError("--sample needs --policy lru (SHARDS samples an LRU stack)")
     points: list = []
     method = None
-    if specs:
+    how: Method | None = None
+    if config.policy == "lru":
+        progress_b = batch_progress(reader) if _show_progress(args) else (lambda it: it)
+        result, points, how = run_one_pass(reader, config, specs, options, progress_b)
+        method = "stack" if specs else None
+    elif specs:
         result, points, method = run_sweep(requests, config, specs)
     else:
         sim = Simulator(config)
@@ -161,7 +202,15 @@ def run(args: argparse.Namespace) -> int:
         plot_sweep(points, args.plot, title=", ".join(args.logs)[:80])
     if args.json:
         body = to_json(result, config, prices, sweep=points, sweep_method=method)
+        if how is not None and how.name == "sampled":
+            # Exact runs keep today's shape (loadgen's reports mirror every key of it).
+            body["method"] = how.to_dict()
+            sweep_rows = cast(list[dict[str, object]], body.get("sweep", []))
+            for p, bound in zip(sweep_rows, how.point_error_bounds[1:], strict=False):
+                p["error_bound_points"] = bound
         print(json.dumps(body, allow_nan=False))
     else:
         print(to_text(result, config, prices, sweep=points, sweep_method=method))
+        if how is not None:
+            print(how.text())
     return 0

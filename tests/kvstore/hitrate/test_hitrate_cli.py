@@ -356,7 +356,7 @@ def test_progress_bar_on_a_terminal(
     monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
     assert main(["hitrate", str(trace)]) == 0
     captured = capsys.readouterr()
-    assert "req" in captured.err  # tqdm's counter
+    assert "accesses" in captured.err  # tqdm's counter (block accesses, with an ETA)
     assert "token hit rate" in captured.out
     assert main(["hitrate", str(trace), "--no-progress"]) == 0
     assert capsys.readouterr().err == ""
