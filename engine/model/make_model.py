@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,6 +20,7 @@ from safetensors.torch import save_file
 from tqdm import tqdm
 
 from engine.errors import EngineInputError, EngineIntegrityError
+from engine.model.checkpoint_dir import install, scratch_beside
 from engine.model.config import DTYPES, parse_config
 from engine.model.presets import (
     ARCHS,
@@ -104,20 +103,14 @@ def make_model(
     tensors = random_tensors(config, seed, progress)
     cfg = parse_config(config)
 
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.partial-"))
+    tmp = scratch_beside(out)
     try:
         _write_json(tmp / "config.json", config)
         _write_json(tmp / "generation_config.json", generation_config(arch, special_ids))
         _write_json(tmp / "tokenizer_config.json", tokenizer_config(arch, preset))
         tokenizer.save(str(tmp / "tokenizer.json"))
         save_file(tensors, str(tmp / SINGLE_FILE), metadata={"format": "pt"})
-        for f in tmp.iterdir():
-            f.chmod(0o644)
-        tmp.chmod(0o755)
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp, out)
+        install(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
