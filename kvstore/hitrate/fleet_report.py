@@ -52,13 +52,17 @@ def _pct(x: float) -> str:
     return f"{100 * x:.2f} %"
 
 
+def _size(config: SimConfig, tier: str, where: str) -> str:
+    cap = config.capacity(tier)
+    return "absent" if is_absent(cap) else f"{cap} {where}"
+
+
 def fleet_text(run: FleetRun, config: SimConfig) -> str:
     f = run.fleet
-    where = "per replica" if f.dram_per_replica else "shared"
-    dram = "absent" if is_absent(config.dram) else f"{config.dram} {where}"
+    own_dram = "per replica" if f.dram_per_replica else "shared"
     lines = [
-        f"replicas {f.replicas}: hbm {config.hbm} per replica, dram {dram}, "
-        f"ssd {config.ssd} shared",
+        f"replicas {f.replicas}: hbm {_size(config, 'hbm', 'per replica')}, "
+        f"dram {_size(config, 'dram', own_dram)}, ssd {_size(config, 'ssd', 'shared')}",
         "",
         f"{'routing':<17}{'token hit':>11}{'req ratio':>11}{'hbm':>10}{'dram':>10}{'ssd':>10}"
         f"{'miss':>10}   requests per replica",
