@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from kvstore.hitrate.config import SimConfig, is_absent
 from kvstore.hitrate.fleet import FleetRun, StoreBenefit
-from kvstore.hitrate.report import Prices, _sweep_header, _sweep_row, to_json
+from kvstore.hitrate.report import Prices, sweep_header, sweep_row, to_json
 from kvstore.hitrate.result import SimResult
 
 
@@ -85,6 +85,6 @@ def fleet_text(run: FleetRun, config: SimConfig) -> str:
         ]
     for o in run.outcomes:
         if o.sweep:
-            lines += ["", f"sweep (replay, {o.routing})", _sweep_header()]
-            lines += [_sweep_row(p) for p in o.sweep]
+            lines += ["", f"sweep (replay, {o.routing})", sweep_header()]
+            lines += [sweep_row(p) for p in o.sweep]
     return "\n".join(lines)

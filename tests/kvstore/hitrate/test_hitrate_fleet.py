@@ -150,3 +150,16 @@ def test_kv_cache_tester_sample_two_replicas(capsys: pytest.CaptureFixture[str])
     assert sticky["tiers"]["hbm"]["hit_tokens"] >= rr["tiers"]["hbm"]["hit_tokens"]
     b = out["store_benefit"]
     assert b["with_store"]["hit_tokens"] > b["pools_alone"]["hit_tokens"]
+
+
+def test_config_file_takes_the_replica_flags(
+    capsys: pytest.CaptureFixture[str], sessions: Path, tmp_path: Path
+) -> None:
+    cfg = tmp_path / "r.toml"
+    cfg.write_text(
+        'replicas = 2\nrouting = ["sticky", "round_robin"]\ndram-per-replica = true\n'
+        'dram = "1024tok"\n'
+    )
+    out = run_json(capsys, str(sessions), "--config", str(cfg))
+    assert out["replicas"] == 2 and out["dram_per_replica"] is True
+    assert list(out["routing"]) == ["sticky", "round_robin"]
