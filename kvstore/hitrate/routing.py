@@ -7,8 +7,12 @@ The policies are vllm-router's, made deterministic so that a replay is reproduci
   ring holding ``VNODES`` points per replica; the request goes to the first point at or after
   it. Stable across runs and machines (no Python ``hash()``, which is salted per process).
 * ``cache_aware``: the replica whose HBM holds the longest prefix of the request's blocks
-  (counted from the first block, as the lookup counts hits); ties — including "no replica
-  holds any" — go to the least loaded replica, then the lowest index.
+  (counted from the first block, as the lookup counts hits), if that prefix is more than
+  ``CACHE_THRESHOLD`` of the request's blocks; ties go to the least loaded of the best, then
+  the lowest index. A shorter best match (a shared system prompt, nothing at all) goes to the
+  least loaded replica: without that fallback every request that shares a first block would
+  pile onto one replica (vllm-router's ``--cache-threshold``, whose fallback is the replica
+  with the smallest cache; its balance guard on requests in flight has no counterpart here).
 * ``sticky``: a session's first request goes to the least loaded replica (ties: lowest index);
   every later request of that session goes to the same replica.
 
@@ -29,6 +33,10 @@ from typing import ClassVar
 
 from kvstore.hitrate.errors import ConfigError
 from kvstore.hitrate.request import Request
+
+CACHE_THRESHOLD = 0.3
+"""``cache_aware`` follows a match only above this share of the request's blocks (vllm-router's
+``--cache-threshold`` default)."""
 
 VNODES = 64
 """Ring points per replica: enough that each replica's share of keys is within a few % of 1/N."""
@@ -119,6 +127,8 @@ class CacheAware(Router):
                 best, tied = n, [r]
             elif n == best:
                 tied.append(r)
+        if best <= CACHE_THRESHOLD * len(req.keys):
+            return self.least_loaded()
         return tied[0] if len(tied) == 1 else self.least_loaded(tied)
 
 

@@ -61,6 +61,17 @@ def test_cache_aware_goes_where_the_prefix_is() -> None:
     assert r.route(req([5, 2, 3]), hbm) == 2  # no prefix anywhere: least loaded (2)
 
 
+def test_cache_aware_ignores_a_short_shared_prefix() -> None:
+    """A first block every request shares (a system prompt) is not worth following: a match
+    of at most 30 % of the request's blocks goes to the least loaded replica."""
+    r = CacheAware(2)
+    hbm = [frozenset({0}), frozenset({0, 1, 2, 3})]
+    assert r.route(req([0, 1, 2, 3, 4, 5, 6, 7, 8, 9]), hbm) == 1  # 4 of 10 on 1: followed
+    assert r.route(req([0, 5, 6, 7]), hbm) == 0  # 1 of 4 everywhere: least loaded
+    # 3 of 10 on replica 1 is not above 30 %: the least loaded (1, 1: the lowest index).
+    assert r.route(req([0, 1, 2, 8, 9, 10, 11, 12, 13, 14]), hbm) == 0
+
+
 def test_cache_aware_ties_go_to_the_least_loaded() -> None:
     r = CacheAware(2)
     assert [r.route(req([1]), NOBODY[:2]) for _ in range(4)] == [0, 1, 0, 1]
