@@ -19,10 +19,12 @@ from kvstore.hitrate.errors import ConfigError
 from kvstore.hitrate.passrun import Method, PassOptions, run_one_pass
 from kvstore.hitrate.progress import batch_progress
 from kvstore.hitrate.readers import FORMATS, open_inputs
+from kvstore.hitrate.replicas import FleetConfig
 from kvstore.hitrate.report import Prices, to_json, to_text
 from kvstore.hitrate.request import Request
+from kvstore.hitrate.routing import ROUTINGS, parse_routings
 from kvstore.hitrate.simulator import Simulator
-from kvstore.hitrate.sweep import parse_sweep, run_sweep
+from kvstore.hitrate.sweep import SweepSpec, parse_sweep, run_sweep
 from kvstore.units import parse_capacity, parse_duration
 
 
@@ -80,6 +82,23 @@ def configure(parser: argparse.ArgumentParser) -> None:
         metavar="RATE",
         default=None,
         help="SHARDS: track only keys hashed under RATE in (0, 1], e.g. 0.01 (lru only)",
+    )
+    parser.add_argument(
+        "--replicas",
+        metavar="N",
+        default=None,
+        help="N engine replicas, each its own hbm, in front of one shared store",
+    )
+    parser.add_argument(
+        "--routing",
+        metavar="NAME[,NAME…]",
+        default=None,
+        help=f"routing(s) to compare with --replicas: {', '.join(ROUTINGS)} (default: all)",
+    )
+    parser.add_argument(
+        "--dram-per-replica",
+        action="store_true",
+        help="with --replicas: each replica its own --dram (default: one shared DRAM)",
     )
     parser.add_argument(
         "--max-memory",
@@ -144,6 +163,25 @@ def _pass_options(args: argparse.Namespace) -> PassOptions:
     return PassOptions(sample_rate=rate, max_memory_bytes=limit)
 
 
+def _fleet(args: argparse.Namespace) -> FleetConfig | None:
+    """``--replicas`` and its companions; None for a single engine."""
+    if args.replicas is None:
+        if args.routing is not None:
+            raise ConfigError("--routing needs --replicas N")
+        if args.dram_per_replica:
+            raise ConfigError("--dram-per-replica needs --replicas N")
+        return None
+    n = int(_number(args.replicas, "--replicas", int))
+    for flag, given in (
+        ("--sample", args.sample is not None),
+        ("--max-memory", args.max_memory is not None),
+        ("--plot", args.plot is not None),
+    ):
+        if given:
+            raise ConfigError(f"{flag} does not apply with --replicas (replayed per point)")
+    return FleetConfig(replicas=n, dram_per_replica=bool(args.dram_per_replica))
+
+
 def _show_progress(args: argparse.Namespace) -> bool:
     return not (args.json or args.no_progress or not sys.stderr.isatty())
 
@@ -172,11 +210,16 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("--plot needs --sweep: there is no capacity axis to draw")
     if args.plot and len({s.points[0].bytes_ is None for s in specs}) > 1:
         raise ConfigError("--plot: sweep all tiers in bytes or all in tokens")
+    fleet = _fleet(args)
+    routings = parse_routings(args.routing) if fleet is not None else ()
     reader = open_inputs(args.logs, fmt=args.format, block_tokens=_block_tokens(args))
     progress = _progress(args)
 
     def requests() -> Iterator[Request]:
         return progress(reader.requests())
+
+    if fleet is not None:
+        return _run_fleet(args, requests, config, prices, fleet, routings, specs)
 
     options = _pass_options(args)
     if config.policy != "lru" and options.sample_rate < 1:
@@ -213,4 +256,26 @@ def run(args: argparse.Namespace) -> int:
         print(to_text(result, config, prices, sweep=points, sweep_method=method))
         if how is not None:
             print(how.text())
+    return 0
+
+
+def _run_fleet(
+    args: argparse.Namespace,
+    requests: Callable[[], Iterator[Request]],
+    config: SimConfig,
+    prices: Prices,
+    fleet: FleetConfig,
+    routings: tuple[str, ...],
+    specs: list[SweepSpec],
+) -> int:
+    from kvstore.hitrate.fleet import run_fleet
+    from kvstore.hitrate.fleet_report import fleet_json, fleet_text
+
+    run_ = run_fleet(requests, config, fleet, routings, specs)
+    if run_.outcomes[0].result.requests == 0:
+        raise ConfigError("the input holds no requests")
+    if args.json:
+        print(json.dumps(fleet_json(run_, config, prices), allow_nan=False))
+    else:
+        print(fleet_text(run_, config))
     return 0

@@ -160,19 +160,19 @@ def to_text(
         f"{prices.prefill_tokens_per_gpu_s:,.0f} tokens/GPU-s)",
     ]
     if sweep:
-        lines += ["", f"sweep ({sweep_method})", _sweep_header()]
-        lines += [_sweep_row(p) for p in sweep]
+        lines += ["", f"sweep ({sweep_method})", sweep_header()]
+        lines += [sweep_row(p) for p in sweep]
     return "\n".join(lines)
 
 
-def _sweep_header() -> str:
+def sweep_header() -> str:
     return (
         f"{'tier':<6}{'capacity':>12}{'blocks':>14}{'token hit':>11}{'req ratio':>11}"
         f"{'hbm':>10}{'dram':>10}{'ssd':>10}"
     )
 
 
-def _sweep_row(p: SweepPoint) -> str:
+def sweep_row(p: SweepPoint) -> str:
     r = p.result
     cap_text = format_bytes(p.capacity.bytes_) if p.capacity.bytes_ is not None else str(p.capacity)
     shares = [_pct(t.hit_tokens / r.input_tokens if r.input_tokens else 0.0) for t in r.tiers]

@@ -13,12 +13,16 @@ class Request:
     ``keys`` are already scoped to the request's namespace by the reader (equal keys mean the
     same cached block), so the simulator needs no namespace field. Block ``i`` (from 1) weighs
     ``min(B, L − (i−1)B)`` tokens, clipped at 0: keys past ``L`` never count.
+
+    ``session`` names the conversation the request belongs to where the format has one
+    (kv-cache-tester: the session file's name); only routing (``routing.py``) reads it.
     """
 
     time_s: float
     input_tokens: int
     keys: Sequence[Hashable]
     block_tokens: int
+    session: str | None = None
 
     def block_weight(self, index: int) -> int:
         """Tokens of the block at 0-based ``index``."""

@@ -39,6 +39,54 @@ class SimTier:
         self.retention.record(keys, evicted, now_s)
 
 
+def build_tier(config: SimConfig, name: str, block_tokens: int) -> SimTier | None:
+    """Tier ``name`` as ``config`` sizes it for blocks of ``block_tokens``; None if absent.
+    Only the SSD has a retention (DESIGN §6)."""
+    if is_absent(config.capacity(name)):
+        return None
+    blocks = config.capacity_blocks(name, block_tokens)
+    policy = make_policy(config.policy, blocks)
+    retention: Retention = NoRetention()
+    if name == "ssd" and not math.isinf(config.retention_s):
+        retention = IdleExpiry(policy, config.retention_s)
+    return SimTier(name, blocks, policy, retention)
+
+
+def account(
+    tally: HitTally,
+    req: Request,
+    keys: list[Hashable],
+    p0: Container[Hashable],
+    p1: Container[Hashable],
+    p2: Container[Hashable],
+    replay_keep_tokens: int,
+) -> int:
+    """Add ``req``'s longest present prefix over the tiers ``p0`` (fastest) … ``p2`` to
+    ``tally``, each hit block attributed to the fastest tier holding it; return its hit
+    tokens. Shared by every simulator so that they all do the §10 arithmetic one way."""
+    c0 = c1 = c2 = 0
+    # The hot loop: membership only, attribution by counting.
+    for k in keys:
+        if k in p0:
+            c0 += 1
+        elif k in p1:
+            c1 += 1
+        elif k in p2:
+            c2 += 1
+        else:
+            break
+    h = c0 + c1 + c2
+    b = req.block_tokens
+    big_l = req.input_tokens
+    tok = [c0 * b, c1 * b, c2 * b]
+    # Blocks from index L // B on weigh less than B (the partial tail, or nothing).
+    for i in range(big_l // b, h):
+        k = keys[i]
+        ti = 0 if k in p0 else 1 if k in p1 else 2
+        tok[ti] -= b - max(0, big_l - i * b)
+    return tally.add(big_l, (c0, c1, c2), tok, replay_keep_tokens)
+
+
 class Simulator:
     """Replays requests through up to three tiers; ``result()`` may be read at any time.
 
@@ -59,15 +107,7 @@ class Simulator:
     def _build(self, block_tokens: int) -> None:
         self._block_tokens = block_tokens
         for i, name in enumerate(TIER_NAMES):
-            cap = self.config.capacity(name)
-            if is_absent(cap):
-                continue
-            blocks = self.config.capacity_blocks(name, block_tokens)
-            policy = make_policy(self.config.policy, blocks)
-            retention: Retention = NoRetention()
-            if name == "ssd" and not math.isinf(self.config.retention_s):
-                retention = IdleExpiry(policy, self.config.retention_s)
-            self._tiers[i] = SimTier(name, blocks, policy, retention)
+            self._tiers[i] = build_tier(self.config, name, block_tokens)
 
     @property
     def block_tokens(self) -> int:
@@ -139,27 +179,7 @@ class Simulator:
         if not isinstance(keys, list):
             keys = list(keys)
         p0, p1, p2 = self.membership()
-        c0 = c1 = c2 = 0
-        # The hot loop: membership only, attribution by counting.
-        for k in keys:
-            if k in p0:
-                c0 += 1
-            elif k in p1:
-                c1 += 1
-            elif k in p2:
-                c2 += 1
-            else:
-                break
-        h = c0 + c1 + c2
-        b = req.block_tokens
-        big_l = req.input_tokens
-        tok = [c0 * b, c1 * b, c2 * b]
-        # Blocks from index L // B on weigh less than B (the partial tail, or nothing).
-        for i in range(big_l // b, h):
-            k = keys[i]
-            ti = 0 if k in p0 else 1 if k in p1 else 2
-            tok[ti] -= b - max(0, big_l - i * b)
-        hit = self.tally.add(big_l, (c0, c1, c2), tok, self.config.replay_keep_tokens)
+        hit = account(self.tally, req, keys, p0, p1, p2, self.config.replay_keep_tokens)
         self.commit(keys, now)
         return hit
 

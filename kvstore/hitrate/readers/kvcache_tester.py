@@ -135,8 +135,11 @@ class KvCacheTesterReader(TraceReader):
         stride = len(self.paths)
         reqs = self._flatten(path, self._load(path))
         reqs.sort(key=lambda r: r[0])  # stable: equal times keep parent-first file order
+        # The file is the session (sub-agent calls included): its name, not its index, so a
+        # router hashes it the same whatever other files the run reads.
+        session = os.path.basename(path)
         for t, big_l, ids, b in reqs:
-            yield Request(t, big_l, [i * stride + index for i in ids], b)
+            yield Request(t, big_l, [i * stride + index for i in ids], b, session)
 
     def _load(self, path: str) -> Any:
         return self._parse(path, self._read(path))
