@@ -7,7 +7,8 @@ referenced until their bytes are out of the pool. The primary link's chain is al
 sent, even when nothing in it is new: the commit refreshes the store's recency. Exact
 mode for a hybrid model sends the sliding layers to their own namespace, only when some
 block has them to send. Once the store answered, the pool blocks it accepted (and that
-were not reused meanwhile) are marked stored, so later requests do not send them again.
+were not reused meanwhile) are marked stored, so later requests do not send them again;
+after a commit that dropped any block, none are (the result does not say which).
 
 It stands apart from the scheduler (``engine.scheduler``), which decides when a request
 finishes; this decides, from each block's layers, what goes to the store.
@@ -99,11 +100,15 @@ class CommitPlanner:
     def _mark_stored(self, job: CommitJob) -> None:
         """The store answered ``job``: mark the pool blocks it accepted as stored."""
         res = job.result
-        if res is None:
+        if res is None or res.dropped:
+            # A commit that dropped blocks does not say which: the ones already present
+            # may sit anywhere among those sent, and the drops fall among the new ones
+            # (their tail, or wherever the top tier refused). Marking none costs a resend
+            # of what was stored; marking a dropped block would keep it out of the store
+            # for as long as the pool holds it.
             return
-        accepted = res.inserted + res.present  # the store drops a chain's tail, not its head
         layers = frozenset(job.link.ns.cached_layers)
-        for block_id, key in zip(job.block_ids[:accepted], job.pool_keys, strict=False):
+        for block_id, key in zip(job.block_ids, job.pool_keys, strict=True):
             block = self.blocks.pool.blocks[block_id]
             # Not reused since the copy (same key, and holding the layers sent).
             if block.key == key and layers <= block.layers:

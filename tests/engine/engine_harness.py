@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -58,7 +59,9 @@ class WrappedStore(DelegatingStore):
     """A real store with hooks: ``short_get`` makes ``get_into`` copy at most that many
     blocks (the rows it leaves hold NaN, so admitting one shows in the outputs);
     ``get_delay_s`` stalls it and ``get_gate`` holds it until set; ``commit_gate`` holds
-    commits until set; ``dead`` makes every call raise ``StoreUnavailable``. ``close``
+    commits until set; ``commit_drop`` names chain blocks the store refuses (their payloads
+    never reach the inner store and count as dropped, as a full write-back drops a
+    commit's new tail); ``dead`` makes every call raise ``StoreUnavailable``. ``close``
     leaves the inner store open."""
 
     def __init__(self, inner: KVStore) -> None:
@@ -69,6 +72,7 @@ class WrappedStore(DelegatingStore):
         self.get_gate.set()
         self.commit_gate = threading.Event()
         self.commit_gate.set()
+        self.commit_drop: set[int] = set()
         self.dead = False
         self.commits: list[dict[int, bytes]] = []
 
@@ -120,7 +124,9 @@ class WrappedStore(DelegatingStore):
         self.commit_gate.wait()
         self._alive()
         self.commits.append({i: bytes(byte_view(p)) for i, p in payloads.items()})
-        return super().commit(ns, keys, payloads, durability=durability, timeout_s=timeout_s)
+        kept = {i: p for i, p in payloads.items() if i not in self.commit_drop}
+        res = super().commit(ns, keys, kept, durability=durability, timeout_s=timeout_s)
+        return replace(res, dropped=res.dropped + len(payloads) - len(kept))
 
     def close(self) -> None:
         pass
