@@ -42,6 +42,7 @@ from engine.kv.load_planner import LoadPlanner
 from engine.kv.loader import KVLoader, LoadJob
 from engine.kv.replay_planner import ReplayPlanner
 from engine.kv.store_link import StoreLink
+from engine.kv.transfer import note_job_error
 from engine.scheduled_batch import ScheduledBatch
 from engine.sequence import Sequence, SequenceStatus
 from kvstore.keys import Namespace
@@ -90,8 +91,9 @@ class Scheduler:
         self.running: list[Sequence] = []
         self._job_ids = itertools.count()
         self.loads = LoadPlanner(blocks, self.links, planner, config.load_timeout_s, self._job_ids)
-        self.commits = CommitPlanner(blocks, ns, self.links, planner, committer, self._job_ids)
         self.counters: Counter[str] = Counter()
+        self.commits = CommitPlanner(blocks, ns, self.links, planner, committer, self._job_ids,
+                                     self.counters)
 
     # -- requests ---------------------------------------------------------------------
     def add(self, seq: Sequence) -> None:
@@ -251,8 +253,10 @@ class Scheduler:
     def poll(self) -> None:
         """Take in finished loads, give up on late ones, release copied-out blocks."""
         for job in self.loader.finished():
-            if job.error is not None:
-                raise job.error
+            if job.error is not None:  # a bug, not store trouble: still only a miss
+                note_job_error("load", job.error, self.counters)
+                job.store_blocks = job.loaded_blocks = 0
+                job.tiers, job.sliding_loaded = (), ()
             entry = self.loading.pop(job.seq_id, None)
             if entry is None or job.cancelled:  # given up on earlier: just free its blocks
                 self.blocks.release(job.owner)
@@ -355,9 +359,13 @@ class Scheduler:
         self.running.remove(seq)
         seq.status = SequenceStatus.FINISHED
         full = self._cacheable_blocks(seq)
-        if self.link.enabled and full:
-            self.commits.submit(seq, owner, full)
-        self.blocks.release(owner)
+        try:
+            if self.link.enabled and full:
+                self.commits.submit(seq, owner, full)
+        except Exception as e:  # a commit is best-effort: its failure costs store misses
+            note_job_error("commit", e, self.counters)
+        finally:
+            self.blocks.release(owner)
 
     def check_integrity(self) -> None:
         """The pool's accounting, and each sequence's blocks against its state."""

@@ -16,6 +16,7 @@ finishes; this decides, from each block's layers, what goes to the store.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterator
 
 from engine.kv.block_manager import BlockManager
@@ -23,6 +24,7 @@ from engine.kv.block_pool import KVBlock
 from engine.kv.committer import CommitJob, KVCommitter
 from engine.kv.replay_planner import ReplayPlanner
 from engine.kv.store_link import StoreLink
+from engine.kv.transfer import note_job_error
 from engine.sequence import Sequence
 from kvstore.keys import Namespace
 
@@ -39,6 +41,7 @@ class CommitPlanner:
         planner: ReplayPlanner,
         committer: KVCommitter,
         job_ids: Iterator[int],
+        counters: Counter[str],
     ) -> None:
         self.blocks = blocks
         self.ns = ns
@@ -46,6 +49,7 @@ class CommitPlanner:
         self.planner = planner
         self.committer = committer
         self._job_ids = job_ids
+        self.counters = counters  # the scheduler's: failed commits are counted there
 
     def submit(self, seq: Sequence, owner: tuple[str, int], full: int) -> None:
         """Send the first ``full`` blocks of the finished ``seq`` (held by ``owner``) that
@@ -60,10 +64,14 @@ class CommitPlanner:
             job_owner = ("commit", next(self._job_ids))
             self.blocks.hold(job_owner, [table[i] for i in send])
             pool_keys = seq.block_keys(self.ns)
-            self.committer.submit(CommitJob(
-                owner=job_owner, link=link, keys=seq.block_keys(link.ns)[:full],
-                indices=send, block_ids=[table[i].block_id for i in send],
-                pool_keys=[pool_keys[i] for i in send], scope=seq.scope))
+            try:
+                self.committer.submit(CommitJob(
+                    owner=job_owner, link=link, keys=seq.block_keys(link.ns)[:full],
+                    indices=send, block_ids=[table[i].block_id for i in send],
+                    pool_keys=[pool_keys[i] for i in send], scope=seq.scope))
+            except BaseException:
+                self.blocks.release(job_owner)
+                raise
 
     def _layers_of(self, seq: Sequence, table: list[KVBlock]
                    ) -> tuple[list[frozenset[int]], list[frozenset[int]]]:
@@ -89,12 +97,13 @@ class CommitPlanner:
 
     def poll(self) -> None:
         """Take in the committer's reports: release the blocks of jobs copied out of the
-        pool, and mark stored what the store accepted. A failed job's error is raised."""
+        pool, and mark stored what the store accepted. A failed job is counted (a miss)."""
         for job in self.committer.copied():
             self.blocks.release(job.owner)
         for job in self.committer.finished():
             if job.error is not None:
-                raise job.error
+                note_job_error("commit", job.error, self.counters)
+                continue
             self._mark_stored(job)
 
     def _mark_stored(self, job: CommitJob) -> None:

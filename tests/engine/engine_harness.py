@@ -58,11 +58,12 @@ def dram_store(dram_bytes: int = 4 << 20) -> KVStore:
 class WrappedStore(DelegatingStore):
     """A real store with hooks: ``short_get`` makes ``get_into`` copy at most that many
     blocks (the rows it leaves hold NaN, so admitting one shows in the outputs);
-    ``get_delay_s`` stalls it and ``get_gate`` holds it until set; ``commit_gate`` holds
-    commits until set; ``commit_drop`` names chain blocks the store refuses (their payloads
-    never reach the inner store and count as dropped, as a full write-back drops a
-    commit's new tail); ``dead`` makes every call raise ``StoreUnavailable``. ``close``
-    leaves the inner store open."""
+    ``get_delay_s`` stalls it, ``get_gate`` holds it until set and ``get_error`` makes it
+    raise that (a client bug: not a ``KVStoreError``, so the link lets it through);
+    ``commit_gate`` holds commits until set; ``commit_drop`` names chain blocks the store
+    refuses (their payloads never reach the inner store and count as dropped, as a full
+    write-back drops a commit's new tail); ``dead`` makes every call raise
+    ``StoreUnavailable``. ``close`` leaves the inner store open."""
 
     def __init__(self, inner: KVStore) -> None:
         super().__init__(inner)
@@ -70,6 +71,7 @@ class WrappedStore(DelegatingStore):
         self.get_delay_s = 0.0
         self.get_gate = threading.Event()
         self.get_gate.set()
+        self.get_error: BaseException | None = None
         self.commit_gate = threading.Event()
         self.commit_gate.set()
         self.commit_drop: set[int] = set()
@@ -101,6 +103,8 @@ class WrappedStore(DelegatingStore):
     ) -> int:
         self._alive()
         self.get_gate.wait()
+        if self.get_error is not None:
+            raise self.get_error
         if self.get_delay_s:
             time.sleep(self.get_delay_s)
         if self.short_get is None:

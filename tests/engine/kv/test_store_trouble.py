@@ -51,3 +51,47 @@ def test_blocks_the_store_dropped_are_not_marked_stored(store: WrappedStore) -> 
         assert eng.drain(10)
         assert {1, 2} <= set(store.commits[-1])
         eng.check_integrity()
+
+
+def test_every_failed_load_is_a_miss_and_none_is_lost(store: WrappedStore) -> None:
+    """Two loads fail in the same step with an error the link does not expect: each
+    request recomputes; none is stuck loading, no block is leaked, nothing is raised."""
+    prompts = [prompt(30, 1), prompt(30, 2)]
+    with fake_engine(store) as first:
+        run_checked(first, prompts)
+    store.get_gate.clear()  # both loads are in flight before either fails
+    store.get_error = RuntimeError("test: a client bug")
+    with fake_engine(store) as eng:
+        seqs = [eng.add_request(p, GREEDY) for p in prompts]
+        eng.step()
+        assert len(eng.scheduler.loading) == 2
+        store.get_gate.set()
+        assert eng.loader.wait_idle(10)
+        for _ in range(200):
+            if all(s.is_finished for s in seqs):
+                break
+            eng.step()
+            eng.check_integrity()
+        for p, s in zip(prompts, seqs, strict=True):
+            assert s.is_finished and s.stats.computed_tokens == len(p)
+            assert s.output_ids == greedy_continuation(p, GREEDY.max_new_tokens)
+        assert eng.scheduler.counters["load_errors_total"] == 2
+        eng.drain(10)
+        eng.check_integrity()
+        assert all(b.ref_cnt == 0 for b in eng.blocks.pool.blocks)
+
+
+def test_a_commit_that_cannot_be_submitted_leaks_nothing(
+    store: WrappedStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def refuse(job: object) -> None:
+        raise RuntimeError("test: the committer refuses")
+
+    with fake_engine(store) as eng:
+        monkeypatch.setattr(eng.committer, "submit", refuse)
+        p = prompt(22)
+        (a,) = run_checked(eng, [p])
+        assert a.output_ids == greedy_continuation(p, GREEDY.max_new_tokens)
+        assert eng.scheduler.counters["commit_errors_total"] == 1
+        eng.check_integrity()
+        assert all(b.ref_cnt == 0 for b in eng.blocks.pool.blocks)
