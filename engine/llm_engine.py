@@ -48,6 +48,8 @@ class LLMEngine:
         if self.ns.block_tokens != config.block_tokens:
             raise ValueError("the namespace and the engine disagree on block_tokens")
         self.policy = config.replay_policy(spec.layer_windows)
+        # Prompt plus answer, at most (--max-model-len, else the model's context).
+        self.max_context_tokens = config.context_tokens(spec.max_context_tokens)
         self.namespaces = engine_namespaces(spec, config.block_tokens, self.policy,
                                             tenant=self.ns.tenant)
         if self.ns != self.namespaces.primary:
@@ -90,7 +92,7 @@ class LLMEngine:
             link,
             self.loader,
             self.committer,
-            max_context_tokens=spec.max_context_tokens,
+            max_context_tokens=self.max_context_tokens,
             eos_token_ids=spec.eos_token_ids,
             planner=self.planner,
             copy_blocks=self.cache.copy_blocks,

@@ -106,16 +106,24 @@ class Scheduler:
                 f"prompt of {n} tokens exceeds the model's context of "
                 f"{self.max_context_tokens} tokens"
             )
-        # The last token sampled is never computed: it needs no slot.
-        longest = min(n + seq.params.max_new_tokens - 1, self.max_context_tokens)
-        need = self.blocks.blocks_for(longest) + self.planner.max_reserve_blocks
-        if need > self.blocks.pool.num_blocks:
+        # Admitted on what its prompt needs: the answer's blocks are taken as it decodes
+        # (preempting others when the pool runs out), and it stops where the pool ends
+        # (``_stop_reason``). Reserving max_tokens up front refused every request without
+        # one (the rest of the context) on a pool smaller than the context.
+        if self.blocks.blocks_for(n) > self.max_seq_blocks:
+            bt = self.blocks.block_tokens
             raise PoolTooSmall(
-                f"a prompt of {n} tokens plus {seq.params.max_new_tokens} new ones needs a "
-                f"pool of {need * self.blocks.block_tokens} tokens; it holds "
-                f"{self.blocks.pool.num_blocks * self.blocks.block_tokens} (--pool-tokens)"
+                f"a prompt of {n} tokens needs a pool of "
+                f"{(self.blocks.blocks_for(n) + self.planner.max_reserve_blocks) * bt} "
+                f"tokens; it holds {self.blocks.pool.num_blocks * bt} (--pool-tokens)"
             )
         self.waiting.append(seq)
+
+    @property
+    def max_seq_blocks(self) -> int:
+        """Blocks one sequence may fill: the whole pool, less the room an admission sets
+        aside for a replay's private copies (so a preempted sequence is admitted again)."""
+        return self.blocks.pool.num_blocks - self.planner.max_reserve_blocks
 
     @property
     def has_unfinished(self) -> bool:
@@ -324,6 +332,14 @@ class Scheduler:
         if len(seq.output_ids) >= seq.params.max_new_tokens:
             return "length"
         if seq.num_tokens >= self.max_context_tokens:
+            return "length"
+        if self.blocks.blocks_for(seq.num_tokens) > self.max_seq_blocks:
+            # Its next step would need more blocks than the pool gives one sequence: it can
+            # never grow, alone or after preempting every other. It stops here, as at the
+            # end of the context ("length": the answer so far is whole and the client can
+            # continue it), rather than wait forever for blocks that cannot come or fail a
+            # request that was admitted. A shortage that other holders cause (loads,
+            # other sequences) passes: it waits or preempts instead (``_make_room``).
             return "length"
         return None
 

@@ -36,19 +36,23 @@ def fake_engine(
     load_timeout_s: float = 10.0,
     context: int = 4096,
     eos: tuple[int, ...] = (),
+    max_model_len: int | None = None,
+    **config: object,
 ) -> LLMEngine:
     model = FakeModel(fake_spec(context=context, eos=eos))
     ns = engine_namespace(model.spec, BT)
     link: StoreLink = NullStoreLink(ns) if store is None else KVStoreLink(store, ns, "test")
-    config = EngineConfig(
+    cfg = EngineConfig(
         pool_tokens=pool_blocks * BT,
         block_tokens=BT,
         max_batched_tokens=budget,
         max_num_seqs=max_seqs,
         load_timeout_s=load_timeout_s,
         attention_backend="torch",
+        **({} if max_model_len is None else {"max_model_len": max_model_len}),
+        **config,  # type: ignore[arg-type]
     )
-    return LLMEngine(model, config, link)
+    return LLMEngine(model, cfg, link)
 
 
 def dram_store(dram_bytes: int = 4 << 20) -> KVStore:
