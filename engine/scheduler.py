@@ -267,9 +267,10 @@ class Scheduler:
                 job.tiers, job.sliding_loaded = (), ()
             entry = self.loading.pop(job.seq_id, None)
             if entry is None or job.cancelled:  # given up on earlier: just free its blocks
-                self.blocks.release(job.owner)
+                self.loads.release(job)
                 continue
             self._loaded(entry[0], job)
+            self.loads.release(job)  # what it handed over is the request's now
         now = time.monotonic()
         for seq_id, (seq, job) in list(self.loading.items()):
             if now > job.deadline_s and not job.done.is_set():

@@ -37,11 +37,12 @@ def fake_engine(
     context: int = 4096,
     eos: tuple[int, ...] = (),
     max_model_len: int | None = None,
+    windows: tuple[int | None, ...] | None = None,
     **config: object,
 ) -> LLMEngine:
-    model = FakeModel(fake_spec(context=context, eos=eos))
-    ns = engine_namespace(model.spec, BT)
-    link: StoreLink = NullStoreLink(ns) if store is None else KVStoreLink(store, ns, "test")
+    """``windows``: the layers' sliding windows (a hybrid model); ``config``: more
+    ``EngineConfig`` fields (``cache_all_layers=True`` for exact mode, say)."""
+    model = FakeModel(fake_spec(context=context, eos=eos, windows=windows))
     cfg = EngineConfig(
         pool_tokens=pool_blocks * BT,
         block_tokens=BT,
@@ -52,6 +53,8 @@ def fake_engine(
         **({} if max_model_len is None else {"max_model_len": max_model_len}),
         **config,  # type: ignore[arg-type]
     )
+    ns = engine_namespace(model.spec, BT, "", cfg.replay_policy(model.spec.layer_windows))
+    link: StoreLink = NullStoreLink(ns) if store is None else KVStoreLink(store, ns, "test")
     return LLMEngine(model, cfg, link)
 
 

@@ -95,3 +95,31 @@ def test_a_commit_that_cannot_be_submitted_leaks_nothing(
         assert eng.scheduler.counters["commit_errors_total"] == 1
         eng.check_integrity()
         assert all(b.ref_cnt == 0 for b in eng.blocks.pool.blocks)
+
+
+def test_a_given_up_sliding_load_holds_the_pool_blocks_it_writes(store: WrappedStore) -> None:
+    """Exact mode, hybrid model: a load that copies the sliding layers into the pool's own
+    hit blocks holds them until the loader is done, so that after a deadline give-up (or
+    an abort) they are never another request's while it may still write into them."""
+    hybrid = {"windows": (2 * BT, None), "cache_all_layers": True}
+    p = prompt(40)
+    with fake_engine(store, **hybrid) as first:  # the store gets both namespaces
+        run_checked(first, [p])
+    with fake_engine(store, load_timeout_s=0.5, **hybrid) as eng:
+        run_checked(eng, [p])  # loads it: the pool's early blocks lack the sliding layers
+        keys = chain_keys(eng.ns, p[: 5 * BT])
+        lacking = [b for b in eng.blocks.pool.longest_prefix(keys)
+                   if not eng.planner.has_sliding(b)][3:5]  # the window of a 5-block hit
+        assert len(lacking) == 2
+        store.get_gate.clear()  # its sliding load stalls in get_into
+        try:
+            (b,) = run_checked(eng, [p[: 5 * BT] + prompt(10, 4)])
+            assert b.stats.load_gave_up == 1 and eng.loader.unfinished == 1
+            assert [blk.ref_cnt for blk in lacking] == [1, 1]  # the job's own references
+        finally:
+            store.get_gate.set()
+        assert eng.loader.wait_idle(10)
+        eng.step()
+        eng.drain(10)
+        eng.check_integrity()
+        assert all(blk.ref_cnt == 0 for blk in eng.blocks.pool.blocks)
