@@ -19,6 +19,9 @@ class EngineConfig:
     store_call_timeout_s: float = 5.0  # deadline of one lookup / get_into
     commit_timeout_s: float = 30.0  # deadline of one commit (back-pressure included)
     close_timeout_s: float = 120.0  # how long close() waits for pending commits
+    # Host memory for commits on their way to the store (finished requests' blocks are
+    # copied out of the pool into it at once); when it is full a commit is cut short.
+    commit_staging_bytes: int = 1 << 30
     attention_backend: str | None = None  # kernels backend name; None: the device's default
     # Bounded replay (DESIGN §11): tokens of a hit replayed; None: the model's default
     # (largest window + 12 for a hybrid model), 0: exact mode.
@@ -41,6 +44,8 @@ class EngineConfig:
             )
         if self.max_batched_tokens < 1 or self.max_num_seqs < 1:
             raise EngineInputError("max_batched_tokens and max_num_seqs must be >= 1")
+        if self.commit_staging_bytes < 0:
+            raise EngineInputError("commit_staging_bytes must be >= 0")
         if self.max_model_len is not None and self.max_model_len < 1:
             raise EngineInputError(f"max_model_len must be >= 1, got {self.max_model_len}")
         for name in ("load_timeout_s", "store_call_timeout_s", "commit_timeout_s"):

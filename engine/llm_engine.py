@@ -83,7 +83,8 @@ class LLMEngine:
             window_first_block=self.planner.window_first_block,
         )
         self.committer = KVCommitter(
-            link, self.cache, layers, self.backend, self._progress, config.commit_timeout_s
+            link, self.cache, layers, self.backend, self._progress, config.commit_timeout_s,
+            staging_bytes=config.commit_staging_bytes,
         )
         self.scheduler = Scheduler(
             config,
@@ -126,7 +127,7 @@ class LLMEngine:
         batch = self.scheduler.schedule()
         if batch.is_empty:
             if self.scheduler.has_unfinished:
-                # Loads in flight, or copies out holding the blocks a request needs.
+                # Loads in flight holding the blocks a request needs.
                 self._progress.wait(timeout=0.05)
             return []
         sampled = self.runner.run(batch)
@@ -164,6 +165,7 @@ class LLMEngine:
 
     def check_integrity(self) -> None:
         self.scheduler.check_integrity()
+        self.committer.staging.check_integrity()
 
     def close(self) -> None:
         """Finish pending commits (bounded by ``close_timeout_s``), then stop the threads

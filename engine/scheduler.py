@@ -21,8 +21,9 @@ among them are swapped for private copies (``privatize``), into blocks set aside
 admission; a replay never writes a block another request may read.
 
 When a request finishes, the blocks of its sequence (prompt and generated tokens) that the
-store is not known to hold go to the background committer (``engine.kv.commit_planner``
-says which). What a load asks for and what it lands is ``engine.kv.load_planner``'s.
+store is not known to hold are copied out of the pool into bounded staging and go to the
+background committer (``engine.kv.commit_planner`` says which); its pool blocks are free at
+once, and under back-pressure a commit is cut short, never waited for. What a load asks for and what it lands is ``engine.kv.load_planner``'s.
 """
 
 from __future__ import annotations
@@ -92,8 +93,7 @@ class Scheduler:
         self._job_ids = itertools.count()
         self.loads = LoadPlanner(blocks, self.links, planner, config.load_timeout_s, self._job_ids)
         self.counters: Counter[str] = Counter()
-        self.commits = CommitPlanner(blocks, ns, self.links, planner, committer, self._job_ids,
-                                     self.counters)
+        self.commits = CommitPlanner(blocks, ns, self.links, planner, committer, self.counters)
 
     # -- requests ---------------------------------------------------------------------
     def add(self, seq: Sequence) -> None:

@@ -2,8 +2,10 @@
 
 When a request finishes, the blocks of its sequence (prompt and generated tokens) that
 hold a store link's layers and that the store is not known to hold go, per link, to the
-background committer (``engine.kv.committer``) as a ``CommitJob``, which keeps them
-referenced until their bytes are out of the pool. The primary link's chain is always
+background committer (``engine.kv.committer``) as a ``CommitJob``, their bytes copied
+out of the pool into bounded staging rows first (so the pool blocks go back at once, and a
+slow store never holds them; under back-pressure a commit is cut short or dropped, never
+waited for). The primary link's chain is always
 sent, even when nothing in it is new: the commit refreshes the store's recency. Exact
 mode for a hybrid model sends the sliding layers to their own namespace, only when some
 block has them to send. Once the store answered, the pool blocks it accepted (and that
@@ -17,7 +19,6 @@ finishes; this decides, from each block's layers, what goes to the store.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator
 
 from engine.kv.block_manager import BlockManager
 from engine.kv.block_pool import KVBlock
@@ -30,8 +31,8 @@ from kvstore.keys import Namespace
 
 
 class CommitPlanner:
-    """Commits for finished sequences over ``links`` (the primary first). ``job_ids``
-    numbers the block manager owners of the jobs; the scheduler shares it with its loads."""
+    """Commits for finished sequences over ``links`` (the primary first); ``counters``:
+    the scheduler's (failed commits are counted there)."""
 
     def __init__(
         self,
@@ -40,7 +41,6 @@ class CommitPlanner:
         links: tuple[StoreLink, ...],
         planner: ReplayPlanner,
         committer: KVCommitter,
-        job_ids: Iterator[int],
         counters: Counter[str],
     ) -> None:
         self.blocks = blocks
@@ -48,29 +48,38 @@ class CommitPlanner:
         self.links = links
         self.planner = planner
         self.committer = committer
-        self._job_ids = job_ids
-        self.counters = counters  # the scheduler's: failed commits are counted there
+        self.counters = counters
 
     def submit(self, seq: Sequence, owner: tuple[str, int], full: int) -> None:
         """Send the first ``full`` blocks of the finished ``seq`` (held by ``owner``) that
-        the store lacks, one job per link; each job holds its blocks until copied out."""
+        the store lacks, one job per link. Their bytes are copied out of the pool now (the
+        caller may release the blocks at once); under back-pressure a job sends the head
+        its staging rows hold, or is dropped, and the link counts the blocks left out."""
         table = self.blocks.table(owner)[:full]
         held, stored = self._layers_of(seq, table)
+        pool_keys = seq.block_keys(self.ns)
         for link in self.links:
             layers = frozenset(link.ns.cached_layers)
             send = [i for i in range(full) if layers <= held[i] and not layers <= stored[i]]
             if link is not self.links[0] and not send:
                 continue  # the primary chain is always sent: it refreshes recency
-            job_owner = ("commit", next(self._job_ids))
-            self.blocks.hold(job_owner, [table[i] for i in send])
-            pool_keys = seq.block_keys(self.ns)
+            staged = self.committer.stage(link, [table[i].block_id for i in send])
+            kept = 0 if staged is None else len(staged.rows)
+            if kept < len(send):
+                link.note_unsent(len(send) - kept)
+            if staged is None:
+                continue
+            if not kept and send and link is not self.links[0]:
+                self.committer.staging.give_back(staged.span)
+                continue
+            send = send[:kept]
             try:
                 self.committer.submit(CommitJob(
-                    owner=job_owner, link=link, keys=seq.block_keys(link.ns)[:full],
-                    indices=send, block_ids=[table[i].block_id for i in send],
-                    pool_keys=[pool_keys[i] for i in send], scope=seq.scope))
+                    link=link, keys=seq.block_keys(link.ns)[:full], indices=send,
+                    block_ids=[table[i].block_id for i in send],
+                    pool_keys=[pool_keys[i] for i in send], staged=staged, scope=seq.scope))
             except BaseException:
-                self.blocks.release(job_owner)
+                self.committer.staging.give_back(staged.span)
                 raise
 
     def _layers_of(self, seq: Sequence, table: list[KVBlock]
@@ -96,10 +105,8 @@ class CommitPlanner:
         return held, stored
 
     def poll(self) -> None:
-        """Take in the committer's reports: release the blocks of jobs copied out of the
-        pool, and mark stored what the store accepted. A failed job is counted (a miss)."""
-        for job in self.committer.copied():
-            self.blocks.release(job.owner)
+        """Take in the committer's reports: mark stored what the store accepted. A failed
+        job is counted (a miss)."""
         for job in self.committer.finished():
             if job.error is not None:
                 note_job_error("commit", job.error, self.counters)

@@ -42,6 +42,7 @@ COUNTERS = (
     "committed_blocks_total",
     "committed_bytes_total",
     "commit_dropped_blocks_total",
+    "commit_unsent_blocks_total",  # left out of a commit: its staging was full (back-pressure)
 )
 
 
@@ -85,6 +86,11 @@ class StoreLink(ABC):
         """Calls failed and blocks moved, for the output."""
 
     def stats(self, timeout_s: float = 2.0) -> StoreStats | None:
+        return None
+
+    def note_unsent(self, blocks: int) -> None:
+        """Count blocks a commit left out under back-pressure (the engine's staging for
+        commits was full: the store was slower than the engine). Uncounted by default."""
         return None
 
     @abstractmethod
@@ -256,6 +262,10 @@ class KVStoreLink(StoreLink):
             self._counters["committed_bytes_total"] += res.inserted * self.ns.block_bytes
             self._counters["commit_dropped_blocks_total"] += res.dropped
         return res
+
+    def note_unsent(self, blocks: int) -> None:
+        with self._lock:
+            self._counters["commit_unsent_blocks_total"] += blocks
 
     def counters(self) -> dict[str, int]:
         with self._lock:

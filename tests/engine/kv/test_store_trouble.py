@@ -4,8 +4,11 @@ misbehaving through ``WrappedStore``; the fake model's K/V are known bytes."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
+import torch
 
+from engine.sampling_params import SamplingParams
 from kvstore.keys import chain_keys
 from tests.engine.engine_harness import (
     BT,
@@ -15,11 +18,20 @@ from tests.engine.engine_harness import (
     fake_engine,
     run_checked,
 )
-from tests.engine.fake_model import greedy_continuation
+from tests.engine.fake_model import expected_block, greedy_continuation
+
+LAYERS = 2
+BLOCK_BYTES = LAYERS * 2 * BT * 1 * 4 * 4  # the fake model's: 1 head of 4 float32
 
 
 def prompt(n: int, seed: int = 0) -> list[int]:
     return [(seed * 19 + i * 7) % 90 + 1 for i in range(n)]
+
+
+def payload_k(raw: bytes) -> torch.Tensor:
+    """K of every layer of one stored block, ``[layers, BT]`` (head 0, dim 0)."""
+    rows = torch.from_numpy(np.frombuffer(raw, dtype=np.float32).copy()).view(LAYERS, 2, BT, 1, 4)
+    return rows[:, 0, :, 0, 0]
 
 
 @pytest.fixture
@@ -123,3 +135,57 @@ def test_a_given_up_sliding_load_holds_the_pool_blocks_it_writes(store: WrappedS
         eng.drain(10)
         eng.check_integrity()
         assert all(blk.ref_cnt == 0 for blk in eng.blocks.pool.blocks)
+
+
+def test_a_stalled_store_never_holds_pool_blocks(store: WrappedStore) -> None:
+    """A pool of one sequence and a store whose commits hang: A's commit is stuck in the
+    store and B's waits behind it, yet C gets the whole pool at once (B's bytes were
+    copied out at its finish); the store then gets B's bytes, not C's."""
+    params = SamplingParams(max_new_tokens=4)
+    pa, pb, pc = prompt(29, 1), prompt(29, 2), prompt(29, 3)  # 8 blocks each at the end
+    store.commit_gate.clear()
+    eng = fake_engine(store, pool_blocks=8, budget=64)
+    try:
+        run_checked(eng, [pa], params)
+        (b,) = run_checked(eng, [pb], params)
+        c = eng.add_request(pc, params)
+        for _ in range(50):
+            if c.is_finished:
+                break
+            eng.step()
+            eng.check_integrity()
+        assert c.is_finished and eng.committer.unfinished == 3
+        store.commit_gate.set()
+        assert eng.drain(10)
+    finally:
+        store.commit_gate.set()  # a failed check above must not leave close() waiting
+        eng.close()
+    assert c.output_ids == greedy_continuation(pc, params.max_new_tokens)
+    tokens_b = pb + b.output_ids
+    commit_b = store.commits[1]
+    assert sorted(commit_b) == list(range(8))
+    for i, raw in commit_b.items():
+        assert torch.equal(payload_k(raw), expected_block(tokens_b, i, BT, LAYERS))
+
+
+def test_commits_past_the_staging_bound_are_cut_and_counted(store: WrappedStore) -> None:
+    """Staging for 10 blocks and a store that hangs: the first commit (6 blocks) waits in
+    the store, the second gets the 4 rows left (its chain's head), the third none; the
+    engine never waits, the blocks left out are counted, and what was staged arrives."""
+    params = SamplingParams(max_new_tokens=4)
+    prompts = [prompt(21, s) for s in range(3)]  # 21 + 4 tokens: 6 full blocks each
+    store.commit_gate.clear()
+    eng = fake_engine(store, commit_staging_bytes=10 * BLOCK_BYTES)
+    try:
+        for p in prompts:
+            (s,) = run_checked(eng, [p], params)
+            assert s.output_ids == greedy_continuation(p, params.max_new_tokens)
+        assert eng.link.counters()["commit_unsent_blocks_total"] == 2 + 6
+        store.commit_gate.set()
+        assert eng.drain(10)
+        eng.check_integrity()
+        assert all(b.ref_cnt == 0 for b in eng.blocks.pool.blocks)
+    finally:
+        store.commit_gate.set()
+        eng.close()
+    assert [sorted(c) for c in store.commits] == [list(range(6)), list(range(4)), []]
