@@ -89,7 +89,8 @@ Each turn prints one row: prompt tokens, the tokens that hit in the pool (hbm), 
 store's DRAM and SSD tiers, the tokens computed (of which replayed: recomputed past a
 bounded-replay hit), the time to the first token and the decode rate. A store that is
 unreachable or dies mid-run costs misses, not errors: one warning, and the failed calls are
-counted at the end. Bad input (flags, files, checkpoint) is one line on stderr and exit
+counted at the end (one unreachable at start is asked its tenant again for 10 s, then
+before each call). Bad input (flags, files, checkpoint) is one line on stderr and exit
 status 2.
 """
 
