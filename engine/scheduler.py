@@ -23,7 +23,9 @@ admission; a replay never writes a block another request may read.
 When a request finishes, the blocks of its sequence (prompt and generated tokens) that the
 store is not known to hold are copied out of the pool into bounded staging and go to the
 background committer (``engine.kv.commit_planner`` says which); its pool blocks are free at
-once, and under back-pressure a commit is cut short, never waited for. What a load asks for and what it lands is ``engine.kv.load_planner``'s.
+once, and under back-pressure a commit is cut short, never waited for. What a load asks
+for and what it lands is ``engine.kv.load_planner``'s. What a request may be and when it
+stops is ``engine.request_limits``'.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from collections.abc import Callable
 
 from bounded_replay import ReplayPlan
 from engine.config import EngineConfig
-from engine.errors import ContextTooLong, EngineInputError, EngineIntegrityError, PoolTooSmall
+from engine.errors import EngineIntegrityError
 from engine.kv.block_manager import BlockManager
 from engine.kv.commit_planner import CommitPlanner
 from engine.kv.committer import KVCommitter
@@ -44,6 +46,7 @@ from engine.kv.loader import KVLoader, LoadJob
 from engine.kv.replay_planner import ReplayPlanner
 from engine.kv.store_link import StoreLink
 from engine.kv.transfer import note_job_error
+from engine.request_limits import RequestLimits
 from engine.scheduled_batch import ScheduledBatch
 from engine.sequence import Sequence, SequenceStatus
 from kvstore.keys import Namespace
@@ -85,8 +88,7 @@ class Scheduler:
         self.links = (link,) if sliding_link is None else (link, sliding_link)
         self.loader = loader
         self.committer = committer
-        self.max_context_tokens = max_context_tokens
-        self.eos_token_ids = frozenset(eos_token_ids)
+        self.limits = RequestLimits(blocks, planner, max_context_tokens, eos_token_ids)
         self.waiting: deque[Sequence] = deque()
         self.loading: dict[int, tuple[Sequence, LoadJob]] = {}
         self.running: list[Sequence] = []
@@ -97,33 +99,10 @@ class Scheduler:
 
     # -- requests ---------------------------------------------------------------------
     def add(self, seq: Sequence) -> None:
-        """Queue a request; refuse one that could never run (bad input, exit 2)."""
-        n = seq.num_tokens
-        if n == 0:
-            raise EngineInputError("empty prompt: nothing to generate from")
-        if n > self.max_context_tokens:
-            raise ContextTooLong(
-                f"prompt of {n} tokens exceeds the model's context of "
-                f"{self.max_context_tokens} tokens"
-            )
-        # Admitted on what its prompt needs: the answer's blocks are taken as it decodes
-        # (preempting others when the pool runs out), and it stops where the pool ends
-        # (``_stop_reason``). Reserving max_tokens up front refused every request without
-        # one (the rest of the context) on a pool smaller than the context.
-        if self.blocks.blocks_for(n) > self.max_seq_blocks:
-            bt = self.blocks.block_tokens
-            raise PoolTooSmall(
-                f"a prompt of {n} tokens needs a pool of "
-                f"{(self.blocks.blocks_for(n) + self.planner.max_reserve_blocks) * bt} "
-                f"tokens; it holds {self.blocks.pool.num_blocks * bt} (--pool-tokens)"
-            )
+        """Queue a request; refuse one that could never run (bad input, exit 2). It is
+        admitted on what its prompt needs (``engine.request_limits``)."""
+        self.limits.check(seq)
         self.waiting.append(seq)
-
-    @property
-    def max_seq_blocks(self) -> int:
-        """Blocks one sequence may fill: the whole pool, less the room an admission sets
-        aside for a replay's private copies (so a preempted sequence is admitted again)."""
-        return self.blocks.pool.num_blocks - self.planner.max_reserve_blocks
 
     @property
     def has_unfinished(self) -> bool:
@@ -320,29 +299,12 @@ class Scheduler:
             if seq.stats.first_token_s is None:
                 seq.stats.first_token_s = now
             seq.stats.last_token_s = now
-            reason = self._stop_reason(seq)
+            reason = self.limits.stop_reason(seq)
             if reason is not None:
                 seq.finish_reason = reason
                 self._finish(seq)
                 finished.append(seq)
         return finished
-
-    def _stop_reason(self, seq: Sequence) -> str | None:
-        if not seq.params.ignore_eos and seq.token_ids[-1] in self.eos_token_ids:
-            return "stop"
-        if len(seq.output_ids) >= seq.params.max_new_tokens:
-            return "length"
-        if seq.num_tokens >= self.max_context_tokens:
-            return "length"
-        if self.blocks.blocks_for(seq.num_tokens) > self.max_seq_blocks:
-            # Its next step would need more blocks than the pool gives one sequence: it can
-            # never grow, alone or after preempting every other. It stops here, as at the
-            # end of the context ("length": the answer so far is whole and the client can
-            # continue it), rather than wait forever for blocks that cannot come or fail a
-            # request that was admitted. A shortage that other holders cause (loads,
-            # other sequences) passes: it waits or preempts instead (``_make_room``).
-            return "length"
-        return None
 
     def _cacheable_blocks(self, seq: Sequence) -> int:
         """Leading blocks of ``seq`` computed and allowed in the pool index and the store."""
