@@ -22,7 +22,6 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
@@ -41,11 +40,10 @@ MAX_STAGED_COMMITS = 256
 
 @dataclass(eq=False)
 class Staged:
-    """Rows copied out of the pool for one commit (``ready``: the GPU copy's event)."""
+    """Rows copied out of the pool for one commit, and the span of the ring they hold."""
 
     rows: torch.Tensor
     span: Span
-    ready: Any = None
 
 
 @dataclass(eq=False)
@@ -87,21 +85,17 @@ class KVCommitter(TransferThread[CommitJob]):
         if got is None:
             return None
         rows, span = got
-        ready = None
         if len(rows):
+            # The rows hold the bytes when this returns (the kernel waits for a GPU copy
+            # into pinned rows): the blocks may be overwritten by the next step.
             ids = torch.tensor(list(block_ids[: len(rows)]), dtype=torch.int64,
                                device=self.cache.device)
             kernels.read_kv_blocks(self.cache.k, self.cache.v, ids, layers, rows,
                                    backend=self.backend)
-            if self.cache.device.type == "cuda":  # later steps may overwrite the blocks:
-                ready = torch.cuda.Event()  # the stream orders them after this copy
-                ready.record()
-        return Staged(rows, span, ready)
+        return Staged(rows, span)
 
     def _work(self, job: CommitJob) -> None:
         try:
-            if job.staged.ready is not None:
-                job.staged.ready.synchronize()
             rows = job.staged.rows
             payloads = {i: rows[j] for j, i in enumerate(job.indices)}
             job.result = job.link.commit(job.keys, payloads, self.timeout_s,
