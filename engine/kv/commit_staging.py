@@ -61,10 +61,11 @@ class CommitStaging:
         with self._lock:
             if len(self._spans) >= self.max_jobs:
                 return None
-            start, room = self._room()
+            live = [sp for sp in self._spans if sp.end > sp.start]  # empty ones hold none
+            start, room = self._room(live)
             n = min(n_rows, room // row) if row else n_rows
-            if n < n_rows and self._spans and not self._wrapped:
-                head = self._spans[0].start  # the ring's start may fit more
+            if n < n_rows and live and not self._wrapped(live):
+                head = live[0].start  # the ring's start may fit more
                 if head // row > n:
                     start, n = 0, min(n_rows, head // row)
             span = Span(start, start + n * row)
@@ -81,17 +82,19 @@ class CommitStaging:
             while self._spans and self._spans[0].freed:
                 self._spans.popleft()
 
-    @property
-    def _wrapped(self) -> bool:
-        """The newest span lies before the oldest: free room is between them."""
-        return self._spans[-1].start < self._spans[0].start
+    @staticmethod
+    def _wrapped(live: list[Span]) -> bool:
+        """The newest span lies before the oldest: free room is between them. Only spans
+        holding rows say where the ring is (an empty one may sit at either end)."""
+        return live[-1].start < live[0].start
 
-    def _room(self) -> tuple[int, int]:
-        """Where the next span starts, and how many elements it may take there."""
-        if not self._spans:
+    def _room(self, live: list[Span]) -> tuple[int, int]:
+        """Where the next span starts, and how many elements it may take there, given the
+        live spans holding rows (oldest first)."""
+        if not live:
             return 0, self.capacity
-        tail = self._spans[-1].end
-        limit = self._spans[0].start if self._wrapped else self.capacity
+        tail = live[-1].end
+        limit = live[0].start if self._wrapped(live) else self.capacity
         return tail, limit - tail
 
     def _buffer(self) -> torch.Tensor:

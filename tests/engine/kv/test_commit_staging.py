@@ -35,7 +35,23 @@ def test_rows_are_cut_to_what_fits_and_jobs_are_bounded() -> None:
     ring.check_integrity()
 
 
-@settings(max_examples=60)
+def test_an_empty_span_at_the_wrap_point_does_not_unwrap_the_ring() -> None:
+    """Found by the engine's random traffic: an empty span placed where the wrapped ring's
+    free room ends made it look unwrapped, and the next span overlapped the oldest."""
+    ring = staging(14)
+    first = ring.take(6, 3)
+    old = ring.take(6, 3)
+    assert first is not None and old is not None
+    ring.give_back(first[1])  # the oldest live span is rows 6..12, the tail at 12
+    wrapped = ring.take(6, 3)  # 2 rows left at the tail: it wraps to rows 0..6
+    empty = ring.take(6, 3)  # no room between 6 and 6: empty, at 6
+    after = ring.take(1, 3)
+    assert wrapped is not None and empty is not None and after is not None
+    assert wrapped[1].start == 0 and len(empty[0]) == 0 and len(after[0]) == 0
+    ring.check_integrity()
+
+
+@settings(max_examples=200)
 @given(ops=st.lists(st.tuples(st.booleans(), st.integers(0, 7), st.integers(1, 3)),
                     max_size=60))
 def test_random_fifo_traffic_never_overlaps(ops: list[tuple[bool, int, int]]) -> None:
