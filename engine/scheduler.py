@@ -238,7 +238,8 @@ class Scheduler:
 
     # -- background completions -------------------------------------------------------
     def poll(self) -> None:
-        """Take in finished loads, give up on late ones, release copied-out blocks."""
+        """Take in finished loads and commits (a failed one is a miss), give up on late
+        loads."""
         for job in self.loader.finished():
             if job.error is not None:  # a bug, not store trouble: still only a miss
                 note_job_error("load", job.error, self.counters)

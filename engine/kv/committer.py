@@ -88,10 +88,14 @@ class KVCommitter(TransferThread[CommitJob]):
         if len(rows):
             # The rows hold the bytes when this returns (the kernel waits for a GPU copy
             # into pinned rows): the blocks may be overwritten by the next step.
-            ids = torch.tensor(list(block_ids[: len(rows)]), dtype=torch.int64,
-                               device=self.cache.device)
-            kernels.read_kv_blocks(self.cache.k, self.cache.v, ids, layers, rows,
-                                   backend=self.backend)
+            try:
+                ids = torch.tensor(list(block_ids[: len(rows)]), dtype=torch.int64,
+                                   device=self.cache.device)
+                kernels.read_kv_blocks(self.cache.k, self.cache.v, ids, layers, rows,
+                                       backend=self.backend)
+            except BaseException:
+                self.staging.give_back(span)
+                raise
         return Staged(rows, span)
 
     def _work(self, job: CommitJob) -> None:

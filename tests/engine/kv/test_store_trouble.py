@@ -10,6 +10,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from engine.kv import committer as committer_module
 from engine.sampling_params import SamplingParams
 from kvstore.keys import chain_keys
 from tests.engine.engine_harness import (
@@ -108,6 +109,21 @@ def test_a_commit_that_cannot_be_submitted_leaks_nothing(
         assert a.output_ids == greedy_continuation(p, GREEDY.max_new_tokens)
         assert eng.scheduler.counters["commit_errors_total"] == 1
         eng.check_integrity()
+        assert all(b.ref_cnt == 0 for b in eng.blocks.pool.blocks)
+
+
+def test_a_copy_out_that_fails_leaks_no_staging(
+    store: WrappedStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("test: the copy kernel fails")
+
+    with fake_engine(store) as eng:
+        monkeypatch.setattr(committer_module.kernels, "read_kv_blocks", broken)
+        (a,) = run_checked(eng, [prompt(22)])
+        assert a.finish_reason == "length"
+        assert eng.scheduler.counters["commit_errors_total"] == 1
+        assert eng.committer.staging.num_jobs == 0
         assert all(b.ref_cnt == 0 for b in eng.blocks.pool.blocks)
 
 
