@@ -67,10 +67,11 @@ class WrappedStore(DelegatingStore):
     blocks (the rows it leaves hold NaN, so admitting one shows in the outputs);
     ``get_delay_s`` stalls it, ``get_gate`` holds it until set and ``get_error`` makes it
     raise that (a client bug: not a ``KVStoreError``, so the link lets it through);
-    ``commit_gate`` holds commits until set; ``commit_drop`` names chain blocks the store
-    refuses (their payloads never reach the inner store and count as dropped, as a full
-    write-back drops a commit's new tail); ``dead`` makes every call raise
-    ``StoreUnavailable``. ``close`` leaves the inner store open."""
+    ``commit_gate`` holds commits until set and ``commit_error`` makes them raise that;
+    ``commit_drop`` names chain blocks the store refuses (their payloads never reach the
+    inner store and count as dropped, as a full write-back drops a commit's new tail);
+    ``dead`` makes every call raise ``StoreUnavailable``. ``close`` leaves the inner store
+    open."""
 
     def __init__(self, inner: KVStore) -> None:
         super().__init__(inner)
@@ -82,6 +83,7 @@ class WrappedStore(DelegatingStore):
         self.commit_gate = threading.Event()
         self.commit_gate.set()
         self.commit_drop: set[int] = set()
+        self.commit_error: BaseException | None = None
         self.dead = False
         self.commits: list[dict[int, bytes]] = []
 
@@ -134,6 +136,8 @@ class WrappedStore(DelegatingStore):
     ) -> CommitResult:
         self.commit_gate.wait()
         self._alive()
+        if self.commit_error is not None:
+            raise self.commit_error
         self.commits.append({i: bytes(byte_view(p)) for i, p in payloads.items()})
         kept = {i: p for i, p in payloads.items() if i not in self.commit_drop}
         res = super().commit(ns, keys, kept, durability=durability, timeout_s=timeout_s)

@@ -96,6 +96,21 @@ def test_every_failed_load_is_a_miss_and_none_is_lost(store: WrappedStore) -> No
         assert all(b.ref_cnt == 0 for b in eng.blocks.pool.blocks)
 
 
+def test_every_failed_commit_is_counted_and_none_is_raised(store: WrappedStore) -> None:
+    store.commit_error = RuntimeError("test: a client bug")
+    with fake_engine(store) as eng:
+        prompts = [prompt(22, 1), prompt(22, 2)]
+        seqs = run_checked(eng, prompts)
+        assert eng.drain(10)
+        assert eng.scheduler.counters["commit_errors_total"] == 2
+        for p, s in zip(prompts, seqs, strict=True):
+            assert s.output_ids == greedy_continuation(p, GREEDY.max_new_tokens)
+        store.commit_error = None
+        run_checked(eng, [prompt(22, 3)])  # the committer is still there
+        assert eng.drain(10) and store.commits
+        eng.check_integrity()
+
+
 def test_a_commit_that_cannot_be_submitted_leaks_nothing(
     store: WrappedStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
