@@ -263,6 +263,8 @@ def test_random_hybrid_traffic_with_aborts_keeps_everything_whole(
                 for p, s in zip(prompts, seqs, strict=True):
                     if s.finish_reason != "abort":
                         assert s.output_ids == greedy_continuation(p, params.max_new_tokens)
+                # An aborted load's blocks go once the loader reports it (drain polls).
+                assert eng.loader.wait_idle(10)
                 eng.drain(10)
                 eng.check_integrity()
                 assert all(b.ref_cnt == 0 for b in eng.blocks.pool.blocks)
