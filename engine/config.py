@@ -19,6 +19,9 @@ class EngineConfig:
     store_call_timeout_s: float = 5.0  # deadline of one lookup / get_into
     commit_timeout_s: float = 30.0  # deadline of one commit (back-pressure included)
     close_timeout_s: float = 120.0  # how long close() waits for pending commits
+    # Host memory for commits on their way to the store (finished requests' blocks are
+    # copied out of the pool into it at once); when it is full a commit is cut short.
+    commit_staging_bytes: int = 1 << 30
     attention_backend: str | None = None  # kernels backend name; None: the device's default
     # Bounded replay (DESIGN §11): tokens of a hit replayed; None: the model's default
     # (largest window + 12 for a hybrid model), 0: exact mode.
@@ -28,6 +31,9 @@ class EngineConfig:
     # False: only the prompt's full blocks are indexed in the pool and committed, so a trace
     # replay leaves in the caches exactly the blocks the trace names (kvengine bench-serve).
     cache_generated_tokens: bool = True
+    # The context the engine serves (prompt and answer), below the model's own
+    # (max_position_embeddings); None: the model's.
+    max_model_len: int | None = None
 
     def __post_init__(self) -> None:
         if self.block_tokens < 1:
@@ -38,6 +44,10 @@ class EngineConfig:
             )
         if self.max_batched_tokens < 1 or self.max_num_seqs < 1:
             raise EngineInputError("max_batched_tokens and max_num_seqs must be >= 1")
+        if self.commit_staging_bytes < 0:
+            raise EngineInputError("commit_staging_bytes must be >= 0")
+        if self.max_model_len is not None and self.max_model_len < 1:
+            raise EngineInputError(f"max_model_len must be >= 1, got {self.max_model_len}")
         for name in ("load_timeout_s", "store_call_timeout_s", "commit_timeout_s"):
             if getattr(self, name) <= 0:
                 raise EngineInputError(f"{name} must be positive")
@@ -46,6 +56,17 @@ class EngineConfig:
         """The replay policy for a model with these windows (refusals raise, exit 2)."""
         return resolve_policy(layer_windows, self.replay_keep_tokens, force=self.replay_force,
                               cache_all_layers=self.cache_all_layers)
+
+    def context_tokens(self, model_context_tokens: int) -> int:
+        """The context served for a model whose own is ``model_context_tokens``; a
+        ``max_model_len`` above it is refused (exit 2)."""
+        if self.max_model_len is None:
+            return model_context_tokens
+        if self.max_model_len > model_context_tokens:
+            raise EngineInputError(
+                f"--max-model-len/max_model_len {self.max_model_len} exceeds the model's "
+                f"context of {model_context_tokens} tokens (max_position_embeddings)")
+        return self.max_model_len
 
     @property
     def num_blocks(self) -> int:

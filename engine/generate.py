@@ -89,7 +89,8 @@ Each turn prints one row: prompt tokens, the tokens that hit in the pool (hbm), 
 store's DRAM and SSD tiers, the tokens computed (of which replayed: recomputed past a
 bounded-replay hit), the time to the first token and the decode rate. A store that is
 unreachable or dies mid-run costs misses, not errors: one warning, and the failed calls are
-counted at the end. Bad input (flags, files, checkpoint) is one line on stderr and exit
+counted at the end (one unreachable at start is asked its tenant again for 10 s, then
+before each call). Bad input (flags, files, checkpoint) is one line on stderr and exit
 status 2.
 """
 
@@ -128,7 +129,8 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="sampling seed with --temperature (turn i of a session uses S + i)")
     p.add_argument("--pool-tokens", type=int, default=_DEFAULTS.pool_tokens, metavar="N",
                    help="KV pool (the hbm tier) size in tokens, rounded down to whole "
-                        "64-token blocks; it must hold one turn's prompt and answer")
+                        "64-token blocks; it must hold one turn's prompt (an answer that "
+                        "outgrows it stops there, finish reason length)")
     p.add_argument("--max-batched-tokens", type=int, default=_DEFAULTS.max_batched_tokens,
                    metavar="N", help="per-step token budget (prefill chunk size)")
     add_engine_flags(p)
@@ -155,6 +157,9 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
                    help="bounded replay (hybrid models): the store keeps the full-attention "
                         "layers only and a hit recomputes its last N tokens (default: the "
                         "largest sliding window + 12); 0 = exact, as --cache-all-layers")
+    p.add_argument("--max-model-len", type=int, metavar="N",
+                   help="the context served, prompt and answer (default: the model's "
+                        "max_position_embeddings; more is refused)")
     p.add_argument("--force", action="store_true",
                    help="accept a --replay-keep below the safe default (more drift)")
     p.add_argument("--cache-all-layers", action="store_true",
@@ -185,12 +190,14 @@ def run(args: argparse.Namespace) -> int:
     config = EngineConfig(pool_tokens=args.pool_tokens, max_batched_tokens=args.max_batched_tokens,
                           attention_backend=args.attention_backend,
                           replay_keep_tokens=args.replay_keep, replay_force=args.force,
-                          cache_all_layers=args.cache_all_layers)
+                          cache_all_layers=args.cache_all_layers,
+                          max_model_len=args.max_model_len)
     turns = (read_session_file(args.session_file) if args.session_file
              else [SessionTurn("", read_text(args.prompt_file, "--prompt-file"))])
     loaded = load_model(args.model, dtype=args.dtype, device=args.device,
                         progress=not args.json)
     policy = config.replay_policy(loaded.spec.layer_windows)  # refusals before the store opens
+    config.context_tokens(loaded.spec.max_context_tokens)
     link = open_store_link(
         args.kv_store,
         lambda tenant: engine_namespace(loaded.spec, config.block_tokens, tenant, policy),

@@ -48,6 +48,8 @@ class LLMEngine:
         if self.ns.block_tokens != config.block_tokens:
             raise ValueError("the namespace and the engine disagree on block_tokens")
         self.policy = config.replay_policy(spec.layer_windows)
+        # Prompt plus answer, at most (--max-model-len, else the model's context).
+        self.max_context_tokens = config.context_tokens(spec.max_context_tokens)
         self.namespaces = engine_namespaces(spec, config.block_tokens, self.policy,
                                             tenant=self.ns.tenant)
         if self.ns != self.namespaces.primary:
@@ -81,7 +83,8 @@ class LLMEngine:
             window_first_block=self.planner.window_first_block,
         )
         self.committer = KVCommitter(
-            link, self.cache, layers, self.backend, self._progress, config.commit_timeout_s
+            link, self.cache, layers, self.backend, self._progress, config.commit_timeout_s,
+            staging_bytes=config.commit_staging_bytes,
         )
         self.scheduler = Scheduler(
             config,
@@ -90,7 +93,7 @@ class LLMEngine:
             link,
             self.loader,
             self.committer,
-            max_context_tokens=spec.max_context_tokens,
+            max_context_tokens=self.max_context_tokens,
             eos_token_ids=spec.eos_token_ids,
             planner=self.planner,
             copy_blocks=self.cache.copy_blocks,
@@ -124,7 +127,7 @@ class LLMEngine:
         batch = self.scheduler.schedule()
         if batch.is_empty:
             if self.scheduler.has_unfinished:
-                # Loads in flight, or copies out holding the blocks a request needs.
+                # Loads in flight holding the blocks a request needs.
                 self._progress.wait(timeout=0.05)
             return []
         sampled = self.runner.run(batch)
@@ -162,6 +165,7 @@ class LLMEngine:
 
     def check_integrity(self) -> None:
         self.scheduler.check_integrity()
+        self.committer.staging.check_integrity()
 
     def close(self) -> None:
         """Finish pending commits (bounded by ``close_timeout_s``), then stop the threads

@@ -21,8 +21,11 @@ among them are swapped for private copies (``privatize``), into blocks set aside
 admission; a replay never writes a block another request may read.
 
 When a request finishes, the blocks of its sequence (prompt and generated tokens) that the
-store is not known to hold go to the background committer (``engine.kv.commit_planner``
-says which). What a load asks for and what it lands is ``engine.kv.load_planner``'s.
+store is not known to hold are copied out of the pool into bounded staging and go to the
+background committer (``engine.kv.commit_planner`` says which); its pool blocks are free at
+once, and under back-pressure a commit is cut short, never waited for. What a load asks
+for and what it lands is ``engine.kv.load_planner``'s. What a request may be and when it
+stops is ``engine.request_limits``'.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ from collections.abc import Callable
 
 from bounded_replay import ReplayPlan
 from engine.config import EngineConfig
-from engine.errors import ContextTooLong, EngineInputError, EngineIntegrityError, PoolTooSmall
+from engine.errors import EngineIntegrityError
 from engine.kv.block_manager import BlockManager
 from engine.kv.commit_planner import CommitPlanner
 from engine.kv.committer import KVCommitter
@@ -42,6 +45,8 @@ from engine.kv.load_planner import LoadPlanner
 from engine.kv.loader import KVLoader, LoadJob
 from engine.kv.replay_planner import ReplayPlanner
 from engine.kv.store_link import StoreLink
+from engine.kv.transfer import note_job_error
+from engine.request_limits import RequestLimits
 from engine.scheduled_batch import ScheduledBatch
 from engine.sequence import Sequence, SequenceStatus
 from kvstore.keys import Namespace
@@ -83,36 +88,20 @@ class Scheduler:
         self.links = (link,) if sliding_link is None else (link, sliding_link)
         self.loader = loader
         self.committer = committer
-        self.max_context_tokens = max_context_tokens
-        self.eos_token_ids = frozenset(eos_token_ids)
+        self.limits = RequestLimits(blocks, planner, max_context_tokens, eos_token_ids)
         self.waiting: deque[Sequence] = deque()
         self.loading: dict[int, tuple[Sequence, LoadJob]] = {}
         self.running: list[Sequence] = []
         self._job_ids = itertools.count()
         self.loads = LoadPlanner(blocks, self.links, planner, config.load_timeout_s, self._job_ids)
-        self.commits = CommitPlanner(blocks, ns, self.links, planner, committer, self._job_ids)
         self.counters: Counter[str] = Counter()
+        self.commits = CommitPlanner(blocks, ns, self.links, planner, committer, self.counters)
 
     # -- requests ---------------------------------------------------------------------
     def add(self, seq: Sequence) -> None:
-        """Queue a request; refuse one that could never run (bad input, exit 2)."""
-        n = seq.num_tokens
-        if n == 0:
-            raise EngineInputError("empty prompt: nothing to generate from")
-        if n > self.max_context_tokens:
-            raise ContextTooLong(
-                f"prompt of {n} tokens exceeds the model's context of "
-                f"{self.max_context_tokens} tokens"
-            )
-        # The last token sampled is never computed: it needs no slot.
-        longest = min(n + seq.params.max_new_tokens - 1, self.max_context_tokens)
-        need = self.blocks.blocks_for(longest) + self.planner.max_reserve_blocks
-        if need > self.blocks.pool.num_blocks:
-            raise PoolTooSmall(
-                f"a prompt of {n} tokens plus {seq.params.max_new_tokens} new ones needs a "
-                f"pool of {need * self.blocks.block_tokens} tokens; it holds "
-                f"{self.blocks.pool.num_blocks * self.blocks.block_tokens} (--pool-tokens)"
-            )
+        """Queue a request; refuse one that could never run (bad input, exit 2). It is
+        admitted on what its prompt needs (``engine.request_limits``)."""
+        self.limits.check(seq)
         self.waiting.append(seq)
 
     @property
@@ -249,15 +238,19 @@ class Scheduler:
 
     # -- background completions -------------------------------------------------------
     def poll(self) -> None:
-        """Take in finished loads, give up on late ones, release copied-out blocks."""
+        """Take in finished loads and commits (a failed one is a miss), give up on late
+        loads."""
         for job in self.loader.finished():
-            if job.error is not None:
-                raise job.error
+            if job.error is not None:  # a bug, not store trouble: still only a miss
+                note_job_error("load", job.error, self.counters)
+                job.store_blocks = job.loaded_blocks = 0
+                job.tiers, job.sliding_loaded = (), ()
             entry = self.loading.pop(job.seq_id, None)
             if entry is None or job.cancelled:  # given up on earlier: just free its blocks
-                self.blocks.release(job.owner)
+                self.loads.release(job)
                 continue
             self._loaded(entry[0], job)
+            self.loads.release(job)  # what it handed over is the request's now
         now = time.monotonic()
         for seq_id, (seq, job) in list(self.loading.items()):
             if now > job.deadline_s and not job.done.is_set():
@@ -307,21 +300,12 @@ class Scheduler:
             if seq.stats.first_token_s is None:
                 seq.stats.first_token_s = now
             seq.stats.last_token_s = now
-            reason = self._stop_reason(seq)
+            reason = self.limits.stop_reason(seq)
             if reason is not None:
                 seq.finish_reason = reason
                 self._finish(seq)
                 finished.append(seq)
         return finished
-
-    def _stop_reason(self, seq: Sequence) -> str | None:
-        if not seq.params.ignore_eos and seq.token_ids[-1] in self.eos_token_ids:
-            return "stop"
-        if len(seq.output_ids) >= seq.params.max_new_tokens:
-            return "length"
-        if seq.num_tokens >= self.max_context_tokens:
-            return "length"
-        return None
 
     def _cacheable_blocks(self, seq: Sequence) -> int:
         """Leading blocks of ``seq`` computed and allowed in the pool index and the store."""
@@ -355,9 +339,13 @@ class Scheduler:
         self.running.remove(seq)
         seq.status = SequenceStatus.FINISHED
         full = self._cacheable_blocks(seq)
-        if self.link.enabled and full:
-            self.commits.submit(seq, owner, full)
-        self.blocks.release(owner)
+        try:
+            if self.link.enabled and full:
+                self.commits.submit(seq, owner, full)
+        except Exception as e:  # a commit is best-effort: its failure costs store misses
+            note_job_error("commit", e, self.counters)
+        finally:
+            self.blocks.release(owner)
 
     def check_integrity(self) -> None:
         """The pool's accounting, and each sequence's blocks against its state."""

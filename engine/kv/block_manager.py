@@ -1,8 +1,9 @@
 """Block tables over the pool: who holds which blocks, and the pool seen as tier ``hbm``.
 
 An *owner* is anything that holds pool blocks: a sequence (its block table, in token
-order), an in-flight load from the store (the blocks it is filling) or an in-flight commit
-(the blocks it is copying out). Every reference a block carries belongs to exactly one
+order) or an in-flight load from the store (the blocks it is filling, and in exact mode
+the hit blocks whose sliding rows it completes). Commits hold none: their bytes are copied
+out when the request finishes. Every reference a block carries belongs to exactly one
 owner's list, which is what ``check_integrity`` re-derives. All methods run on the engine
 thread; background copies only ever touch blocks their owner holds.
 """
@@ -89,8 +90,8 @@ class BlockManager:
         return self._tables[owner]
 
     def hold(self, owner: Owner, blocks: Sequence[KVBlock]) -> None:
-        """A new owner taking one more reference on blocks someone else holds (a copy out
-        to the store: the blocks stay put until ``release``)."""
+        """A new owner taking one more reference on blocks someone else holds (a load
+        that writes into them: the blocks stay put until ``release``)."""
         if owner in self._tables:
             raise EngineIntegrityError(f"owner {owner!r} already holds blocks")
         self.pool.touch(blocks)

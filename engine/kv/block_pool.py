@@ -3,9 +3,10 @@ the HBM tier, in the manner of vLLM v1's ``BlockPool``).
 
 Every block is in exactly one of three states:
 
-- **in use**: ``ref_cnt > 0``, held by sequences' block tables and by in-flight copies to
-  or from the store (a block being copied out keeps a reference until its bytes are in
-  host memory, so it is never handed to another sequence under a pending commit);
+- **in use**: ``ref_cnt > 0``, held by sequences' block tables and by in-flight loads
+  from the store (the blocks a load fills, and in exact mode the hit blocks whose sliding
+  rows it completes). A commit copies its blocks out on the engine thread when the
+  request finishes, so it holds none;
 - **free, cached**: ``ref_cnt == 0`` with a chain key; listed in the prefix index and in the
   LRU free queue, so a later request can still hit it until it is evicted;
 - **free, empty**: ``ref_cnt == 0`` and no key.

@@ -81,7 +81,21 @@ class LoadPlanner:
             job.sliding_keys = seq.block_keys(self.links[1].ns)[:cap]
             job.pool_block_ids = [b.block_id for b in hit]
             job.pool_has_sliding = [planner.has_sliding(b) for b in hit]
+            # The hit blocks whose sliding rows the loader may write: those lacking them
+            # in the last window of any hit it can end with (at least the pool's).
+            w0 = planner.window_first_block(len(hit))
+            pinned = [b for b in hit[w0:] if not planner.has_sliding(b)]
+            if pinned:
+                job.pin_owner = ("load-pin", next(self._job_ids))
+                self.blocks.hold(job.pin_owner, pinned)
         return job
+
+    def release(self, job: LoadJob) -> None:
+        """The loader is done with ``job``: drop the references it still holds (its blocks
+        when they were not handed to the request, and the hit blocks it pinned)."""
+        self.blocks.release(job.owner)
+        if job.pin_owner is not None:
+            self.blocks.release(job.pin_owner)
 
     def land(self, owner: tuple[str, int], job: LoadJob) -> tuple[int, list[bool]]:
         """Hand ``job``'s copied blocks to ``owner`` (whose table holds the pool's hit) and

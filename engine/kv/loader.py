@@ -17,7 +17,8 @@ The job reports what was actually copied: ``get_into`` may return fewer blocks t
 ``lookup`` promised (evicted in between, corrupt, the store died), and only those are
 admitted. The engine gives up on a job whose deadline passes; the loader notices at its
 next step and stops, and the job's blocks are released only once the thread is done with
-them.
+them. Every pool block the loader writes is held by the job: the blocks it fills, and in
+exact mode the pool's hit blocks whose sliding rows it completes (``pin_owner``).
 """
 
 from __future__ import annotations
@@ -50,6 +51,10 @@ class LoadJob:
     sliding_keys: list[Key] = field(default_factory=list)
     pool_block_ids: list[int] = field(default_factory=list)
     pool_has_sliding: list[bool] = field(default_factory=list)
+    # The owner holding the pool's hit blocks this job may write sliding rows into (its
+    # own references: a request that gave up or was aborted lets go of its table, and
+    # those blocks must not be another request's while the loader may still write them).
+    pin_owner: tuple[str, int] | None = None
     scope: RequestScope = IDENTITY  # the request's tenant and salt (its namespaces)
     # Written by the loader thread, read by the engine after ``done`` is set.
     store_blocks: int = 0  # the store's prefix: chain blocks [0, store_blocks) are there

@@ -11,8 +11,10 @@ and the committer's threads; the counters are guarded.
 
 A call may name another namespace than the link's own (``ns=``): a server's requests carry
 their tenant and cache salt in it (``engine.kv.request_scope``). Each namespace is
-registered with the store before its first use. ``observe(call, seconds)`` sees the
-duration of every store call (a server's latency histograms); by default it does nothing.
+registered with the store before its first use. A link opened while the store could not
+say its tenant (``engine.kv.stores``) asks again before each call (``TenantCheck``).
+``observe(call, seconds)`` sees the duration of every store call (a server's latency
+histograms); by default it does nothing.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ COUNTERS = (
     "committed_blocks_total",
     "committed_bytes_total",
     "commit_dropped_blocks_total",
+    "commit_unsent_blocks_total",  # left out of a commit: its staging was full (back-pressure)
 )
 
 
@@ -85,6 +88,11 @@ class StoreLink(ABC):
         """Calls failed and blocks moved, for the output."""
 
     def stats(self, timeout_s: float = 2.0) -> StoreStats | None:
+        return None
+
+    def note_unsent(self, blocks: int) -> None:
+        """Count blocks a commit left out under back-pressure (the engine's staging for
+        commits was full: the store was slower than the engine). Uncounted by default."""
         return None
 
     @abstractmethod
@@ -131,6 +139,40 @@ class NullStoreLink(StoreLink):
         pass
 
 
+class TenantCheck:
+    """The tenant question for a store that could not answer it when the engine's
+    namespaces were built (for tenant ``assumed``, ``""``): asked before each call until
+    answered. The answer ``assumed`` settles it; any other means the store refuses every
+    namespace the engine has (a daemon with auth): one warning, and the links stop calling
+    it. Shared by a link and its siblings (one store, one answer)."""
+
+    def __init__(self, ask: Callable[[float], str], assumed: str, name: str) -> None:
+        self._ask = ask
+        self.assumed = assumed
+        self.name = name
+        self.settled = False
+        self.refused = False
+        self._lock = threading.Lock()
+
+    def ask(self, timeout_s: float) -> bool:
+        """Ask now (``KVStoreError`` when the store still cannot say); True when the store's
+        tenant is the assumed one."""
+        tenant = self._ask(timeout_s)
+        with self._lock:
+            if self.settled:
+                return not self.refused
+            self.settled, self.refused = True, tenant != self.assumed
+        if self.refused:
+            log.warning("kv store %s maps this engine's token to tenant %r, but it was "
+                        "unreachable when the engine started and the namespaces were built "
+                        "for tenant %r: the store is not used (its blocks are misses); "
+                        "restart the engine to use it", self.name, tenant, self.assumed)
+        else:
+            log.info("kv store %s answered: its tenant is %r, as the engine assumed",
+                     self.name, tenant)
+        return not self.refused
+
+
 class KVStoreLink(StoreLink):
     def __init__(
         self,
@@ -141,10 +183,16 @@ class KVStoreLink(StoreLink):
         timeout_s: float = 5.0,
         close_store: bool = True,
         failed_call: tuple[str, Exception] | None = None,
+        tenant_check: Callable[[float], str] | TenantCheck | None = None,
+        warned: bool = False,
     ) -> None:
         """``close_store=False``: the caller shares ``store`` between engines and closes it
         itself. ``failed_call``: a call made for this link before it existed (the tenant
-        question) that failed: counted, and the warning names its error."""
+        question) that failed: counted, and the warning names its error.
+        ``tenant_check``: the store could not say its tenant when ``ns`` was built (so
+        ``ns.tenant`` is a guess, ``""``): the question (given a timeout), asked again
+        before each call until answered (``TenantCheck``). ``warned``: the outage of
+        ``failed_call`` was warned about already."""
         self.store = store
         self._close_store = close_store
         self._timeout_s = timeout_s
@@ -152,16 +200,22 @@ class KVStoreLink(StoreLink):
         self.name = name
         self._lock = threading.Lock()
         self._counters: Counter[str] = Counter(dict.fromkeys(COUNTERS, 0))
-        self._warned: set[str] = set()  # "down", "corrupt": the warnings already given
+        # "down", "corrupt": the warnings already given
+        self._warned: set[str] = {"down"} if warned and failed_call else set()
         self._registered: set[Namespace] = set()
         self._closed = False
+        if tenant_check is not None and not isinstance(tenant_check, TenantCheck):
+            tenant_check = TenantCheck(tenant_check, ns.tenant, name)
+        self._tenant_check = tenant_check  # shared with the siblings
         if failed_call is not None:
             self.note_failure(*failed_call)
-        self._register(ns, timeout_s)
+        if tenant_check is None or tenant_check.settled:
+            self._register(ns, timeout_s)
 
     @property
     def enabled(self) -> bool:
-        return True
+        """False once the store named another tenant than the namespaces were built for."""
+        return self._tenant_check is None or not self._tenant_check.refused
 
     def _register(self, ns: Namespace, timeout_s: float) -> bool:
         """Register a namespace once; a store that cannot take it now is retried before
@@ -199,9 +253,21 @@ class KVStoreLink(StoreLink):
             log.warning("kv store %s is %s (%s); its blocks count as misses while it fails",
                         self.name, what, detail)
 
+    def _identified(self, timeout_s: float) -> bool:
+        """Whether this link may call the store: its tenant is known to be ``ns``'s."""
+        check = self._tenant_check
+        if check is None or check.settled:
+            return check is None or not check.refused
+        try:
+            return check.ask(timeout_s)
+        except KVStoreError as e:
+            self.note_failure("tenant", e)
+            return False
+
     def _guarded(self, call: str, fn: Callable[[], T], miss: T, timeout_s: float,
                  ns: Namespace | None = None) -> T:
-        if self._closed or not self._register(ns or self.ns, timeout_s):
+        if (self._closed or not self._identified(timeout_s)
+                or not self._register(ns or self.ns, timeout_s)):
             return miss
         start = time.perf_counter()
         try:
@@ -257,6 +323,10 @@ class KVStoreLink(StoreLink):
             self._counters["commit_dropped_blocks_total"] += res.dropped
         return res
 
+    def note_unsent(self, blocks: int) -> None:
+        with self._lock:
+            self._counters["commit_unsent_blocks_total"] += blocks
+
     def counters(self) -> dict[str, int]:
         with self._lock:
             return dict(self._counters)
@@ -267,7 +337,7 @@ class KVStoreLink(StoreLink):
 
     def sibling(self, ns: Namespace) -> StoreLink:
         return type(self)(self.store, ns, self.name, timeout_s=self._timeout_s,
-                          close_store=False)
+                          close_store=False, tenant_check=self._tenant_check)
 
     def close(self) -> None:
         if self._closed:

@@ -13,6 +13,8 @@ token maps to.
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +25,8 @@ from kvstore.errors import KVStoreError, StoreUnavailable
 from kvstore.keys import Namespace
 from kvstore.tier import KVStore
 
+log = logging.getLogger("engine.store")
+
 
 @dataclass(frozen=True, slots=True)
 class StoreOptions:
@@ -30,6 +34,9 @@ class StoreOptions:
     ssd_capacity_bytes: int = 8 << 30  # embedded: the SSD tier
     auth_token_file: str | None = None  # grpc: the bearer token (else $KVSTORE_AUTH_TOKEN)
     call_timeout_s: float = 5.0
+    # How long opening the link keeps asking an unreachable store its tenant (the
+    # namespaces are built from it); after that the link asks before each call.
+    identity_wait_s: float = 10.0
 
 
 def default_store_dir() -> Path:
@@ -101,16 +108,49 @@ def open_store_link(
         store = open_(url, opts)
     except KVStoreError as e:  # a locked SSD directory, a bad URL, an unreadable token
         raise EngineInputError(f"--kv-store {url}: {e}") from None
-    # A store that cannot say its tenant now is one whose blocks are misses anyway: the
-    # link counts that as its first failed call (one warning for the whole outage).
+    return link_for_store(store, name, make_ns, opts)
+
+
+def link_for_store(store: KVStore, name: str, make_ns: Callable[[str], Namespace],
+                   opts: StoreOptions = StoreOptions()) -> KVStoreLink:
+    """The link to an open ``store`` for the namespace ``make_ns(tenant)``, the tenant being
+    the one the store's credentials map to. A store that cannot say it now is asked again
+    for ``opts.identity_wait_s`` (a daemon still starting), with one warning. Past that the
+    engine starts with tenant ``""`` and the link asks again before each call: a store
+    that then names another tenant (a daemon with auth refuses the namespaces built for
+    ``""``) is warned about once and no longer called (restart the engine to use it)."""
     failed: tuple[str, Exception] | None = None
+    check: Callable[[float], str] | None = None
     try:
         try:
-            tenant = store_tenant(store, opts.call_timeout_s)
+            tenant = ask_tenant(store, name, opts)
         except StoreUnavailable as e:
             tenant, failed = "", ("tenant", e)
+            check = lambda timeout_s: store_tenant(store, timeout_s)  # noqa: E731
         ns = make_ns(tenant)
     except BaseException:
         store.close()
         raise
-    return KVStoreLink(store, ns, name, timeout_s=opts.call_timeout_s, failed_call=failed)
+    return KVStoreLink(store, ns, name, timeout_s=opts.call_timeout_s, failed_call=failed,
+                       tenant_check=check, warned=opts.identity_wait_s > 0)
+
+
+def ask_tenant(store: KVStore, name: str, opts: StoreOptions) -> str:
+    """``store_tenant``, asked again (backing off) for up to ``opts.identity_wait_s`` while
+    the store is unreachable; raises its last ``StoreUnavailable`` after that."""
+    deadline = time.monotonic() + opts.identity_wait_s
+    delay = 0.2
+    while True:
+        try:
+            return store_tenant(store, opts.call_timeout_s)
+        except StoreUnavailable as e:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise
+            if delay == 0.2:  # the outage's one warning (the link adds none)
+                log.warning("kv store %s is unreachable (%s: %s); asking it for its tenant "
+                            "again for up to %.0f s, then before each call; its blocks count "
+                            "as misses while it fails", name, type(e).__name__,
+                            " ".join(str(e).split()), left)
+            time.sleep(min(delay, left))
+            delay = min(delay * 2, 2.0)

@@ -3,15 +3,19 @@ in order, and a reused host buffer in the store's payload layout (DESIGN §4).
 
 The engine thread submits jobs and, each step, collects the finished ones
 (``finished()``); a worker never touches the block manager. A job that raises is handed
-back with ``error`` set, and the engine re-raises it: store failures never raise (the
-``StoreLink`` turns them into misses), so an error here is a bug.
+back with ``error`` set. Store failures never raise (the ``StoreLink`` turns them into
+misses), so an error here is a bug (in a store client, say); still, the engine takes it as
+a miss like any store trouble (``note_job_error``: counted, logged with its traceback
+once), so that every other job of the step is taken in and nothing stays held.
 """
 
 from __future__ import annotations
 
+import logging
 import queue
 import threading
 from abc import ABC, abstractmethod
+from collections import Counter
 from collections.abc import Sequence
 from typing import Generic, Protocol, TypeVar
 
@@ -21,6 +25,8 @@ import kernels
 from engine.kv.cache import KVCache
 from engine.kv.store_link import StoreLink
 from kvstore.buffers import io_buffer
+
+log = logging.getLogger("engine.store")
 
 
 class Job(Protocol):
@@ -37,6 +43,16 @@ def drain(q: queue.Queue[J]) -> list[J]:
             out.append(q.get_nowait())
         except queue.Empty:
             return out
+
+
+def note_job_error(what: str, err: BaseException, counters: Counter[str]) -> None:
+    """A transfer job failed with ``err`` (a bug, not store trouble): counted under
+    ``<what>_errors_total``, the first of each kind logged with its traceback."""
+    key = f"{what}_errors_total"
+    counters[key] += 1
+    if counters[key] == 1:
+        log.error("a store %s failed; it counts as a miss (later failures are only counted)",
+                  what, exc_info=err)
 
 
 class PayloadBuffer:

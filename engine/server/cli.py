@@ -96,12 +96,14 @@ def run(args: argparse.Namespace) -> int:
                           attention_backend=args.attention_backend,
                           cache_generated_tokens=not args.no_cache_generated,
                           replay_keep_tokens=args.replay_keep, replay_force=args.force,
-                          cache_all_layers=args.cache_all_layers)
+                          cache_all_layers=args.cache_all_layers,
+                          max_model_len=args.max_model_len)
     store_opts = StoreOptions(dram_bytes=parse_size(args.dram),
                               ssd_capacity_bytes=parse_size(args.ssd_capacity),
                               auth_token_file=args.store_token_file)
     loaded = load_model(args.model, dtype=args.dtype, device=args.device, progress=False)
     policy = config.replay_policy(loaded.spec.layer_windows)  # refusals before the store opens
+    config.context_tokens(loaded.spec.max_context_tokens)
     link = open_store_link(
         args.kv_store,
         lambda tenant: engine_namespace(loaded.spec, config.block_tokens, tenant, policy),
@@ -124,7 +126,7 @@ def run(args: argparse.Namespace) -> int:
     spec = loaded.spec
     state = ServerState(loop=loop, tokenizer=loaded.tokenizer,
                         model_name=args.served_model_name or spec.name,
-                        max_context_tokens=spec.max_context_tokens,
+                        max_context_tokens=engine.max_context_tokens,
                         vocab_size=spec.vocab_size, tenants=tenants, metrics=metrics,
                         max_queue=args.max_queue, created=int(time.time()),
                         block_tokens=config.block_tokens,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -35,19 +36,26 @@ def fake_engine(
     load_timeout_s: float = 10.0,
     context: int = 4096,
     eos: tuple[int, ...] = (),
+    max_model_len: int | None = None,
+    windows: tuple[int | None, ...] | None = None,
+    **config: object,
 ) -> LLMEngine:
-    model = FakeModel(fake_spec(context=context, eos=eos))
-    ns = engine_namespace(model.spec, BT)
-    link: StoreLink = NullStoreLink(ns) if store is None else KVStoreLink(store, ns, "test")
-    config = EngineConfig(
+    """``windows``: the layers' sliding windows (a hybrid model); ``config``: more
+    ``EngineConfig`` fields (``cache_all_layers=True`` for exact mode, say)."""
+    model = FakeModel(fake_spec(context=context, eos=eos, windows=windows))
+    cfg = EngineConfig(
         pool_tokens=pool_blocks * BT,
         block_tokens=BT,
         max_batched_tokens=budget,
         max_num_seqs=max_seqs,
         load_timeout_s=load_timeout_s,
         attention_backend="torch",
+        **({} if max_model_len is None else {"max_model_len": max_model_len}),
+        **config,  # type: ignore[arg-type]
     )
-    return LLMEngine(model, config, link)
+    ns = engine_namespace(model.spec, BT, "", cfg.replay_policy(model.spec.layer_windows))
+    link: StoreLink = NullStoreLink(ns) if store is None else KVStoreLink(store, ns, "test")
+    return LLMEngine(model, cfg, link)
 
 
 def dram_store(dram_bytes: int = 4 << 20) -> KVStore:
@@ -57,9 +65,13 @@ def dram_store(dram_bytes: int = 4 << 20) -> KVStore:
 class WrappedStore(DelegatingStore):
     """A real store with hooks: ``short_get`` makes ``get_into`` copy at most that many
     blocks (the rows it leaves hold NaN, so admitting one shows in the outputs);
-    ``get_delay_s`` stalls it and ``get_gate`` holds it until set; ``commit_gate`` holds
-    commits until set; ``dead`` makes every call raise ``StoreUnavailable``. ``close``
-    leaves the inner store open."""
+    ``get_delay_s`` stalls it, ``get_gate`` holds it until set and ``get_error`` makes it
+    raise that (a client bug: not a ``KVStoreError``, so the link lets it through);
+    ``commit_gate`` holds commits until set and ``commit_error`` makes them raise that;
+    ``commit_drop`` names chain blocks the store refuses (their payloads never reach the
+    inner store and count as dropped, as a full write-back drops a commit's new tail);
+    ``dead`` makes every call raise ``StoreUnavailable``. ``close`` leaves the inner store
+    open."""
 
     def __init__(self, inner: KVStore) -> None:
         super().__init__(inner)
@@ -67,8 +79,11 @@ class WrappedStore(DelegatingStore):
         self.get_delay_s = 0.0
         self.get_gate = threading.Event()
         self.get_gate.set()
+        self.get_error: BaseException | None = None
         self.commit_gate = threading.Event()
         self.commit_gate.set()
+        self.commit_drop: set[int] = set()
+        self.commit_error: BaseException | None = None
         self.dead = False
         self.commits: list[dict[int, bytes]] = []
 
@@ -97,6 +112,8 @@ class WrappedStore(DelegatingStore):
     ) -> int:
         self._alive()
         self.get_gate.wait()
+        if self.get_error is not None:
+            raise self.get_error
         if self.get_delay_s:
             time.sleep(self.get_delay_s)
         if self.short_get is None:
@@ -119,8 +136,12 @@ class WrappedStore(DelegatingStore):
     ) -> CommitResult:
         self.commit_gate.wait()
         self._alive()
+        if self.commit_error is not None:
+            raise self.commit_error
         self.commits.append({i: bytes(byte_view(p)) for i, p in payloads.items()})
-        return super().commit(ns, keys, payloads, durability=durability, timeout_s=timeout_s)
+        kept = {i: p for i, p in payloads.items() if i not in self.commit_drop}
+        res = super().commit(ns, keys, kept, durability=durability, timeout_s=timeout_s)
+        return replace(res, dropped=res.dropped + len(payloads) - len(kept))
 
     def close(self) -> None:
         pass

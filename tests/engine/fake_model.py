@@ -22,7 +22,10 @@ def fake_spec(
     head_dim: int = 4,
     context: int = 4096,
     eos: tuple[int, ...] = (),
+    windows: tuple[int | None, ...] | None = None,
 ) -> ModelSpec:
+    """``windows``: each layer's sliding window (None: full attention; the fake model
+    ignores them, the replay policy and the store's namespaces do not)."""
     return ModelSpec(
         model_id="fake",
         name="fake",
@@ -35,7 +38,7 @@ def fake_spec(
         vocab_size=VOCAB,
         max_context_tokens=context,
         dtype=torch.float32,
-        layer_windows=(None,) * layers,
+        layer_windows=(None,) * layers if windows is None else windows,
         eos_token_ids=eos,
         revision="fake-r1",
     )

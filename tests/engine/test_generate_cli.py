@@ -158,6 +158,7 @@ def test_two_processes_share_the_embedded_store(
         (["--greedy", "--temperature", "0.5"], "exclude each other"),
         (["--pool-tokens", "128"], "--pool-tokens"),
         (["--dram", "lots"], "lots"),
+        (["--max-model-len", "8193"], "8193 exceeds the model's context of 8192 tokens"),
     ],
 )
 def test_bad_flags_are_one_line_and_exit_2(

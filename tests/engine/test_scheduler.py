@@ -74,11 +74,47 @@ def test_bad_requests_are_refused_up_front() -> None:
     with fake_engine(pool_blocks=4, context=64) as eng:
         with pytest.raises(ContextTooLong):
             eng.add_request(prompt(65), GREEDY)
-        with pytest.raises(PoolTooSmall):
-            eng.add_request(prompt(12), SamplingParams(max_new_tokens=6))
+        with pytest.raises(PoolTooSmall):  # the prompt alone needs 5 blocks of 4
+            eng.add_request(prompt(17), SamplingParams(max_new_tokens=1))
         with pytest.raises(EngineInputError):
             eng.add_request([], GREEDY)
         assert not eng.has_unfinished
+
+
+def test_a_request_is_admitted_on_its_prompt_and_stops_where_the_pool_ends() -> None:
+    """No ``max_tokens`` (the server asks for the rest of the context): admitted against
+    what the prompt needs, not refused; alone, it grows until the whole pool holds it and
+    then stops with ``length``."""
+    endless = SamplingParams(max_new_tokens=4096 - 12)
+    with fake_engine(pool_blocks=4, context=4096) as eng:
+        (s,) = run_checked(eng, [prompt(12)], endless)
+        # 16 tokens fill the pool; the 17th is sampled, never computed.
+        assert s.finish_reason == "length" and s.num_tokens == 4 * BT + 1
+        assert s.output_ids == greedy_continuation(prompt(12), 5)
+        assert all(b.ref_cnt == 0 for b in eng.blocks.pool.blocks)
+
+
+def test_long_requests_share_a_small_pool_by_preemption() -> None:
+    endless = SamplingParams(max_new_tokens=1000)
+    with fake_engine(pool_blocks=6, budget=64) as eng:
+        prompts = [prompt(9, s) for s in range(3)]
+        seqs = run_checked(eng, prompts, endless)
+        for p, s in zip(prompts, seqs, strict=True):
+            assert s.finish_reason == "length" and s.num_tokens == 6 * BT + 1
+            assert s.output_ids == greedy_continuation(p, 6 * BT + 1 - len(p))
+        assert eng.scheduler.counters["preemptions_total"] > 0
+        assert all(b.ref_cnt == 0 for b in eng.blocks.pool.blocks)
+
+
+def test_max_model_len_caps_the_context_below_the_model() -> None:
+    with fake_engine(context=4096, max_model_len=32) as eng:
+        assert eng.max_context_tokens == 32
+        with pytest.raises(ContextTooLong):
+            eng.add_request(prompt(33), GREEDY)
+        (s,) = run_checked(eng, [prompt(20)], SamplingParams(max_new_tokens=100))
+        assert s.finish_reason == "length" and s.num_tokens == 32
+    with pytest.raises(EngineInputError, match=r"max_model_len 4097 .* 4096"):
+        fake_engine(context=4096, max_model_len=4097)
 
 
 @settings(max_examples=40)

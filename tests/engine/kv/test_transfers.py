@@ -146,39 +146,6 @@ def test_a_dead_store_costs_misses_and_a_revived_one_is_used_again(
     assert store.commits  # and the store takes the blocks again once it is back
 
 
-def test_blocks_under_a_pending_copy_are_never_reused(store: WrappedStore) -> None:
-    """A pool of one sequence: request A's commit blocks in the store, so request B's copy
-    waits in the committer's queue holding B's blocks; C needs the whole pool and must wait
-    until B's bytes are out, and the store must then get B's bytes, not C's."""
-    params = SamplingParams(max_new_tokens=4)
-    pa, pb, pc = prompt(29, 1), prompt(29, 2), prompt(29, 3)  # 8 blocks each at the end
-    store.commit_gate.clear()
-    eng = fake_engine(store, pool_blocks=8, budget=64)
-    try:
-        run_checked(eng, [pa], params)
-        (b,) = run_checked(eng, [pb], params)
-        c = eng.add_request(pc, params)
-        for _ in range(50):
-            eng.step()
-            eng.check_integrity()
-        assert c.num_computed_tokens == 0  # B's blocks are still held by its pending copy
-        held = [blk for blk in eng.blocks.pool.blocks if blk.ref_cnt]
-        assert len(held) == 8  # all of B: 29 + 4 tokens, the last has no K/V
-        store.commit_gate.set()
-        while not c.is_finished:
-            eng.step()
-            eng.check_integrity()
-    finally:
-        store.commit_gate.set()  # a failed check above must not leave close() waiting
-        eng.close()
-    assert c.output_ids == greedy_continuation(pc, params.max_new_tokens)
-    tokens_b = pb + b.output_ids
-    commit_b = store.commits[1]
-    assert sorted(commit_b) == list(range(8))
-    for i, raw in commit_b.items():
-        assert torch.equal(payload_k(raw), expected_block(tokens_b, i, BT, LAYERS))
-
-
 @settings(max_examples=25)
 @given(
     lens=st.lists(st.integers(1, 40), min_size=2, max_size=6),
