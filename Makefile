@@ -17,7 +17,17 @@ $(STAMP): pyproject.toml Makefile kvstore/_rowcopy.c kvstore/_hitrate.c kvstore/
 	$(PY) -m pip install -q -e '.[dev,models]'
 	touch $(STAMP)
 
-setup: $(STAMP) proto
+# vllm-router, the router operators put in front of replicas, in a venv of its own (its
+# fastapi/uvicorn pins are not the project's); the router tests drive the real binary.
+ROUTER_VENV  := .venv-router
+ROUTER_STAMP := $(ROUTER_VENV)/.installed
+
+$(ROUTER_STAMP): Makefile
+	$(PYTHON) -m venv $(ROUTER_VENV)
+	$(ROUTER_VENV)/bin/python -m pip install -q vllm-router==0.1.17 orjson setproctitle
+	touch $(ROUTER_STAMP)
+
+setup: $(STAMP) proto $(ROUTER_STAMP)
 
 # Generated stubs are never committed: they are rebuilt from the .proto here.
 proto: $(STAMP)
@@ -63,4 +73,4 @@ lint: setup
 	$(VENV)/bin/mypy kvstore storage_nodes clients engine kernels bounded_replay bench
 
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(ROUTER_VENV) .pytest_cache .hypothesis .mypy_cache .ruff_cache
