@@ -315,7 +315,10 @@ class Scheduler:
         return finished
 
     def _stop_reason(self, seq: Sequence) -> str | None:
-        if not seq.params.ignore_eos and seq.token_ids[-1] in self.eos_token_ids:
+        last = seq.token_ids[-1]
+        if not seq.params.ignore_eos and last in self.eos_token_ids:
+            return "stop"
+        if last in seq.params.stop_token_ids:
             return "stop"
         if len(seq.output_ids) >= seq.params.max_new_tokens:
             return "length"
