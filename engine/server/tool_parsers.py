@@ -111,7 +111,7 @@ class HermesStream:
                 self._seen_call = True
             end = self._buf.find(CLOSE)
             if end < 0:
-                deltas += self._announce()
+                deltas += self._announce(self._buf)
                 return content, deltas
             block, self._buf = self._buf[:end], self._buf[end + len(CLOSE) :]
             self._in_call = False
@@ -136,10 +136,11 @@ class HermesStream:
     def _limited(self) -> bool:
         return self.max_calls is not None and len(self.calls) >= self.max_calls
 
-    def _announce(self) -> list[dict[str, Any]]:
+    def _announce(self, block: str) -> list[dict[str, Any]]:
+        """The open call's header, once ``block`` (its text so far) holds its name."""
         if self._announced is not None or self._limited():
             return []
-        m = _NAME.search(self._buf)
+        m = _NAME.search(block)
         if m is None:
             return []
         self._announced = _call_id()
@@ -150,7 +151,7 @@ class HermesStream:
     def _close(self, block: str) -> list[dict[str, Any]]:
         if self._limited():
             return []
-        head = self._announce()
+        head = self._announce(block)
         call = _call(block.strip(), self._announced)
         self._announced = None
         if call is None:  # not a call after all: nothing more for it (its header stays)
