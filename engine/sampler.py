@@ -42,7 +42,12 @@ def sample(logits: torch.Tensor, seqs: Seq[Sequence]) -> list[int]:
     want = [i for i, s in enumerate(seqs) if s.params.logprobs is not None]
     if want:
         _record_logprobs(raw, tokens, [seqs[i] for i in want], want)
-    return [int(t) for t in tokens.tolist()]
+    out = [int(t) for t in tokens.tolist()]
+    if any(s.constraint is not None for s in seqs):
+        from engine.structured.mask import advance
+
+        advance(seqs, out)
+    return out
 
 
 def _column(params: Seq[SamplingParams], name: str, like: torch.Tensor) -> torch.Tensor:
