@@ -19,6 +19,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from engine.errors import EngineInputError
 from engine.model.tokenizer import Tokenizer
 from engine.server.chat_request import render_chat
 from engine.server.engine_loop import EngineLoop, Handle
@@ -27,6 +28,7 @@ from engine.server.generation import abort_all, new_choices, response_body, run_
 from engine.server.metrics import ServerMetrics
 from engine.server.protocol import GenerationRequest, Kind, parse_request
 from engine.server.tenants import Tenants
+from engine.structured.backend import GrammarBackend
 
 
 @dataclass
@@ -46,6 +48,7 @@ class ServerState:
     retry_after_s: int = 1
     created: int = 0
     tool_parser: str | None = None  # --tool-call-parser
+    grammar: GrammarBackend | None = None  # structured outputs (the engine's own)
 
 
 def create_app(state: ServerState) -> FastAPI:
@@ -121,6 +124,14 @@ async def _generate(state: ServerState, request: Request, kind: Kind) -> Respons
             and req.chat.tool_choice.mode == "auto" and state.tool_parser is None):
         raise bad_request('tool_choice "auto" needs the server started with '
                           "--tool-call-parser", param="tool_choice")
+    if req.params.constraint is not None:
+        if state.grammar is None:
+            raise bad_request("this server has no grammar backend", param=req.constraint_param)
+        try:
+            state.grammar.check(req.params.constraint)
+        except EngineInputError as e:
+            raise bad_request(f"{req.constraint_param}: {e}", param=req.constraint_param
+                              ) from None
     ids = _prompt_ids(state, req)
     n = len(ids)
     if n == 0:

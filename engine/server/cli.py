@@ -28,6 +28,7 @@ from engine.server.engine_loop import EngineLoop
 from engine.server.metrics import ServerMetrics
 from engine.server.tenants import Tenants
 from engine.server.tool_parsers import PARSERS
+from engine.structured.backend import GrammarBackend
 from kvstore.units import parse_size
 
 _DEFAULTS = EngineConfig()
@@ -133,6 +134,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"kvengine serve: warning: listening on {host} without --auth-token-file: "
               "anyone who can reach it can use the engine", file=sys.stderr, flush=True)
     engine = LLMEngine(loaded.model, config, link)
+    engine.grammar = GrammarBackend(loaded.tokenizer.backend.to_str(), loaded.spec.vocab_size,
+                                    loaded.spec.eos_token_ids[0])
     metrics = ServerMetrics(engine)
     for store_link in (link, engine.sliding_link):
         if store_link is not None:
@@ -147,7 +150,8 @@ def run(args: argparse.Namespace) -> int:
                         max_queue=args.max_queue, created=int(time.time()),
                         block_tokens=config.block_tokens,
                         pool_tokens=config.num_blocks * config.block_tokens,
-                        block_bytes=link.ns.block_bytes, tool_parser=args.tool_call_parser)
+                        block_bytes=link.ns.block_bytes, tool_parser=args.tool_call_parser,
+                        grammar=engine.grammar)
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

@@ -52,8 +52,12 @@ class Piece:
 
 
 def parses_tools(state: ServerState, req: GenerationRequest) -> bool:
-    return (state.tool_parser is not None and req.chat is not None
-            and req.chat.tools is not None and req.chat.tool_choice.mode == "auto")
+    """``auto`` with a parser; ``required`` and named always (their grammar writes hermes
+    calls)."""
+    if req.chat is None or req.chat.tools is None:
+        return False
+    mode = req.chat.tool_choice.mode
+    return mode in ("required", "named") or (mode == "auto" and state.tool_parser is not None)
 
 
 def new_choices(state: ServerState, req: GenerationRequest, handles: list[Handle]
@@ -136,7 +140,7 @@ def timing(choices: list[Choice]) -> dict[str, Any]:
 def _message(state: ServerState, req: GenerationRequest, c: Choice) -> tuple[dict, str]:
     text = c.stream.text
     finish = c.finish_reason or "stop"
-    if c.tools is None:
+    if c.tools is None or not parses_tools(state, req):
         return {"role": "assistant", "content": text}, finish
     parsed = parse_hermes(text)
     calls = parsed.calls if req.parallel_tool_calls else parsed.calls[:1]

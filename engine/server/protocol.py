@@ -21,6 +21,7 @@ from engine.sampling_params import SamplingParams
 from engine.server.chat_request import ChatPrompt, parse_chat
 from engine.server.errors import APIError, bad_request, unsupported
 from engine.server.request_sampling import boolean, integer, sampling_fields
+from engine.server.structured_request import parse_constraint
 
 Kind = Literal["completion", "chat"]
 MAX_STOP_SEQUENCES = 4  # as OpenAI
@@ -91,7 +92,8 @@ PARAMETERS: dict[str, Param] = {
     "tools": Param("honoured", ("chat",), "rendered through the chat template's `tools`; "
                    "calls parsed by `--tool-call-parser`"),
     "tool_choice": Param("honoured", ("chat",), "`auto` (needs `--tool-call-parser`), "
-                         "`none` (nothing parsed)"),
+                         "`none` (nothing parsed), `required` and a named function (the "
+                         "grammar forces hermes calls matching the tools' schemas)"),
     "parallel_tool_calls": Param("honoured", ("chat",), "`false`: only the first call is "
                                  "returned"),
     "chat_template_kwargs": Param("honoured", ("chat",), "extension (as vLLM): more "
@@ -101,6 +103,19 @@ PARAMETERS: dict[str, Param] = {
     "continue_final_message": Param("honoured", ("chat",), "extension (as vLLM): the "
                                     "answer continues the last message (its text is the "
                                     "prompt's end); excludes `add_generation_prompt`"),
+    "response_format": Param("honoured", ("chat",), "`json_object`, `json_schema` (its "
+                             "`schema`; `strict` or not, the answer always matches): the "
+                             "grammar masks the logits (llguidance); JSON written with "
+                             "`json.dumps`'s separators"),
+    "structured_outputs": Param("honoured", BOTH, "extension (as vLLM): one of `json`, "
+                                "`regex`, `choice`, `grammar` (GBNF or Lark), "
+                                "`json_object`"),
+    "guided_json": Param("honoured", BOTH, "extension (vLLM's older form): a JSON schema"),
+    "guided_regex": Param("honoured", BOTH, "extension (vLLM's older form): a regex"),
+    "guided_grammar": Param("honoured", BOTH, "extension (vLLM's older form): a GBNF "
+                            "(`root ::= …`) or Lark (`start: …`) grammar"),
+    "guided_choice": Param("honoured", BOTH, "extension (vLLM's older form): one of the "
+                           "strings"),
     "user": Param("ignored", BOTH, "no effect"),
     "metadata": Param("ignored", ("chat",), "no effect"),
     "store": Param("ignored", ("chat",), "nothing is stored for later retrieval"),
@@ -110,8 +125,6 @@ PARAMETERS: dict[str, Param] = {
     "functions": Param("default only", ("chat",), "deprecated: use `tools`", _no_tools),
     "function_call": Param("default only", ("chat",), "deprecated: use `tool_choice`",
                            _no_tools),
-    "response_format": Param("default only", ("chat",), "plain text only",
-                             lambda v: v is None or v == {"type": "text"}),
     "modalities": Param("default only", ("chat",), "text only",
                         lambda v: v is None or v == ["text"]),
     "audio": Param("default only", ("chat",), "text only", _is_default(None)),
@@ -138,6 +151,7 @@ class GenerationRequest:
     include_usage: bool
     cache_salt: str | None
     parallel_tool_calls: bool = True
+    constraint_param: str | None = None  # where params.constraint came from
 
     def choice_params(self, index: int) -> SamplingParams:
         p = self.params
@@ -187,13 +201,6 @@ def _prompt(body: Mapping[str, Any], vocab_size: int) -> tuple[list[int] | None,
                       param="prompt")
 
 
-def _chat(body: Mapping[str, Any]) -> ChatPrompt:
-    chat = parse_chat(body)
-    if chat.tool_choice.mode in ("required", "named"):
-        raise unsupported("tool_choice", "only auto and none (no structured outputs)")
-    return chat
-
-
 def parse_request(body: Any, kind: Kind, vocab_size: int) -> GenerationRequest:
     if not isinstance(body, dict):
         raise bad_request("the request body must be a JSON object")
@@ -205,7 +212,7 @@ def parse_request(body: Any, kind: Kind, vocab_size: int) -> GenerationRequest:
     if kind == "completion":
         prompt_ids, prompt_text = _prompt(body, vocab_size)
     else:
-        chat = _chat(body)
+        chat = parse_chat(body)
     max_tokens = integer(body, "max_tokens")
     if kind == "chat" and body.get("max_completion_tokens") is not None:
         max_tokens = integer(body, "max_completion_tokens")
@@ -224,6 +231,8 @@ def parse_request(body: Any, kind: Kind, vocab_size: int) -> GenerationRequest:
     if salt is not None and not isinstance(salt, str):
         raise bad_request("cache_salt must be a string", param="cache_salt")
     f = sampling_fields(body, kind == "chat", vocab_size)
+    parallel = boolean(body, "parallel_tool_calls", True)
+    constraint = parse_constraint(body, chat, parallel)
     try:
         params = SamplingParams(
             # None: as many as fit (the engine stops at the context's end).
@@ -233,6 +242,7 @@ def parse_request(body: Any, kind: Kind, vocab_size: int) -> GenerationRequest:
             repetition_penalty=f.repetition_penalty, logit_bias=f.logit_bias,
             stop_token_ids=f.stop_token_ids, logprobs=f.logprobs, seed=f.seed,
             ignore_eos=boolean(body, "ignore_eos", False),
+            constraint=None if constraint is None else constraint.spec,
         )
     except EngineInputError as e:
         raise bad_request(str(e)) from None
@@ -240,7 +250,8 @@ def parse_request(body: Any, kind: Kind, vocab_size: int) -> GenerationRequest:
         kind=kind, model=model, prompt_ids=prompt_ids, prompt_text=prompt_text, chat=chat,
         params=params, n=f.n, echo=f.echo, stop=_stop(body), stream=stream,
         include_usage=bool(options and options.get("include_usage")), cache_salt=salt,
-        parallel_tool_calls=boolean(body, "parallel_tool_calls", True),
+        parallel_tool_calls=parallel,
+        constraint_param=None if constraint is None else constraint.param,
     )
 
 

@@ -67,7 +67,8 @@ def test_out_of_range_values_are_400_naming_the_parameter(alice: openai.OpenAI,
 
 
 def test_unsupported_chat_parameters_are_refused(alice: openai.OpenAI) -> None:
-    for extra in ({"response_format": {"type": "json_object"}}, {"functions": [{"name": "f"}]},
+    for extra in ({"prediction": {"type": "content", "content": "x"}},
+                  {"functions": [{"name": "f"}]},
                   {"modalities": ["audio"]}):
         with pytest.raises(openai.BadRequestError) as e:
             alice.chat.completions.create(model=MODEL, max_tokens=1, extra_body=extra,
