@@ -74,7 +74,7 @@ def system_prompt(root: Path, chars: int | None = None) -> str:
 
 
 def run_agent(client: openai.OpenAI, model: str, turns: int, root: Path = REPO,
-              tool_choice: str = "required", max_tokens: int = 64,
+              tool_choice: str = "required", max_tokens: int = 160,
               system_chars: int | None = None, result_chars: int = RESULT_CHARS
               ) -> list[Turn]:
     """``system_chars`` and ``result_chars`` bound the system prompt and each tool result
