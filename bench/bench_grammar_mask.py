@@ -3,14 +3,18 @@
 - ``libs``: the grammar libraries that install here (llguidance, xgrammar), each filling the
   next-token masks of 8 requests per step along a valid JSON document of a schema (the
   checkpoint's tokenizer), then taking the step's tokens: µs per step and per token.
+- ``sampler``: the sampler's step for 8 rows free and under a JSON schema, next to the
+  model's decode step for 8 requests: the step's cost ratio with the mask.
 - ``engine``: 8 concurrent requests on the engine, free sampling vs the same requests under
   a JSON schema (llguidance, as ``kvengine serve`` runs it): output tokens/s of each and the
   ratio. Target: free / structured ≤ 1.3.
 
 Each figure is the median of ``--rounds`` interleaved rounds, printed next to its peer::
 
-    python -m bench.bench_grammar_mask libs --model ~/.cache/kvengine/models/smollm2-135m-instruct
-    python -m bench.bench_grammar_mask engine --model ~/.cache/kvengine/models/smollm2-135m-instruct
+    M=~/.cache/kvengine/models/smollm2-135m-instruct
+    python -m bench.bench_grammar_mask libs --model $M
+    python -m bench.bench_grammar_mask sampler --model $M
+    python -m bench.bench_grammar_mask engine --model $M
 """
 
 from __future__ import annotations
@@ -134,7 +138,7 @@ def engine_ratio(args: argparse.Namespace) -> dict[str, Any]:
 
     lm = load_model(args.model, dtype=args.dtype, progress=False)
     spec = lm.spec
-    eng = LLMEngine(lm.model, EngineConfig(pool_tokens=65536, block_tokens=16),
+    eng = LLMEngine(lm.model, EngineConfig(pool_tokens=4096, block_tokens=16),
                     NullStoreLink(engine_namespace(spec, 16)))
     eng.grammar = GrammarBackend(lm.tokenizer.backend.to_str(), spec.vocab_size,
                                  spec.eos_token_ids[0])
@@ -171,16 +175,87 @@ def engine_ratio(args: argparse.Namespace) -> dict[str, Any]:
             "threads": torch.get_num_threads()}
 
 
+def sampler_cost(args: argparse.Namespace) -> dict[str, Any]:
+    """The sampler's step for 8 rows with and without a JSON schema (llguidance, as the
+    engine runs it), on logits of the checkpoint's width whose argmax walks a valid
+    document, next to the model's own decode step for 8 requests: what structured decoding
+    adds to a step, the ratio robust to a busy machine's noise (the parts are timed
+    apart, each the median of many)."""
+    from engine.config import EngineConfig
+    from engine.kv.namespace import engine_namespace
+    from engine.kv.store_link import NullStoreLink
+    from engine.llm_engine import LLMEngine
+    from engine.model.loader import load_model
+    from engine.sampler import sample
+    from engine.sampling_params import SamplingParams
+    from engine.sequence import Sequence
+    from engine.structured.backend import GrammarBackend
+    from engine.structured.spec import json_schema
+
+    lm = load_model(args.model, dtype=args.dtype, progress=False)
+    spec = lm.spec
+    tj = lm.tokenizer.backend.to_str()
+    backend = GrammarBackend(tj, spec.vocab_size, spec.eos_token_ids[0])
+    tokens = _doc_tokens(tj)
+    constraint = json_schema(SCHEMA)
+    gen = torch.Generator().manual_seed(0)
+    base = torch.randn(BATCH, spec.vocab_size, generator=gen)
+
+    def walk(structured: bool) -> float:
+        seqs = []
+        for i in range(BATCH):
+            p = SamplingParams(max_new_tokens=10_000, temperature=0.0, seed=i,
+                               constraint=constraint if structured else None)
+            seq = Sequence([1, 2, 3], p)
+            if structured:
+                seq.constraint = backend.matcher(constraint)
+            seqs.append(seq)
+        times = []
+        for t in tokens:
+            logits = base.clone()
+            logits[:, t] += 30.0  # the document's token is the argmax
+            t0 = time.perf_counter()
+            out = sample(logits, seqs)
+            times.append(time.perf_counter() - t0)
+            assert out == [t] * BATCH
+            for seq in seqs:
+                seq.token_ids.append(t)
+        return statistics.median(times)
+
+    free = statistics.median(walk(False) for _ in range(args.rounds))
+    structured = statistics.median(walk(True) for _ in range(args.rounds))
+    eng = LLMEngine(lm.model, EngineConfig(pool_tokens=4096, block_tokens=16),
+                    NullStoreLink(engine_namespace(spec, 16)))
+    prompt = lm.tokenizer.encode_chat([{"role": "user", "content": "Say something."}])
+    seqs = [eng.add_request(prompt, SamplingParams(max_new_tokens=40, ignore_eos=True))
+            for _ in range(BATCH)]
+    while any(len(s.output_ids) < 2 for s in seqs):
+        eng.step()  # the prefills
+    steps = []
+    while not all(s.is_finished for s in seqs):
+        t0 = time.perf_counter()
+        eng.step()
+        steps.append(time.perf_counter() - t0)
+    eng.close()
+    step = statistics.median(steps)
+    return {"sampler_free_ms": free * 1e3, "sampler_structured_ms": structured * 1e3,
+            "decode_step_of_8_ms": step * 1e3,
+            "structured_over_free_step": (step - free + structured) / step,
+            "doc_tokens": len(tokens), "dtype": args.dtype,
+            "threads": torch.get_num_threads()}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("what", choices=("libs", "engine"))
+    p.add_argument("what", choices=("libs", "sampler", "engine"))
     p.add_argument("--model", required=True)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--tokens", type=int, default=64, help="new tokens per request (engine)")
     p.add_argument("--dtype", default="float32",
                    help="engine: the weights' dtype (bfloat16 matmuls are slow on CPUs)")
     args = p.parse_args()
-    print(json.dumps(libs(args) if args.what == "libs" else engine_ratio(args), indent=2))
+    run = {"libs": libs, "sampler": sampler_cost, "engine": engine_ratio}[args.what]
+    print(json.dumps(run(args), indent=2))
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ on SmolLM2-135M-Instruct when its checkpoint is present."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -68,6 +69,22 @@ def test_ten_turns_on_smollm2(smollm2: Path, env: dict[str, str], tmp_path: Path
                               agent: ModuleType) -> None:
     # float32: bfloat16 matmuls are slow on CPUs (the test runs wherever the suite runs).
     with _serve(smollm2, env, tmp_path / "store", "--dtype", "float32") as server:
-        c = client(server)
-        turns = agent.run_agent(c, c.models.list().data[0].id, 10)
+        # The first turn prefills ~4.5 K tokens: minutes on a busy CPU.
+        c = client(server).with_options(timeout=900)
+        model = c.models.list().data[0].id
+        turns = agent.run_agent(c, model, 10)
+        # The client's streamed tool flow on the same server: deltas accumulate to a call.
+        stream = c.chat.completions.create(
+            model=model, tools=agent.TOOLS, tool_choice="required", parallel_tool_calls=False,
+            stream=True, max_tokens=160, messages=[
+                {"role": "user", "content": "Read the README of this repository."}])
+        name, arguments, finish = "", "", None
+        for chunk in stream:
+            for d in (chunk.choices[0].delta.tool_calls or []) if chunk.choices else []:
+                name += (d.function.name or "") if d.function else ""
+                arguments += (d.function.arguments or "") if d.function else ""
+            if chunk.choices and chunk.choices[0].finish_reason:
+                finish = chunk.choices[0].finish_reason
     _check(turns, 10)
+    assert finish == "tool_calls" and name in ("read_file", "list_dir")
+    assert "path" in json.loads(arguments)
