@@ -11,11 +11,13 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 import torch
 
 import kernels
 from engine.config import EngineConfig
+from engine.errors import EngineInputError
 from engine.kv.block_manager import BlockManager
 from engine.kv.cache import KVCache, KVCacheShape
 from engine.kv.committer import KVCommitter
@@ -30,6 +32,9 @@ from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
 from engine.sequence import Sequence
 from kvstore.tier import TierStats
+
+if TYPE_CHECKING:
+    from engine.structured.backend import GrammarBackend
 
 
 def model_device(model: CausalLM) -> torch.device:
@@ -100,6 +105,9 @@ class LLMEngine:
             sliding_link=self.sliding_link,
         )
         self.runner = ModelRunner(model, self.cache, self.blocks, self.backend)
+        # Structured outputs (engine.structured.backend.GrammarBackend), set by a server
+        # that offers them: a request with ``params.constraint`` gets a matcher from it.
+        self.grammar: GrammarBackend | None = None
         self._closed = False
 
     # -- requests ---------------------------------------------------------------------
@@ -108,6 +116,11 @@ class LLMEngine:
         """Queue a request; ``scope`` (tenant, cache salt) decides whose cached blocks it
         may hit (``engine.kv.request_scope``). Bad input raises ``EngineInputError``."""
         seq = Sequence(list(token_ids), params, scope)
+        if params.constraint is not None:
+            if self.grammar is None:
+                raise EngineInputError("this engine has no grammar backend for structured "
+                                       "outputs")
+            seq.constraint = self.grammar.matcher(params.constraint)
         self.scheduler.add(seq)
         return seq
 

@@ -54,7 +54,10 @@ class RequestLimits:
 
     def stop_reason(self, seq: Sequence) -> str | None:
         """Why ``seq`` stops after the token it just sampled (None: it goes on)."""
-        if not seq.params.ignore_eos and seq.token_ids[-1] in self.eos_token_ids:
+        last = seq.token_ids[-1]
+        if not seq.params.ignore_eos and last in self.eos_token_ids:
+            return "stop"
+        if last in seq.params.stop_token_ids:
             return "stop"
         if len(seq.output_ids) >= seq.params.max_new_tokens:
             return "length"

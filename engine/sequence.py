@@ -7,6 +7,7 @@ import itertools
 import time
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -14,6 +15,9 @@ from bounded_replay import ReplayPlan
 from engine.kv.request_scope import IDENTITY, RequestScope
 from engine.sampling_params import SamplingParams
 from kvstore.keys import Key, Namespace, chain_keys
+
+if TYPE_CHECKING:
+    from engine.sampler import TokenLogprob
 
 _ids = itertools.count()
 
@@ -90,6 +94,10 @@ class Sequence:
             self.generator = torch.Generator()
             self.generator.manual_seed(params.seed if params.seed is not None else self.seq_id)
         self._keys: dict[Namespace, list[Key]] = {}
+        # One entry per output token when ``params.logprobs`` is set (engine.sampler).
+        self.logprobs: list[TokenLogprob] = []
+        # The grammar's matcher when ``params.constraint`` is set (engine.structured).
+        self.constraint: Any = None
 
     def __repr__(self) -> str:
         return (f"Sequence({self.seq_id}, {self.status.value}, tokens={len(self.token_ids)}, "

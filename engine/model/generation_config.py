@@ -2,7 +2,7 @@
 
 A model's authors ship the sampling they tuned it for (Gemma: ``top_k`` 64, ``top_p``
 0.95…); vLLM's server uses those values for every parameter a request leaves out, and so
-does ``kvengine serve``. Only the fields the engine implements are read; a field holding
+does ``kvengine serve`` (temperature, top_p, top_k, min_p, repetition_penalty); a field holding
 a value no request could hold is a ``ConfigError`` naming it, as everywhere in
 ``config.json``.
 """

@@ -14,6 +14,7 @@ import logging
 import socket
 import sys
 import time
+from pathlib import Path
 
 from engine.config import EngineConfig
 from engine.errors import EngineInputError
@@ -21,10 +22,13 @@ from engine.generate import add_engine_flags, add_model_flags
 from engine.kv.namespace import engine_namespace
 from engine.kv.stores import StoreOptions, open_store_link
 from engine.llm_engine import LLMEngine
+from engine.model.chat_template import ChatTemplate
 from engine.model.loader import load_model
 from engine.server.engine_loop import EngineLoop
 from engine.server.metrics import ServerMetrics
 from engine.server.tenants import Tenants
+from engine.server.tool_parsers import PARSERS
+from engine.structured.backend import GrammarBackend
 from kvstore.units import parse_size
 
 _DEFAULTS = EngineConfig()
@@ -59,6 +63,15 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-cache-generated", action="store_true",
                    help="keep generated tokens' blocks out of the pool index and the store "
                         "(trace replays: the caches hold exactly the trace's blocks)")
+    p.add_argument("--tool-call-parser", choices=PARSERS, default=None,
+                   help="how tool calls are read from the model's text (as vLLM's flag); "
+                   "without it, tool_choice auto is refused")
+    p.add_argument("--enable-auto-tool-choice", action="store_true",
+                   help="accepted for vLLM compatibility: --tool-call-parser enables it")
+    p.add_argument("--chat-template", metavar="FILE", default=None,
+                   help="a Jinja chat template replacing the checkpoint's (e.g. "
+                   "examples/tool_chat_template_hermes.jinja for tools on a template "
+                   "without them)")
     add_engine_flags(p)
     p.add_argument("--log-level", default="warning",
                    choices=("debug", "info", "warning", "error"), help="server log level")
@@ -102,6 +115,14 @@ def run(args: argparse.Namespace) -> int:
                               ssd_capacity_bytes=parse_size(args.ssd_capacity),
                               auth_token_file=args.store_token_file)
     loaded = load_model(args.model, dtype=args.dtype, device=args.device, progress=False)
+    if args.chat_template is not None:
+        tok = loaded.tokenizer
+        try:
+            source = Path(args.chat_template).read_text(encoding="utf-8")
+        except OSError as e:
+            raise EngineInputError(f"--chat-template {args.chat_template}: {e.strerror}"
+                                   ) from None
+        tok.chat_template = ChatTemplate(source, tok.special_tokens)
     policy = config.replay_policy(loaded.spec.layer_windows)  # refusals before the store opens
     config.context_tokens(loaded.spec.max_context_tokens)
     link = open_store_link(
@@ -117,6 +138,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"kvengine serve: warning: listening on {host} without --auth-token-file: "
               "anyone who can reach it can use the engine", file=sys.stderr, flush=True)
     engine = LLMEngine(loaded.model, config, link)
+    engine.grammar = GrammarBackend(loaded.tokenizer.backend.to_str(), loaded.spec.vocab_size,
+                                    loaded.spec.eos_token_ids[0])
     metrics = ServerMetrics(engine)
     for store_link in (link, engine.sliding_link):
         if store_link is not None:
@@ -131,8 +154,8 @@ def run(args: argparse.Namespace) -> int:
                         max_queue=args.max_queue, created=int(time.time()),
                         block_tokens=config.block_tokens,
                         pool_tokens=config.num_blocks * config.block_tokens,
-                        block_bytes=link.ns.block_bytes,
-                        sampling_defaults=loaded.sampling_defaults)
+                        block_bytes=link.ns.block_bytes, tool_parser=args.tool_call_parser,
+                        grammar=engine.grammar, sampling_defaults=loaded.sampling_defaults)
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

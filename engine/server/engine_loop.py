@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from engine.errors import EngineError
 from engine.kv.request_scope import RequestScope
 from engine.llm_engine import LLMEngine
+from engine.sampler import TokenLogprob
 from engine.sampling_params import SamplingParams
 from engine.sequence import Sequence
 
@@ -35,16 +36,20 @@ log = logging.getLogger("engine.server")
 @dataclass(frozen=True, slots=True)
 class TokensEvent:
     token_ids: list[int]  # new output tokens since the last event
+    choice: int = 0
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # one per token, if asked
 
 
 @dataclass(frozen=True, slots=True)
 class DoneEvent:
     seq: Sequence  # finished: finish_reason and stats are final
+    choice: int = 0
 
 
 @dataclass(frozen=True, slots=True)
 class ErrorEvent:
     error: BaseException  # EngineInputError: the client's fault (400); else a bug (500)
+    choice: int = 0
 
 
 Event = TokensEvent | DoneEvent | ErrorEvent
@@ -57,12 +62,17 @@ class Handle:
     scope: RequestScope
     loop: asyncio.AbstractEventLoop
     arrival_s: float = field(default_factory=time.perf_counter)  # the HTTP request's
-    events: asyncio.Queue[Event] = field(default_factory=asyncio.Queue)
+    events: asyncio.Queue[Event] = field(default_factory=asyncio.Queue)  # shared by choices
+    choice: int = 0  # the index of its choice (``n`` > 1 shares one queue)
+    # A sibling choice waits for this one's first token: its prompt's blocks are then in
+    # the pool's prefix index, so the sibling hits them instead of computing them again.
+    after: Handle | None = None
     # Engine thread only.
     seq: Sequence | None = None
     delivered: int = 0
     aborted: bool = False
     abort_reason: str = "abort"
+    settled: bool = False  # it has a first token, or ended: its siblings may start
 
     def _emit(self, event: Event) -> None:
         with contextlib.suppress(RuntimeError):  # the server's loop is gone (shutting down)
@@ -79,6 +89,7 @@ class EngineLoop:
         self._commands: queue.SimpleQueue[tuple[str, Handle | None]] = queue.SimpleQueue()
         self._wake = threading.Event()
         self._active: dict[int, Handle] = {}  # seq_id -> handle (engine thread only)
+        self._deferred: list[Handle] = []  # siblings waiting on their first choice
         self._in_flight = 0  # submitted and not yet finished (any thread reads it)
         self._lock = threading.Lock()
         self._stop = False
@@ -93,11 +104,17 @@ class EngineLoop:
 
     def try_submit(self, handle: Handle, limit: int) -> bool:
         """Queue ``handle`` unless ``limit`` requests are already in flight."""
+        return self.try_submit_all([handle], limit)
+
+    def try_submit_all(self, handles: list[Handle], limit: int) -> bool:
+        """Queue all of ``handles`` (one request's choices) or none: none when that would
+        put more than ``limit`` sequences in flight (one request alone is always let in)."""
         with self._lock:
-            if self._in_flight >= limit:
+            if self._in_flight and self._in_flight + len(handles) > limit:
                 return False
-            self._in_flight += 1
-        self._commands.put(("add", handle))
+            self._in_flight += len(handles)
+        for handle in handles:
+            self._commands.put(("add", handle))
         self._wake.set()
         return True
 
@@ -120,6 +137,7 @@ class EngineLoop:
         while True:
             if not self._drain_commands():
                 break
+            self._start_deferred()
             if not self.engine.has_unfinished:
                 # Idle: still take in finished copy-outs and commits, so their blocks are
                 # released and marked stored without waiting for the next request.
@@ -138,7 +156,7 @@ class EngineLoop:
                 self._fail_all(e)
                 continue
             self._publish()
-        for handle in list(self._active.values()):
+        for handle in [*self._active.values(), *self._deferred]:
             self._abort(handle)
 
     def _drain_commands(self) -> bool:
@@ -155,15 +173,24 @@ class EngineLoop:
             elif cmd == "abort":
                 self._abort(handle)
 
+    def _start_deferred(self) -> None:
+        waiting = self._deferred
+        self._deferred = []
+        for handle in waiting:
+            self._add(handle)
+
     def _add(self, handle: Handle) -> None:
         if handle.aborted:  # the client left before the engine saw the request
             self._finished(handle)
+            return
+        if handle.after is not None and not handle.after.settled:
+            self._deferred.append(handle)
             return
         try:
             handle.seq = self.engine.add_request(handle.token_ids, handle.params, handle.scope)
         except (EngineError, ValueError) as e:
             self._finished(handle)
-            handle._emit(ErrorEvent(e))
+            handle._emit(ErrorEvent(e, handle.choice))
             return
         self._active[handle.seq.seq_id] = handle
 
@@ -184,13 +211,15 @@ class EngineLoop:
             assert seq is not None
             out = seq.output_ids
             if len(out) > handle.delivered:
-                handle._emit(TokensEvent(out[handle.delivered :]))
+                handle._emit(TokensEvent(out[handle.delivered :], handle.choice,
+                                         seq.logprobs[handle.delivered :]))
                 handle.delivered = len(out)
+                handle.settled = True
             if seq.is_finished:
                 del self._active[seq_id]
                 self._finished(handle)
                 self._on_finished(handle)
-                handle._emit(DoneEvent(seq))
+                handle._emit(DoneEvent(seq, handle.choice))
 
     def _fail_all(self, error: BaseException) -> None:
         for handle in list(self._active.values()):
@@ -200,9 +229,10 @@ class EngineLoop:
                 except Exception:  # the engine is already broken; the error is reported
                     log.exception("abort after a failed step")
             self._finished(handle)
-            handle._emit(ErrorEvent(error))
+            handle._emit(ErrorEvent(error, handle.choice))
         self._active.clear()
 
     def _finished(self, handle: Handle) -> None:
+        handle.settled = True
         with self._lock:
             self._in_flight -= 1

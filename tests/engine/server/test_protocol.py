@@ -36,7 +36,18 @@ def parse(**body: object) -> object:
 
 
 @pytest.mark.parametrize("body,code", [
-    ({"n": 2}, "unsupported_parameter"),
+    ({"n": 17}, "invalid_value"),
+    ({"best_of": 2}, "unsupported_parameter"),
+    ({"top_k": -2}, "invalid_value"),
+    ({"min_p": 1.5}, "invalid_value"),
+    ({"presence_penalty": 2.5}, "invalid_value"),
+    ({"frequency_penalty": -3}, "invalid_value"),
+    ({"repetition_penalty": 0}, "invalid_value"),
+    ({"logit_bias": {"5": 101}}, "invalid_value"),
+    ({"logit_bias": {"100": 1}}, "invalid_value"),  # outside the vocabulary
+    ({"stop_token_ids": [100]}, "invalid_value"),
+    ({"logprobs": 6}, "invalid_value"),
+    ({"echo": True, "logprobs": 1}, "unsupported_parameter"),
     ({"whatever": 1}, "unsupported_parameter"),
     ({"messages": []}, "unsupported_parameter"),  # a chat parameter on completions
     ({"prompt": ["a", "b"]}, "unsupported_parameter"),
@@ -52,6 +63,66 @@ def test_bad_bodies_are_400(body: dict, code: str) -> None:
     with pytest.raises(APIError) as e:
         parse(**body)
     assert e.value.status == 400 and e.value.code == code
+    assert e.value.param == next(iter(body))  # the error names the parameter
+
+
+def test_sampling_parameters_reach_the_engine() -> None:
+    r = parse(top_k=5, min_p=0.1, presence_penalty=0.5, frequency_penalty=-0.5,
+              repetition_penalty=1.2, logit_bias={"7": -100, 9: 3}, stop_token_ids=[4],
+              logprobs=2, n=3, seed=10)
+    p = r.params
+    assert (p.top_k, p.min_p, p.presence_penalty, p.frequency_penalty) == (5, 0.1, 0.5, -0.5)
+    assert p.repetition_penalty == 1.2 and p.logit_bias == ((7, -100.0), (9, 3.0))
+    assert p.stop_token_ids == (4,) and p.logprobs == 2 and r.n == 3 and parse(echo=True).echo
+    assert [r.choice_params(i).seed for i in range(3)] == [10, 11, 12]
+    assert parse(top_k=-1).params.top_k == 0
+
+
+def chat(**body: object) -> object:
+    return parse_request({"model": "m", "messages": [{"role": "user", "content": "x"}],
+                          **body}, "chat", vocab_size=100)
+
+
+TOOL = {"type": "function", "function": {"name": "read_file", "parameters": {
+    "type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}}}
+
+
+def test_chat_logprobs_tools_and_template_options() -> None:
+    assert chat(logprobs=True, top_logprobs=3).params.logprobs == 3
+    assert chat(logprobs=True).params.logprobs == 0 and chat().params.logprobs is None
+    r = chat(tools=[TOOL], chat_template_kwargs={"enable_thinking": False},
+             messages=[{"role": "user", "content": "read it"},
+                       {"role": "assistant", "content": None, "tool_calls": [
+                           {"id": "c1", "type": "function", "function": {
+                               "name": "read_file", "arguments": '{"path": "a"}'}}]},
+                       {"role": "tool", "tool_call_id": "c1", "content": "text"},
+                       {"role": "assistant", "content": "It says"}],
+             continue_final_message=True, add_generation_prompt=False)
+    c = r.chat
+    assert c.tool_choice.mode == "auto" and c.tools[0]["function"]["name"] == "read_file"
+    assert c.messages[1]["tool_calls"][0]["function"]["arguments"] == {"path": "a"}
+    assert c.continue_final_message and not c.add_generation_prompt
+    assert c.template_kwargs == {"enable_thinking": False}
+
+
+@pytest.mark.parametrize("body,param", [
+    ({"top_logprobs": 2}, "top_logprobs"),  # without logprobs
+    ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+    ({"chat_template_kwargs": {"messages": []}}, "chat_template_kwargs"),
+    ({"continue_final_message": True, "add_generation_prompt": True},
+     "continue_final_message"),
+    ({"tool_choice": "auto", "tools": [{"type": "function"}]}, "tools"),
+    ({"tool_choice": {"type": "function", "function": {"name": "nope"}}, "tools": [TOOL]},
+     "tool_choice"),
+    ({"messages": [{"role": "tool", "content": "x"}]}, "messages"),  # no tool_call_id
+    ({"messages": [{"role": "assistant", "content": None, "tool_calls": [
+        {"type": "function", "function": {"name": "f", "arguments": "{nope"}}]}]},
+     "messages"),
+])
+def test_bad_chat_bodies_name_their_parameter(body: dict, param: str) -> None:
+    with pytest.raises(APIError) as e:
+        chat(**body)
+    assert e.value.status == 400 and e.value.param == param
 
 
 def test_a_good_body_becomes_engine_parameters() -> None:
