@@ -1,23 +1,22 @@
 """The scripted agent of ``examples/agent_loop.py``: 10 turns of tool calls against
 ``kvengine serve`` with the embedded store behind it; from turn 3 on at least 90 % of each
 prompt is served from cache. On the tiny random model (the grammar writes the calls), and
-on SmolLM2-135M-Instruct when its checkpoint is present."""
+on SmolLM2-135M-Instruct (fetched by ``kvengine fetch-model`` once)."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 
+from tests.engine.model.real_models import real_model
 from tests.engine.server.conftest import client
 from tests.engine.server.serve_process import REPO, ServeProcess
 
-SMOLLM2 = Path.home() / ".cache" / "kvengine" / "models" / "smollm2-135m-instruct"
 TEMPLATE = REPO / "examples" / "tool_chat_template_hermes.jinja"
 
 
@@ -59,10 +58,8 @@ def test_ten_turns_on_the_tiny_model(tiny_dir: Path, env: dict[str, str], tmp_pa
 
 
 @pytest.fixture
-def smollm2() -> Iterator[Path]:
-    if not (SMOLLM2 / "model.safetensors").is_file():
-        pytest.skip(f"{SMOLLM2} is not fetched (kvengine fetch-model smollm2-135m-instruct)")
-    yield SMOLLM2
+def smollm2() -> Path:
+    return real_model("smollm2-135m-instruct")  # fetched once; run, never skipped
 
 
 def test_ten_turns_on_smollm2(smollm2: Path, env: dict[str, str], tmp_path: Path,
