@@ -125,7 +125,7 @@ class KVStoreConnector(KVConnectorBase_V1):
             self._requests[request.request_id] = request
         usable = usable_hit_tokens(state.hit_blocks, self._block_tokens, len(prompt),
                                    self._vllm_block)
-        if usable <= num_computed_tokens:
+        if usable <= num_computed_tokens or state.load_issued:
             state.load = None
             return 0, False
         state.load = (num_computed_tokens, usable)
@@ -138,6 +138,7 @@ class KVStoreConnector(KVConnectorBase_V1):
             return
         start, end = state.load
         state.load = None  # a second call (after the load) allocates, never loads again
+        state.load_issued = True
         first = start // self._block_tokens
         last = -(-end // self._block_tokens)
         self._pending_loads.append(LoadJob(
@@ -292,6 +293,10 @@ class KVStoreConnector(KVConnectorBase_V1):
                 self._stats.add(load_failed_blocks=len(failed))
             self._load_errors |= failed
         return None, done or None
+
+    def totals(self) -> dict[str, int]:
+        """This worker's counters since it started (tests and benchmarks read them)."""
+        return self._stats.totals()
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         errors, self._load_errors = self._load_errors, set()

@@ -70,6 +70,10 @@ class RequestState:
     stored_blocks: int  # blocks the store holds or was given (a save starts after them)
     hit_blocks: int = 0  # what the lookup found
     load: tuple[int, int] | None = None  # tokens [start, end) to load, once allocated
+    # Set once its load is handed to the worker. A request that comes back to the lookup
+    # after that (vLLM recomputes from a failed block, or preempted it) is not offered the
+    # store again: a store that just failed it would fail it again.
+    load_issued: bool = False
 
     def save_range(self, computed_end: int, block_tokens: int) -> tuple[int, int] | None:
         """Full blocks of the tokens ``[0, computed_end)`` not stored yet, or ``None``."""

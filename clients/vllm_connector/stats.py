@@ -24,10 +24,16 @@ class StatCounters:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._counts: Counter[str] = Counter()
+        self._totals: Counter[str] = Counter()  # since start, never taken
 
     def add(self, **counts: int) -> None:
         with self._lock:
             self._counts.update(counts)
+            self._totals.update(counts)
+
+    def totals(self) -> dict[str, int]:
+        with self._lock:
+            return {k: self._totals.get(k, 0) for k in COUNTERS}
 
     def take(self) -> dict[str, int]:
         with self._lock:

@@ -8,7 +8,11 @@
      "phases": [{"prompts": [[ids…], …], "signal": null | ["KILL"|"STOP", pid]}, …]}
 
 runs every phase's prompts with greedy sampling (sending ``signal`` to ``pid`` first) and
-prints one line ``RESULT {"phases": [[{"tokens": […], "num_cached_tokens": n}, …], …]}``.
+prints one line ``RESULT {"phases": [[{"tokens": […], "num_cached_tokens": n}, …], …],
+"stats": [{counter: n}, …], "recovered": [n, …]}``: per phase, what the connector's worker
+counted (``KVStoreConnector.totals``, deltas) and how many times vLLM recovered from a
+failed load (its scheduler's warning), since vLLM's ``num_cached_tokens`` keeps counting
+tokens a failed load then made it recompute.
 ``wait_for_hit`` polls the store until it holds the first prompt's first N tokens (a peer
 process's commits landed). vLLM runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``
 is set by the caller), so the connector's store link closes with it.
@@ -17,6 +21,7 @@ is set by the caller), so the connector's store link closes with it.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import sys
@@ -54,6 +59,25 @@ def wait_for_hit(spec: dict[str, Any], prompt: list[int], tokens: int, timeout_s
         link.close()
 
 
+class CountRecoveries(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if "Recovered from KV load failure" in record.getMessage():
+            self.count += 1
+
+
+def connector_totals() -> dict[str, int]:
+    from vllm.distributed.kv_transfer import get_kv_transfer_group, has_kv_transfer_group
+
+    if not has_kv_transfer_group():
+        return {}
+    totals = getattr(get_kv_transfer_group(), "totals", None)
+    return dict(totals()) if callable(totals) else {}
+
+
 def main() -> None:
     with open(sys.argv[1], encoding="utf-8") as fh:
         spec = json.load(fh)
@@ -68,7 +92,9 @@ def main() -> None:
               enable_prefix_caching=False, max_model_len=spec.get("max_model_len", 8192),
               max_num_batched_tokens=spec.get("max_model_len", 8192), seed=0, **kw)
     params = SamplingParams(max_tokens=spec.get("max_tokens", 8), temperature=0.0)
-    results = []
+    recoveries = CountRecoveries()
+    logging.getLogger("vllm").addHandler(recoveries)
+    results, stats, recovered = [], [], []
     for i, phase in enumerate(spec["phases"]):
         if phase.get("signal"):
             name, pid = phase["signal"]
@@ -76,11 +102,16 @@ def main() -> None:
         if i == 0 and spec.get("wait_for_hit"):
             w = spec["wait_for_hit"]
             wait_for_hit(spec, phase["prompts"][0], w["tokens"], w.get("timeout_s", 120))
+        before, seen = connector_totals(), recoveries.count
         outs = llm.generate([{"prompt_token_ids": p} for p in phase["prompts"]], params,
                             use_tqdm=False)
+        after = connector_totals()
+        stats.append({k: v - before.get(k, 0) for k, v in after.items()})
+        recovered.append(recoveries.count - seen)
         results.append([{"tokens": list(o.outputs[0].token_ids),
                          "num_cached_tokens": int(o.num_cached_tokens or 0)} for o in outs])
-    print("RESULT " + json.dumps({"phases": results}), flush=True)
+    print("RESULT " + json.dumps({"phases": results, "stats": stats, "recovered": recovered}),
+          flush=True)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,172 @@
+"""TTFT of vLLM with the store behind it (``KVStoreConnector``) against vLLM recomputing,
+vLLM's own ``ExampleConnector`` and, where it runs on this CPU, LMCache.
+
+Prompts: 3 rounds, each a ~5.7 K-token prefix of real text (Python's own sources) shared by
+suffixes a, b, c of 300 tokens: 6 K-token prompts, 95 % cached. Every case is one fresh
+vLLM process (bfloat16, eager, prefix caching off, so every hit is the connector's):
+
+- ``recompute``: no connector, the b prompts (cold prefill).
+- ``dram``: the store (embedded) fills with the a prompts, then the b prompts hit its DRAM.
+- ``ssd``: a fresh process on the same store directory: the c prompts hit its SSD.
+- ``example``: ``ExampleConnector`` saves the b prompts, a fresh process runs them again (it
+  matches only an identical prompt, so it is given the whole prompt cached: its best case).
+- ``lmcache``: ``LMCacheConnectorV1`` if ``lmcache`` imports and runs here; else its error.
+
+TTFT is ``LLM.generate`` of one prompt with ``max_tokens=1`` (offline: queueing is nil);
+each case reports the median of its 3 prompts. vLLM runs from ``.vllm-venv``
+(``make vllm-venv``); this module imports no vLLM itself (the children do).
+
+    .venv/bin/python -m bench.bench_vllm [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import inspect
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+VLLM_PYTHON = REPO / ".vllm-venv" / "bin" / "python"
+MODEL = Path.home() / ".cache" / "kvengine" / "models" / "smollm2-135m-instruct"
+PREFIX_TOKENS = 5700
+SUFFIX_TOKENS = 300
+ROUNDS = 3
+CONNECTOR = "clients.vllm_connector.connector"
+
+
+def prompts(model_dir: Path) -> dict[str, list[list[int]]]:
+    """Per suffix name, the ROUNDS prompts (prefix i + suffix)."""
+    from engine.model.tokenizer import Tokenizer
+
+    text = "".join(inspect.getsource(importlib.import_module(m))
+                   for m in ("argparse", "inspect", "json.decoder", "textwrap", "typing"))
+    ids = list(Tokenizer.from_dir(model_dir).encode(text))
+    need = ROUNDS * (PREFIX_TOKENS + 3 * SUFFIX_TOKENS)
+    if len(ids) < need:
+        raise SystemExit(f"only {len(ids)} tokens of text, {need} needed")
+    out: dict[str, list[list[int]]] = {"a": [], "b": [], "c": []}
+    at = 0
+    for _ in range(ROUNDS):
+        prefix = ids[at : at + PREFIX_TOKENS]
+        at += PREFIX_TOKENS
+        for name in out:
+            out[name].append(prefix + ids[at : at + SUFFIX_TOKENS])
+            at += SUFFIX_TOKENS
+    return out
+
+
+def child(spec: dict[str, Any]) -> dict[str, Any]:
+    """In vLLM's venv: run each phase's prompts one at a time, timing each."""
+    from vllm import LLM, SamplingParams
+    from vllm.config import KVTransferConfig
+
+    kw: dict[str, Any] = {}
+    if spec.get("kv_transfer_config"):
+        kw["kv_transfer_config"] = KVTransferConfig(**spec["kv_transfer_config"])
+    llm = LLM(model=spec["model"], dtype="bfloat16", enforce_eager=True,
+              enable_prefix_caching=False, max_model_len=8192, max_num_batched_tokens=8192,
+              seed=0, **kw)
+    params = SamplingParams(max_tokens=1, temperature=0.0)
+    llm.generate([{"prompt_token_ids": [1, 2, 3]}], params, use_tqdm=False)  # warm up
+    phases = []
+    for phase in spec["phases"]:
+        ttft, cached = [], []
+        for p in phase:
+            t0 = time.perf_counter()
+            out = llm.generate([{"prompt_token_ids": p}], params, use_tqdm=False)[0]
+            ttft.append(time.perf_counter() - t0)
+            cached.append(int(out.num_cached_tokens or 0))
+        phases.append({"ttft_s": ttft, "cached_tokens": cached})
+    return {"phases": phases}
+
+
+def run_child(name: str, spec: dict[str, Any], work: Path) -> dict[str, Any]:
+    path = work / f"{name}.json"
+    path.write_text(json.dumps(spec), encoding="utf-8")
+    env = dict(os.environ, PYTHONPATH=str(REPO), VLLM_ENABLE_V1_MULTIPROCESSING="0",
+               VLLM_CPU_KVCACHE_SPACE="2", OMP_NUM_THREADS="2", VLLM_LOGGING_LEVEL="WARNING")
+    proc = subprocess.run([str(VLLM_PYTHON), "-m", "bench.bench_vllm", "--child", str(path)],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+    if proc.returncode != 0 or not lines:
+        err = (proc.stderr.strip().splitlines() or ["?"])[-1]
+        return {"error": f"exit {proc.returncode}: {err}"}
+    return json.loads(lines[-1].removeprefix("RESULT "))
+
+
+def ours(store: str) -> dict[str, Any]:
+    return {"kv_connector": "KVStoreConnector", "kv_connector_module_path": CONNECTOR,
+            "kv_role": "kv_both",
+            "kv_connector_extra_config": {"store": store, "dram": "2GiB",
+                                          "ssd_capacity": "4GiB"}}
+
+
+def cases(p: dict[str, list[list[int]]], work: Path) -> dict[str, Any]:
+    model = str(MODEL)
+    store = f"embedded:{work / 'store'}"
+    example = {"kv_connector": "ExampleConnector", "kv_role": "kv_both",
+               "kv_connector_extra_config": {"shared_storage_path": str(work / "example")}}
+    lmcache = {"kv_connector": "LMCacheConnectorV1", "kv_role": "kv_both"}
+    out: dict[str, Any] = {}
+    out["recompute"] = run_child("recompute", {"model": model, "phases": [p["b"]]}, work)
+    out["dram"] = run_child("dram", {"model": model, "kv_transfer_config": ours(store),
+                                     "phases": [p["a"], p["b"]]}, work)
+    out["ssd"] = run_child("ssd", {"model": model, "kv_transfer_config": ours(store),
+                                   "phases": [p["c"]]}, work)
+    run_child("example-fill", {"model": model, "kv_transfer_config": example,
+                               "phases": [p["b"]]}, work)
+    out["example"] = run_child("example", {"model": model, "kv_transfer_config": example,
+                                           "phases": [p["b"]]}, work)
+    out["lmcache"] = run_child("lmcache", {"model": model, "kv_transfer_config": lmcache,
+                                           "phases": [p["b"], p["b"]]}, work)
+    return out
+
+
+def median_ttft(case: dict[str, Any]) -> float | None:
+    if "error" in case:
+        return None
+    return statistics.median(case["phases"][-1]["ttft_s"])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--json", action="store_true", help="print one JSON object")
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        spec = json.loads(Path(args.child).read_text(encoding="utf-8"))
+        print("RESULT " + json.dumps(child(spec)), flush=True)
+        return
+    if not VLLM_PYTHON.exists():
+        raise SystemExit(f"{VLLM_PYTHON} missing: run `make vllm-venv`")
+    with tempfile.TemporaryDirectory(prefix="bench-vllm-") as tmp:
+        results = cases(prompts(MODEL), Path(tmp))
+    base = median_ttft(results["recompute"])
+    rows = []
+    for name, case in results.items():
+        ttft = median_ttft(case)
+        cached = None if "error" in case else case["phases"][-1]["cached_tokens"]
+        rows.append({"case": name, "ttft_s": ttft, "cached_tokens": cached,
+                     "speedup_vs_recompute": (base / ttft) if base and ttft else None,
+                     "error": case.get("error")})
+    if args.json:
+        print(json.dumps({"prompt_tokens": PREFIX_TOKENS + SUFFIX_TOKENS, "rows": rows}))
+        return
+    print(f"{'case':<10} {'TTFT s':>8} {'× recompute':>12}  cached tokens / error")
+    for r in rows:
+        ttft = "-" if r["ttft_s"] is None else f"{r['ttft_s']:.3f}"
+        speed = "-" if r["speedup_vs_recompute"] is None else f"{r['speedup_vs_recompute']:.2f}"
+        print(f"{r['case']:<10} {ttft:>8} {speed:>12}  {r['error'] or r['cached_tokens']}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
