@@ -22,6 +22,7 @@ import logging
 import os
 import re
 from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as futures_wait
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -293,6 +294,10 @@ class KVStoreConnector(KVConnectorBase_V1):
                 self._stats.add(load_failed_blocks=len(failed))
             self._load_errors |= failed
         return None, done or None
+
+    def drain(self, timeout_s: float | None = None) -> None:
+        """Wait until every block copied out so far has reached the store (or failed)."""
+        futures_wait(list(self._commits), timeout=timeout_s)
 
     def totals(self) -> dict[str, int]:
         """This worker's counters since it started (tests and benchmarks read them)."""

@@ -70,11 +70,15 @@ class CountRecoveries(logging.Handler):
 
 
 def connector_totals() -> dict[str, int]:
+    """The worker connector's counters, once its commits so far have landed."""
     from vllm.distributed.kv_transfer import get_kv_transfer_group, has_kv_transfer_group
 
     if not has_kv_transfer_group():
         return {}
-    totals = getattr(get_kv_transfer_group(), "totals", None)
+    connector = get_kv_transfer_group()
+    drain, totals = getattr(connector, "drain", None), getattr(connector, "totals", None)
+    if callable(drain):
+        drain(120.0)
     return dict(totals()) if callable(totals) else {}
 
 
