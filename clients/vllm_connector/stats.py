@@ -45,7 +45,7 @@ class StatCounters:
 @dataclass
 class KVStoreConnectorStats(KVConnectorStats):
     def reset(self) -> None:
-        self.data = {}
+        self.data: dict[str, Any] = {}
 
     def aggregate(self, other: KVConnectorStats) -> KVConnectorStats:
         for key, value in other.data.items():

