@@ -6,11 +6,15 @@ suffixes a, b, c of 300 tokens: 6 K-token prompts, 95 % cached. Every case is on
 vLLM process (bfloat16, eager, prefix caching off, so every hit is the connector's):
 
 - ``recompute``: no connector, the b prompts (cold prefill).
-- ``dram``: the store (embedded) fills with the a prompts, then the b prompts hit its DRAM.
+- ``dram``: the store (embedded) fills with the a prompts, then the b prompts hit its DRAM;
+  ``dram-identical``: the b prompts once more (their own blocks: 98 % cached).
 - ``ssd``: a fresh process on the same store directory: the c prompts hit its SSD.
-- ``example``: ``ExampleConnector`` saves the b prompts, a fresh process runs them again (it
-  matches only an identical prompt, so it is given the whole prompt cached: its best case).
-- ``lmcache``: ``LMCacheConnectorV1`` if ``lmcache`` imports and runs here; else its error.
+- ``example``: ``ExampleConnector`` saves the b prompts; a fresh process runs the c prompts
+  (the same 95 % shared prefix: it matches only identical prompts) and
+  ``example-identical`` the b prompts again, its best case (98 %).
+- ``lmcache``: ``LMCacheConnectorV1`` (its CPU backend) over the b prompts twice, if
+  ``lmcache`` imports and runs here (``--lmcache-python``: a venv with vLLM and lmcache);
+  else its error.
 
 TTFT is ``LLM.generate`` of one prompt with ``max_tokens=1`` (offline: queueing is nil);
 each case reports the median of its 3 prompts. vLLM runs from ``.vllm-venv``
@@ -120,13 +124,13 @@ def cases(p: dict[str, list[list[int]]], work: Path, lmcache_python: Path) -> di
     out: dict[str, Any] = {}
     out["recompute"] = run_child("recompute", {"model": model, "phases": [p["b"]]}, work)
     out["dram"] = run_child("dram", {"model": model, "kv_transfer_config": ours(store),
-                                     "phases": [p["a"], p["b"]]}, work)
+                                     "phases": [p["a"], p["b"], p["b"]]}, work)
     out["ssd"] = run_child("ssd", {"model": model, "kv_transfer_config": ours(store),
                                    "phases": [p["c"]]}, work)
     run_child("example-fill", {"model": model, "kv_transfer_config": example,
                                "phases": [p["b"]]}, work)
     out["example"] = run_child("example", {"model": model, "kv_transfer_config": example,
-                                           "phases": [p["b"]]}, work)
+                                           "phases": [p["b"], p["c"]]}, work)
     # LMCache stores in its own CPU backend; a second pass over the same prompts hits it.
     out["lmcache"] = run_child("lmcache", {"model": model, "kv_transfer_config": lmcache,
                                            "phases": [p["b"], p["b"]]}, work, lmcache_python,
@@ -135,10 +139,16 @@ def cases(p: dict[str, list[list[int]]], work: Path, lmcache_python: Path) -> di
     return out
 
 
-def median_ttft(case: dict[str, Any]) -> float | None:
+# (row, case, phase): which phase of which process each row reports
+ROWS = (("recompute", "recompute", 0), ("dram", "dram", 1), ("ssd", "ssd", 0),
+        ("example", "example", 1), ("dram-identical", "dram", 2),
+        ("example-identical", "example", 0), ("lmcache", "lmcache", 1))
+
+
+def median_ttft(case: dict[str, Any], phase: int) -> float | None:
     if "error" in case:
         return None
-    return statistics.median(case["phases"][-1]["ttft_s"])
+    return statistics.median(case["phases"][phase]["ttft_s"])
 
 
 def main() -> None:
@@ -156,22 +166,23 @@ def main() -> None:
         raise SystemExit(f"{VLLM_PYTHON} missing: run `make vllm-venv`")
     with tempfile.TemporaryDirectory(prefix="bench-vllm-") as tmp:
         results = cases(prompts(MODEL), Path(tmp), args.lmcache_python)
-    base = median_ttft(results["recompute"])
+    base = median_ttft(results["recompute"], 0)
     rows = []
-    for name, case in results.items():
-        ttft = median_ttft(case)
-        cached = None if "error" in case else case["phases"][-1]["cached_tokens"]
+    for name, case_name, phase in ROWS:
+        case = results[case_name]
+        ttft = median_ttft(case, phase)
+        cached = None if "error" in case else case["phases"][phase]["cached_tokens"]
         rows.append({"case": name, "ttft_s": ttft, "cached_tokens": cached,
                      "speedup_vs_recompute": (base / ttft) if base and ttft else None,
                      "error": case.get("error")})
     if args.json:
         print(json.dumps({"prompt_tokens": PREFIX_TOKENS + SUFFIX_TOKENS, "rows": rows}))
         return
-    print(f"{'case':<10} {'TTFT s':>8} {'× recompute':>12}  cached tokens / error")
+    print(f"{'case':<18} {'TTFT s':>8} {'× recompute':>12}  cached tokens / error")
     for r in rows:
         shown = "-" if r["ttft_s"] is None else f"{r['ttft_s']:.3f}"
         speed = "-" if r["speedup_vs_recompute"] is None else f"{r['speedup_vs_recompute']:.2f}"
-        print(f"{r['case']:<10} {shown:>8} {speed:>12}  {r['error'] or r['cached_tokens']}")
+        print(f"{r['case']:<18} {shown:>8} {speed:>12}  {r['error'] or r['cached_tokens']}")
 
 
 if __name__ == "__main__":

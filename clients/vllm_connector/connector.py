@@ -40,7 +40,6 @@ from clients.vllm_connector.layout import (
     probe_layout,
     read_tokens,
     token_slots,
-    write_tokens,
 )
 from clients.vllm_connector.namespace import (
     base_namespace,
@@ -102,6 +101,7 @@ class KVStoreConnector(KVConnectorBase_V1):
         # worker side
         self._layers: list[torch.Tensor] = []
         self._layout: PagedLayout | None = None
+        self._write: Any = None  # vLLM's cache-write op (loads go through it, as its forward)
         self._loader = ThreadPoolExecutor(1, thread_name_prefix="kvstore-load")
         self._committer = ThreadPoolExecutor(1, thread_name_prefix="kvstore-commit")
         self._loading: dict[str, tuple[LoadJob, Future[int]]] = {}
@@ -204,15 +204,15 @@ class KVStoreConnector(KVConnectorBase_V1):
             if first.dtype != spec.dtype:
                 raise LayoutError(f"vLLM's KV dtype {first.dtype} is not the model's "
                                   f"{spec.dtype}")
-            layout = probe_layout(_cpu_cache_writer(first.dtype, first.shape[2],
-                                                    spec.head_dim),
-                                  first.shape[2], spec.num_kv_heads, spec.head_dim, first.dtype)
+            write = _cpu_cache_writer(first.dtype, first.shape[2], spec.head_dim)
+            layout = probe_layout(write, first.shape[2], spec.num_kv_heads, spec.head_dim,
+                                  first.dtype)
             for t in layers:
                 layout.check_layer(t)
         except LayoutError as e:
             log.warning("KVStoreConnector: %s; every store block is a miss", e)
             return
-        self._layers, self._layout = layers, layout
+        self._layers, self._layout, self._write = layers, layout, write
 
     def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
         meta = self._meta()
@@ -222,8 +222,8 @@ class KVStoreConnector(KVConnectorBase_V1):
     def _load(self, job: LoadJob) -> int:
         """Copy what the store holds of ``job`` into vLLM's blocks; returns the token the
         copied prefix ends at (``job.start`` when nothing came)."""
-        layout, B = self._layout, self._block_tokens
-        if layout is None or not job.keys:
+        B = self._block_tokens
+        if self._write is None or not job.keys:
             return job.start
         try:
             rows = torch.empty((len(job.keys), *job.ns.payload_shape), dtype=self._spec.dtype)
@@ -233,12 +233,15 @@ class KVStoreConnector(KVConnectorBase_V1):
                 return job.start
             block_ids, offsets = token_slots(list(job.block_ids), job.start, end,
                                              self._vllm_block)
-            index = layout.flat_index(block_ids, offsets)
+            slots = block_ids * self._vllm_block + offsets
             lo, hi = job.start - job.first_block * B, end - job.first_block * B
             heads, dim = self._spec.num_kv_heads, self._spec.head_dim
             for i, layer in enumerate(self._layers):
+                # vLLM's own cache-write kernel: the layout its attention reads, at its speed
+                # (the measured permutation serves the copy out, which has no such kernel).
                 tokens = rows[:got, i].transpose(0, 1).reshape(2, got * B, heads, dim)
-                write_tokens(layer, index, tokens[:, lo:hi])
+                self._write(tokens[0, lo:hi].contiguous(), tokens[1, lo:hi].contiguous(),
+                            layer, slots)
             self._stats.add(loaded_blocks=got, loaded_tokens=end - job.start)
             return end
         except Exception as e:  # a bug here must cost a recomputation, not the server
