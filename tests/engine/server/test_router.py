@@ -31,13 +31,17 @@ class Fleet:
 @pytest.fixture(scope="module")
 def fleet(tiny_dir: Path, env: dict[str, str]) -> Iterator[Fleet]:
     with DaemonProcess(["--dram", "64MiB"]) as daemon:
-        replicas = [ServeProcess(["--model", str(tiny_dir), "--kv-store", daemon.url,
-                                  "--pool-tokens", "4096"], env) for _ in range(2)]
-        router = RouterProcess([r.base_url for r in replicas], policy="round_robin")
-        try:
+        replicas: list[ServeProcess] = []
+        router = None
+        try:  # whatever fails to start, what did start is stopped
+            for _ in range(2):
+                replicas.append(ServeProcess(["--model", str(tiny_dir), "--kv-store",
+                                              daemon.url, "--pool-tokens", "4096"], env))
+            router = RouterProcess([r.base_url for r in replicas], policy="round_robin")
             yield Fleet(replicas, router)
         finally:
-            router.stop()
+            if router is not None:
+                router.stop()
             for r in replicas:
                 r.stop()
 
