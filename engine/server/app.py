@@ -33,7 +33,7 @@ from engine.server.engine_loop import (
     TokensEvent,
 )
 from engine.server.errors import APIError, bad_request, internal, not_found, overloaded
-from engine.server.metrics import ServerMetrics, cached_tokens, ttft_parts
+from engine.server.metrics import ServerMetrics, cached_tokens, replayed_tokens, ttft_parts
 from engine.server.protocol import GenerationRequest, Kind, parse_request
 from engine.server.tenants import Tenants
 from engine.server.text_stream import TextStream
@@ -82,9 +82,13 @@ class _Result:
     def usage(self, prompt_tokens: int) -> dict[str, Any]:
         seq = None if self.handle is None else self.handle.seq
         cached = 0 if seq is None else cached_tokens(seq)
+        # replayed_tokens (an extra field, as vLLM adds them): > 0 when bounded replay served
+        # the hit, recomputing that many of its tokens; 0 in exact mode.
+        replayed = 0 if seq is None else replayed_tokens(seq)
         return {"prompt_tokens": prompt_tokens, "completion_tokens": self.completion_tokens,
                 "total_tokens": prompt_tokens + self.completion_tokens,
-                "prompt_tokens_details": {"cached_tokens": cached}}
+                "prompt_tokens_details": {"cached_tokens": cached,
+                                          "replayed_tokens": replayed}}
 
 
 def create_app(state: ServerState) -> FastAPI:
