@@ -20,8 +20,8 @@ class EngineConfig:
     commit_timeout_s: float = 30.0  # deadline of one commit (back-pressure included)
     close_timeout_s: float = 120.0  # how long close() waits for pending commits
     attention_backend: str | None = None  # kernels backend name; None: the device's default
-    # Bounded replay (DESIGN §11): tokens of a hit replayed; None: the model's default
-    # (largest window + 12 for a hybrid model), 0: exact mode.
+    # Bounded replay (DESIGN §11, opt-in): tokens of a hit replayed; None (the default) and
+    # 0: exact mode (bounded_replay/README.md: the rule's measurement made exact the default).
     replay_keep_tokens: int | None = None
     replay_force: bool = False  # accept a keep below the safe default
     cache_all_layers: bool = False  # exact mode: the store keeps every layer
