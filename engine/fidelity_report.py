@@ -5,6 +5,10 @@ Per context: the noise floor (``chunk``: 512 vs 2,048 tokens per step; ``batch``
 request batched with two others) and every ``keep``'s cached run, against the cold
 reference, over the next ``--new-tokens`` positions (``engine.forced_fidelity``). The rule's
 figure is the default keep's mean KL over the ``chunk`` floor's, at each context.
+
+``--json``: ``{"model", "dtype", "python", "contexts", "keeps", "safe_keep_tokens",
+"new_tokens", "reference_chunk_tokens", "noise_chunk_tokens", "runs": [ForcedRun...],
+"rule": {"factor", "default_keep_tokens", "checks": [RuleCheck...], "verdict"}}``.
 """
 
 from __future__ import annotations
