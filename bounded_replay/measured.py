@@ -32,6 +32,7 @@ MEASURED_FIDELITY: tuple[MeasuredKeep, ...] = (
     MeasuredKeep("bfloat16", 2048, 140, 0.0471, 0.000595),
     MeasuredKeep("bfloat16", 2048, 524, 0.00294, 0.000595),
     MeasuredKeep("bfloat16", 2048, 1036, 0.000847, 0.000595),
+    MeasuredKeep("float32", 2048, 524, 0.00238, 2.56e-12),
 )
 
 
@@ -39,7 +40,10 @@ def help_summary() -> str:
     """One paragraph for ``--help``: each measured keep's KL and its multiple of the floor."""
     parts = [f"keep {m.keep_tokens} at {m.context_tokens} tokens ({m.dtype}): KL "
              f"{m.kl_mean:.2g} = {m.times_floor:.1f}x the floor"
-             for m in MEASURED_FIDELITY]
+             for m in MEASURED_FIDELITY if m.dtype == "bfloat16"]
+    exact = [f"keep {m.keep_tokens} in {m.dtype}: KL {m.kl_mean:.2g} (floor "
+             f"{m.chunk_floor_kl_mean:.0e})" for m in MEASURED_FIDELITY if m.dtype != "bfloat16"]
     return (f"Measured on {MODEL}, real text, 64 positions teacher-forced, mean KL against "
             f"a cold prefill; floor = cold chunked 512 vs 2048: " + "; ".join(parts) +
+            (f"; {'; '.join(exact)}: the replay's own drift, not rounding" if exact else "") +
             ". The rule (within 2x the floor at every context) failed: exact is the default")
