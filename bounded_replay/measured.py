@@ -32,6 +32,7 @@ MEASURED_FIDELITY: tuple[MeasuredKeep, ...] = (
     MeasuredKeep("bfloat16", 2048, 140, 0.0471, 0.000595),
     MeasuredKeep("bfloat16", 2048, 524, 0.00294, 0.000595),
     MeasuredKeep("bfloat16", 2048, 1036, 0.000847, 0.000595),
+    MeasuredKeep("bfloat16", 8192, 524, 0.00378, 0.000395),
     MeasuredKeep("float32", 2048, 524, 0.00238, 2.56e-12),
 )
 

@@ -5,7 +5,7 @@ Defaults are the safe ones (DESIGN §11):
 - a hybrid model (sliding and full-attention layers) runs **exact** by default: the rule
   written before measuring (bounded_replay/README.md, last sections) kept bounded replay the
   default only within 2x the chunking noise floor at every measured context, and on Gemma 3
-  270M in bfloat16 it is 4.9x at 2K (``bounded_replay.measured``);
+  270M in bfloat16 it is 4.9x at 2K and 9.6x at 8K (``bounded_replay.measured``);
 - bounded replay is an opt-in (``keep_tokens`` N): the store keeps the full-attention layers
   only and a hit replays the last ``keep`` tokens; ``default_keep_tokens`` = the largest
   window + ``KEEP_MARGIN_TOKENS`` (140 for a 128-token window) is its safe minimum;
