@@ -233,4 +233,5 @@ def test_help_prints_the_measured_fidelity(command: str,
             assert f"keep {m.keep_tokens} at {m.context_tokens} tokens ({m.dtype})" in out
             assert f"{m.times_floor:.1f}x the floor" in out
         else:
-            assert f"keep {m.keep_tokens} in {m.dtype}: KL {m.kl_mean:.2g}" in out
+            assert (f"keep {m.keep_tokens} at {m.context_tokens} in {m.dtype}: KL "
+                    f"{m.kl_mean:.2g}") in out
