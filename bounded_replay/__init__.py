@@ -15,6 +15,7 @@ from bounded_replay.errors import (
     ReplayRefused,
 )
 from bounded_replay.layers import LayerLayout
+from bounded_replay.measured import MEASURED_FIDELITY, MeasuredKeep
 from bounded_replay.namespaces import StoredNamespaces, stored_namespaces
 from bounded_replay.plan import (
     KVRange,
@@ -33,9 +34,11 @@ from bounded_replay.policy import (
 
 __all__ = [
     "KEEP_MARGIN_TOKENS",
+    "MEASURED_FIDELITY",
     "KVRange",
     "KeepTooSmall",
     "LayerLayout",
+    "MeasuredKeep",
     "NoFullAttentionLayer",
     "PlanInputError",
     "ReplayError",

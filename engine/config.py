@@ -23,8 +23,8 @@ class EngineConfig:
     # copied out of the pool into it at once); when it is full a commit is cut short.
     commit_staging_bytes: int = 1 << 30
     attention_backend: str | None = None  # kernels backend name; None: the device's default
-    # Bounded replay (DESIGN §11): tokens of a hit replayed; None: the model's default
-    # (largest window + 12 for a hybrid model), 0: exact mode.
+    # Bounded replay (DESIGN §11, opt-in): tokens of a hit replayed; None (the default) and
+    # 0: exact mode (bounded_replay/README.md: the rule's measurement made exact the default).
     replay_keep_tokens: int | None = None
     replay_force: bool = False  # accept a keep below the safe default
     cache_all_layers: bool = False  # exact mode: the store keeps every layer

@@ -25,6 +25,7 @@ from typing import Any
 
 from tqdm import tqdm
 
+from bounded_replay.measured import help_summary
 from engine.config import EngineConfig
 from engine.errors import EngineInputError
 from engine.kv.namespace import engine_namespace
@@ -154,9 +155,10 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="cpu",
                    help="torch device of the model and the pool (cpu, cuda, cuda:1)")
     p.add_argument("--replay-keep", type=int, metavar="N",
-                   help="bounded replay (hybrid models): the store keeps the full-attention "
-                        "layers only and a hit recomputes its last N tokens (default: the "
-                        "largest sliding window + 12); 0 = exact, as --cache-all-layers")
+                   help="opt into bounded replay (hybrid models): the store keeps the "
+                        "full-attention layers only and a hit recomputes its last N tokens "
+                        "(safe minimum: the largest sliding window + 12); 0 = exact, as "
+                        "--cache-all-layers, the default. " + help_summary())
     p.add_argument("--max-model-len", type=int, metavar="N",
                    help="the context served, prompt and answer (default: the model's "
                         "max_position_embeddings; more is refused)")

@@ -9,7 +9,12 @@ next-token distributions and the greedy agreement over the generated tokens
 "keeps", "safe_keep_tokens", "summary": [...], "runs": [...]}``.
 
 Keeps below the model's safe default are measured too (the replay is forced): the report
-exists to show that drift.
+exists to show that drift. Given explicitly, they need ``--force``.
+
+``--contexts 2048,8192`` measures instead on real text (a coding agent's session of
+standard-library sources) at those contexts, teacher-forced on the cold continuation, next
+to the noise floor of cold runs scheduled differently, and applies the pre-registered rule
+(``engine.fidelity_report``, ``engine.forced_fidelity``).
 """
 
 from __future__ import annotations
@@ -24,16 +29,22 @@ from tqdm import tqdm
 from bounded_replay import default_keep_tokens
 from engine.errors import EngineInputError
 from engine.fidelity import FidelityCase, FidelityRunner, FidelitySettings, summarize
+from engine.fidelity_report import check_rule, measure, report, validate
+from engine.forced_fidelity import ForcedSettings
 from engine.model.loader import load_model
 from kvstore.textfile import read_text
 
 
-def _ints(text: str, name: str, *, default: int | None = None) -> tuple[int, ...]:
+def _ints(text: str, name: str, *, default: int | None = None,
+          double: int | None = None) -> tuple[int, ...]:
     out = []
     for part in text.split(","):
         part = part.strip()
         if part == "default" and default is not None:
             out.append(default)
+            continue
+        if part == "double" and double is not None:
+            out.append(double)
             continue
         try:
             v = int(part)
@@ -57,9 +68,17 @@ def _fractions(text: str) -> tuple[float, ...]:
 
 def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", required=True, help="checkpoint directory (Hugging Face layout)")
-    p.add_argument("--keep", default="0,64,default,256",
+    p.add_argument("--keep",
                    help="comma-separated keeps to measure; 0 = exact mode, 'default' = the "
-                        "model's safe default (largest window + 12)")
+                        "model's safe default (largest window + 12), 'double' = 2 x the "
+                        "largest window + 12; default: 0,64,default,256, with --contexts "
+                        "default,140,double (the default list's unsafe keeps run forced)")
+    p.add_argument("--force", action="store_true",
+                   help="measure an explicit --keep below the safe default")
+    p.add_argument("--contexts", metavar="TOKENS",
+                   help="comma-separated prompt lengths: measure on real text (a coding "
+                        "agent's session), teacher-forced over --new-tokens positions, "
+                        "against the noise floor, and apply the default-mode rule")
     p.add_argument("--prompts", metavar="FILE",
                    help="one prompt per line (text, encoded with the checkpoint's "
                         "tokenizer); default: random token prompts of --lengths")
@@ -71,8 +90,9 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--turns", type=int, default=3, help="turns per session")
     p.add_argument("--turn-tokens", type=int, default=64,
                    help="new user tokens per later turn")
-    p.add_argument("--new-tokens", type=int, default=16,
-                   help="tokens generated greedily per turn (greedy agreement is over them)")
+    p.add_argument("--new-tokens", type=int,
+                   help="tokens generated greedily per turn (greedy agreement is over them); "
+                        "default 16, with --contexts 64")
     p.add_argument("--block-tokens", type=int, default=64, help="pool and store block size")
     p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"),
                    help="weights and KV dtype (default: the checkpoint's); float32 shows "
@@ -101,7 +121,22 @@ def _cases(args: argparse.Namespace, vocab: int, encode) -> list[FidelityCase]: 
     return [FidelityCase(i, tuple(p), f) for i, p in enumerate(prompts) for f in hits]
 
 
+def _run_contexts(args: argparse.Namespace, lm, safe: int) -> int:  # type: ignore[no-untyped-def]
+    contexts = _ints(args.contexts, "--contexts")
+    keeps = _ints(args.keep or "default,140,double", "--keep", default=safe,
+                  double=max(2 * safe - 12, 0))
+    validate(lm, contexts, keeps, args.new_tokens, explicit_keeps=args.keep is not None,
+             force=args.force, safe=safe)
+    settings = ForcedSettings(keeps_tokens=keeps, new_tokens=args.new_tokens,
+                              block_tokens=args.block_tokens)
+    runs = measure(lm, contexts, settings, progress=not args.json)
+    print(report(lm, runs, check_rule(runs, safe), settings, safe, args.json))
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.new_tokens is None:
+        args.new_tokens = 64 if args.contexts is not None else 16
     for name in ("turns", "new_tokens", "block_tokens"):
         if getattr(args, name) < 1:
             raise EngineInputError(f"--{name.replace('_', '-')} must be >= 1")
@@ -109,7 +144,12 @@ def run(args: argparse.Namespace) -> int:
         raise EngineInputError("--turn-tokens must be >= 0")
     lm = load_model(args.model, dtype=args.dtype, progress=not args.json)
     safe = default_keep_tokens(lm.spec.layer_windows)
-    keeps = _ints(args.keep, "--keep", default=safe)
+    if args.contexts is not None:
+        return _run_contexts(args, lm, safe)
+    keeps = _ints(args.keep or "0,64,default,256", "--keep", default=safe,
+                  double=max(2 * safe - 12, 0))
+    if args.keep is not None:
+        validate(lm, (64,), keeps, 0, explicit_keeps=True, force=args.force, safe=safe)
     settings = FidelitySettings(keeps_tokens=keeps, turns=args.turns,
                                 turn_tokens=args.turn_tokens, new_tokens=args.new_tokens,
                                 seed=args.seed, block_tokens=args.block_tokens)

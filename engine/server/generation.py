@@ -18,7 +18,7 @@ from engine.errors import EngineInputError
 from engine.sampler import TokenLogprob
 from engine.server.engine_loop import DoneEvent, ErrorEvent, Event, Handle, TokensEvent
 from engine.server.errors import APIError, bad_request, internal
-from engine.server.metrics import cached_tokens, ttft_parts
+from engine.server.metrics import cached_tokens, replayed_tokens, ttft_parts
 from engine.server.protocol import GenerationRequest
 from engine.server.responses import chat_logprobs, completion_logprobs
 from engine.server.text_stream import TextStream
@@ -124,7 +124,11 @@ def usage(choices: list[Choice], prompt_tokens: int) -> dict[str, Any]:
     done = sum(c.completion_tokens for c in choices)
     return {"prompt_tokens": prompt_tokens, "completion_tokens": done,
             "total_tokens": prompt_tokens + done,
-            "prompt_tokens_details": {"cached_tokens": 0 if seq is None else cached_tokens(seq)}}
+            # replayed_tokens (an extra field, as vLLM adds them): > 0 when bounded replay
+            # served the hit, recomputing that many of its tokens; 0 in exact mode.
+            "prompt_tokens_details": {
+                "cached_tokens": 0 if seq is None else cached_tokens(seq),
+                "replayed_tokens": 0 if seq is None else replayed_tokens(seq)}}
 
 
 def timing(choices: list[Choice]) -> dict[str, Any]:

@@ -35,6 +35,12 @@ def cached_tokens(seq: Sequence) -> int:
     return max(0, sum(s.hit_tokens.values()) - s.replayed_tokens)
 
 
+def replayed_tokens(seq: Sequence) -> int:
+    """Prompt tokens of a cache hit recomputed by a bounded replay: 0 when exact mode (or a
+    pool hit holding every layer) served the request, ``keep`` when bounded replay did."""
+    return seq.stats.replayed_tokens
+
+
 def ttft_parts(seq: Sequence, arrival_s: float) -> dict[str, float]:
     """The request's TTFT split: ``queue_s`` (arrival to admission), ``store_lookup_s``,
     ``store_load_s`` and ``compute_s`` (the rest: prefill and the first sample)."""

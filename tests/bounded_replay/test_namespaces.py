@@ -20,7 +20,7 @@ def base(layers: int = 8) -> Namespace:
 
 
 def test_bounded_keeps_the_full_layers_in_a_namespace_of_its_own() -> None:
-    b = stored_namespaces(base(), resolve(HYBRID))
+    b = stored_namespaces(base(), resolve(HYBRID, 140))
     e = stored_namespaces(base(), resolve(HYBRID, cache_all_layers=True))
     assert b.sliding is None and b.primary.cached_layers == (1, 3, 5, 7)
     assert e.primary.cached_layers == (1, 3, 5, 7) and e.sliding is not None

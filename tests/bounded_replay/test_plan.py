@@ -140,7 +140,7 @@ def test_longest_exact_hit_is_the_longest_with_a_cached_window(case: Case,
 
 
 def test_the_hybrid_preset_at_64k() -> None:
-    p = resolve_policy(HYBRID)
+    p = resolve_policy(HYBRID, 140)
     plan = plan_replay(p, 65536 + 1024, 1024, 64)
     assert plan.replay_start_tokens == 65536 - 140
     assert plan.computed_tokens == 140 + 1024 and plan.replayed_tokens == 140
@@ -152,4 +152,4 @@ def test_the_hybrid_preset_at_64k() -> None:
 @pytest.mark.parametrize(("length", "hit"), [(0, 0), (64, 1), (100, 2), (10, -1)])
 def test_hits_that_leave_nothing_to_compute_are_refused(length: int, hit: int) -> None:
     with pytest.raises(PlanInputError):
-        plan_replay(resolve_policy(HYBRID), length, hit, 64)
+        plan_replay(resolve_policy(HYBRID, 140), length, hit, 64)

@@ -21,8 +21,13 @@ from tests.bounded_replay.strategies import hybrid_windows
 HYBRID = [128, None] * 4  # the --hybrid preset: even layers slide with a 128-token window
 
 
-def test_the_hybrid_preset_defaults_to_bounded_keep_140() -> None:
-    p = resolve_policy(HYBRID)
+def test_the_hybrid_preset_defaults_to_exact_and_opts_into_bounded_keep_140() -> None:
+    """Exact is the default: the pre-registered rule (bounded_replay/README.md) failed on
+    Gemma 3 270M; bounded replay is asked for with a keep, 140 the preset's safe minimum."""
+    default = resolve_policy(HYBRID)
+    assert default.mode is ReplayMode.EXACT and default.keep_tokens == 0
+    assert default.stored_layer_fraction == 1.0 and "opt-in" in default.reason
+    p = resolve_policy(HYBRID, 140)
     assert p.mode is ReplayMode.BOUNDED and p.keep_tokens == 140
     assert p.stored_layer_groups == ((1, 3, 5, 7),)
     assert p.stored_layer_fraction == 0.5
@@ -31,7 +36,8 @@ def test_the_hybrid_preset_defaults_to_bounded_keep_140() -> None:
 @given(hybrid_windows)
 def test_default_keep_is_the_largest_window_plus_the_margin(w: list[int | None]) -> None:
     want = max(x for x in w if x is not None) + KEEP_MARGIN_TOKENS
-    assert default_keep_tokens(w) == want == resolve_policy(w).keep_tokens
+    assert default_keep_tokens(w) == want == resolve_policy(w, want).keep_tokens
+    assert resolve_policy(w).mode is ReplayMode.EXACT  # not asked for: exact
 
 
 @given(hybrid_windows, st.data())
@@ -82,6 +88,7 @@ def test_conflicting_or_bad_values_are_refused() -> None:
 
 
 def test_revision_tags_name_the_replay() -> None:
-    assert resolve_policy(HYBRID).revision_tag() == "+bounded-keep140"
+    assert resolve_policy(HYBRID, 140).revision_tag() == "+bounded-keep140"
+    assert resolve_policy(HYBRID).revision_tag() == ""  # the default: exact
     assert resolve_policy(HYBRID, 256).revision_tag() == "+bounded-keep256"
     assert resolve_policy(HYBRID, cache_all_layers=True).revision_tag() == ""

@@ -120,15 +120,17 @@ def test_store_hit_in_exact_mode_matches_transformers(gemma: Gemma) -> None:
 
 
 def test_bounded_replay_takes_the_gemma_windows(small_gemma: Gemma) -> None:
-    """The default policy bounds the replay by Gemma's largest window (+ the margin); a keep
-    covering the whole hit replays from 0 and matches transformers again."""
+    """Opted into (exact is the default), the safe keep bounds the replay by Gemma's largest
+    window (+ the margin); a keep covering the whole hit replays from 0 and matches
+    transformers again."""
     lm, hit = small_gemma.lm, small_gemma.hit_blocks * BT
     prompt = tokens(small_gemma.prompt_tokens, 13)
     keep = max(w for w in lm.spec.layer_windows if w is not None) + 12
-    policy = config().replay_policy(lm.spec.layer_windows)
+    assert not config().replay_policy(lm.spec.layer_windows).is_bounded
+    policy = config(keep).replay_policy(lm.spec.layer_windows)
     assert policy.is_bounded and policy.keep_tokens == keep
     want = _reference(small_gemma.ref, prompt)
-    for cfg, replayed in ((config(), keep), (config(1000), hit)):
+    for cfg, replayed in ((config(keep), keep), (config(1000), hit)):
         store = open_embedded(dram_bytes=64 << 20)
         try:
             fill(lm, cfg, store, prompt[:hit])

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from bounded_replay import MEASURED_FIDELITY
 from engine import cli
 from tests.engine.sessions import agent_session, write_session_file
 
@@ -44,11 +45,12 @@ def test_a_second_process_replays_keep_tokens_of_each_store_hit(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     store = tmp_path / "store"
-    first = generate_json(capsys, tiny_hybrid_dir, session_file, store)
+    keep = ("--replay-keep", str(SAFE_KEEP))  # opted into: exact mode is the default
+    first = generate_json(capsys, tiny_hybrid_dir, session_file, store, *keep)
     # One process: its pool hits hold every layer (computed here), nothing is replayed.
     assert all(t["replayed_tokens"] == 0 for t in first)
     assert sum(t["hit_tokens"]["hbm"] for t in first) > 0
-    second = generate_json(capsys, tiny_hybrid_dir, session_file, store)
+    second = generate_json(capsys, tiny_hybrid_dir, session_file, store, *keep)
     t0 = second[0]
     store_hit = t0["hit_tokens"]["dram"] + t0["hit_tokens"]["ssd"]
     assert store_hit > SAFE_KEEP
@@ -59,13 +61,16 @@ def test_a_second_process_replays_keep_tokens_of_each_store_hit(
         assert hit + t["computed_tokens"] == t["prompt_tokens"] + t["replayed_tokens"]
 
 
+@pytest.mark.parametrize("flags", [["--cache-all-layers"], []])
 def test_cache_all_layers_is_exact_and_stores_every_layer(
     tiny_hybrid_dir: Path, session_file: Path, tmp_path: Path,
-    capsys: pytest.CaptureFixture[str],
+    capsys: pytest.CaptureFixture[str], flags: list[str],
 ) -> None:
+    """--cache-all-layers, and no flag at all: exact mode is the default (the rule in
+    bounded_replay/README.md)."""
     store = tmp_path / "store"
-    generate_json(capsys, tiny_hybrid_dir, session_file, store, "--cache-all-layers")
-    second = generate_json(capsys, tiny_hybrid_dir, session_file, store, "--cache-all-layers")
+    generate_json(capsys, tiny_hybrid_dir, session_file, store, *flags)
+    second = generate_json(capsys, tiny_hybrid_dir, session_file, store, *flags)
     assert second[0]["hit_tokens"]["dram"] + second[0]["hit_tokens"]["ssd"] > 0
     for t in second:
         assert t["replayed_tokens"] == 0
@@ -119,7 +124,7 @@ def test_replay_fidelity_json(tiny_hybrid_dir: Path, capsys: pytest.CaptureFixtu
     code, out, err = main(capsys, "replay-fidelity", "--model", str(tiny_hybrid_dir),
                           "--keep", "0,40,default", "--lengths", "300", "--num-prompts", "1",
                           "--hits", "0.9", "--turns", "2", "--new-tokens", "4",
-                          "--turn-tokens", "20", "--block-tokens", "16", "--json")
+                          "--turn-tokens", "20", "--block-tokens", "16", "--force", "--json")
     assert code == 0, err
     doc = json.loads(out)
     assert doc["keeps"] == [0, 40, SAFE_KEEP] and doc["safe_keep_tokens"] == SAFE_KEEP
@@ -152,3 +157,81 @@ def test_replay_fidelity_table_and_bad_keep(
     code, _, err = main(capsys, "replay-fidelity", "--model", str(tiny_hybrid_dir), "--keep",
                         "abc")
     assert code == 2 and "--keep" in err and err.count("\n") == 1
+
+
+def test_replay_fidelity_on_real_text_json(tiny_hybrid_dir: Path,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = main(capsys, "replay-fidelity", "--model", str(tiny_hybrid_dir),
+                          "--contexts", "200,300", "--keep", "0,default", "--new-tokens", "4",
+                          "--json")
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["contexts"] == [200, 300] and doc["keeps"] == [0, SAFE_KEEP]
+    assert doc["new_tokens"] == 4 and doc["noise_chunk_tokens"] == 512
+    runs = {(r["context_tokens"], r["run"]): r for r in doc["runs"]}
+    assert set(runs) == {(c, run) for c in (200, 300)
+                         for run in ("chunk", "batch", "keep 0", f"keep {SAFE_KEEP}")}
+    for c in (200, 300):
+        exact = runs[c, "keep 0"]
+        assert exact["mode"] == "exact" and exact["replayed_tokens"] == 0
+        assert exact["hit_tokens"] == (c - 1) // 64 * 64
+        assert exact["kl_mean"] < 1e-9 and exact["top1_agreement"] == 1.0
+        assert runs[c, f"keep {SAFE_KEEP}"]["replayed_tokens"] == SAFE_KEEP
+        assert runs[c, "chunk"]["mode"] == "cold" and runs[c, "chunk"]["hit_tokens"] == 0
+        assert all(runs[c, r]["positions"] == 4 for r in ("chunk", "batch"))
+    rule = doc["rule"]
+    assert rule["factor"] == 2.0 and rule["default_keep_tokens"] == SAFE_KEEP
+    assert [c["context_tokens"] for c in rule["checks"]] == [200, 300]
+    assert rule["verdict"]
+
+
+def test_replay_fidelity_on_real_text_table(tiny_hybrid_dir: Path,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = main(capsys, "replay-fidelity", "--model", str(tiny_hybrid_dir),
+                          "--contexts", "150", "--keep", "default", "--new-tokens", "2")
+    assert code == 0, err
+    header = next(line for line in out.splitlines() if line.split()[:2] == ["context", "run"])
+    for col in ("KL mean", "KL p99", "top-1", "greedy len"):
+        assert col in header
+    assert "context 150:" in out and "chunk floor" in out
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--contexts", "200", "--keep", "64"], "below the safe minimum of 140 tokens"),
+        (["--keep", "64"], "below the safe minimum of 140 tokens"),
+        (["--contexts", "9000"], "longer than"),
+        (["--contexts", "abc"], "--contexts"),
+    ],
+)
+def test_replay_fidelity_refusals(tiny_hybrid_dir: Path, capsys: pytest.CaptureFixture[str],
+                                  extra: list[str], message: str) -> None:
+    code, out, err = main(capsys, "replay-fidelity", "--model", str(tiny_hybrid_dir), *extra,
+                          "--json")  # no progress bars: the error is all of stderr
+    assert code == 2 and out == ""
+    assert err.count("\n") == 1 and message in err
+
+
+def test_replay_fidelity_refuses_a_keep_without_sliding_layers(
+        tiny_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = main(capsys, "replay-fidelity", "--model", str(tiny_dir), "--contexts",
+                          "200", "--keep", "default,140", "--json")
+    assert code == 2 and out == ""
+    assert err.count("\n") == 1 and "no sliding layers" in err
+
+
+@pytest.mark.parametrize("command", ["generate", "serve"])
+def test_help_prints_the_measured_fidelity(command: str,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        cli.main([command, "--help"])
+    out = " ".join(capsys.readouterr().out.split())  # argparse wraps the help
+    assert "opt into bounded replay" in out and "exact is the default" in out
+    for m in MEASURED_FIDELITY:
+        if m.dtype == "bfloat16":  # the rule's dtype: each keep's multiple of the floor
+            assert f"keep {m.keep_tokens} at {m.context_tokens} tokens ({m.dtype})" in out
+            assert f"{m.times_floor:.1f}x the floor" in out
+        else:
+            assert (f"keep {m.keep_tokens} at {m.context_tokens} in {m.dtype}: KL "
+                    f"{m.kl_mean:.2g}") in out

@@ -54,7 +54,7 @@ def test_sliding_layers_never_read_the_pool_before_the_replay_start(deep: Loaded
     """Whatever the pool held before (zeros, garbage, another request's KV), the replay's
     result is the same: its sliding layers see nothing before ``kv_start``."""
     p = tokens(300, 8)
-    cfg = config()
+    cfg = config(KEEP)
     runs = []
     for garbage in (False, True):
         store = open_embedded(dram_bytes=64 << 20)  # each run commits what it computed
@@ -70,8 +70,13 @@ def test_sliding_layers_never_read_the_pool_before_the_replay_start(deep: Loaded
     assert torch.equal(runs[0].logits, runs[1].logits)
 
 
-def test_the_checkpoint_defaults_to_bounded_keep(deep: LoadedModel) -> None:
-    policy = config().replay_policy(deep.spec.layer_windows)
+def test_the_checkpoint_defaults_to_exact_and_opts_into_bounded_keep(
+        deep: LoadedModel) -> None:
+    """Exact by default (the rule in bounded_replay/README.md); bounded replay is asked
+    for with a keep, the safe minimum being the largest window + 12."""
+    default = config().replay_policy(deep.spec.layer_windows)
+    assert not default.is_bounded and default.keep_tokens == 0
+    policy = config(KEEP).replay_policy(deep.spec.layer_windows)
     assert policy.is_bounded and policy.keep_tokens == KEEP
     assert deep.spec.sliding_layers == (0, 2) and deep.spec.full_attention_layers == (1, 3)
 
@@ -111,14 +116,14 @@ def test_exact_mode_reproduces_a_cold_prefill_loading_sliding_layers_for_the_win
 
 
 @pytest.mark.parametrize(("length", "hit_blocks", "keep"),
-                         [(300, 12, None), (300, 18, 60), (500, 25, None), (200, 1, None),
+                         [(300, 12, KEEP), (300, 18, 60), (500, 25, KEEP), (200, 1, KEEP),
                           (257, 16, 37)])
 def test_a_hit_recomputes_keep_plus_new_tokens(
-    deep: LoadedModel, store: KVStore, length: int, hit_blocks: int, keep: int | None
+    deep: LoadedModel, store: KVStore, length: int, hit_blocks: int, keep: int
 ) -> None:
     p = tokens(length, length + hit_blocks)
     run, _ = hit_run(deep, store, config(keep), p, hit_blocks)
-    hit, k = hit_blocks * BT, keep or KEEP
+    hit, k = hit_blocks * BT, keep
     want = min(k, hit) + (length - hit)
     s = run.seq.stats
     assert s.hit_tokens["dram"] == hit
@@ -130,7 +135,7 @@ def test_bounded_replay_drifts_from_a_cold_prefill(deep: LoadedModel, store: KVS
     """The replay is not silently exact: with the default keep the sliding windows start
     from less context than a cold prefill had, and the logits show it."""
     p = tokens(400, 3)
-    run, _ = hit_run(deep, store, config(), p, 20)
+    run, _ = hit_run(deep, store, config(KEEP), p, 20)
     ref = cold(deep, p)
     diff = (run.logits[0] - ref.logits[0]).abs().max().item()
     assert 1e-5 < diff < 10.0
@@ -139,7 +144,7 @@ def test_bounded_replay_drifts_from_a_cold_prefill(deep: LoadedModel, store: KVS
 def test_stored_bytes_per_token_are_the_full_layer_share(deep: LoadedModel) -> None:
     full_share = bytes_per_token_all_layers(deep) * len(deep.spec.full_attention_layers) \
         // deep.spec.num_layers
-    for cfg, want in ((config(), full_share),
+    for cfg, want in ((config(KEEP), full_share),
                       (config(exact=True), bytes_per_token_all_layers(deep))):
         s = open_embedded(dram_bytes=64 << 20)
         try:
@@ -160,7 +165,7 @@ def test_a_replay_writes_private_copies_of_shared_pool_blocks(
     deep: LoadedModel, store: KVStore
 ) -> None:
     p = tokens(400, 6)
-    cfg = config()
+    cfg = config(KEEP)
     fill(deep, cfg, store, p[: 6 * BT])
     with engine(deep, cfg, store) as eng:
         # Z loads 5 blocks (full layers only) and replays from 80 − 36 = 44 into them.

@@ -72,16 +72,22 @@ def test_cached_tokens_leave_out_what_bounded_replay_recomputes(
                         hybrid=True).path
     store = tmp_path_factory.mktemp("hy-store")
     prompt = words(150, seed=13)
+    keep = 128 + 12  # the tiny hybrid's window + 12: the safe default
     got = []
     for _ in range(2):  # the second process starts with an empty pool: its hit is the store's
         with ServeProcess(["--model", str(hybrid), "--kv-store", f"embedded:{store}",
-                           "--pool-tokens", "4096"], env) as s:
+                           "--pool-tokens", "4096", "--replay-keep", str(keep)], env) as s:
             r = client(s).completions.create(model="tiny-hybrid", prompt=prompt,
                                               max_tokens=2, temperature=0)
             assert r.usage is not None
-            got.append((cached(r.usage), r.usage.prompt_tokens))
-    (first, n), (second, _) = got
-    assert first == 0
+            got.append((cached(r.usage), replayed(r.usage), r.usage.prompt_tokens))
+    (first, first_replayed, n), (second, second_replayed, _) = got
+    assert first == first_replayed == 0
     hit = (n - 1) // 64 * 64  # every full block, short of the last token's
-    keep = 128 + 12  # the tiny hybrid's window + 12: the safe default
     assert hit > keep and second == hit - keep
+    # Which mode served it, per response: bounded replay recomputed `keep` tokens.
+    assert second_replayed == keep
+
+
+def replayed(usage: object) -> int:
+    return usage.prompt_tokens_details.replayed_tokens  # type: ignore[attr-defined]
