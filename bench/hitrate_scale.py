@@ -271,8 +271,10 @@ def _shifted(rows, dt: float):  # type: ignore[no-untyped-def]
         yield t + dt, big_l, keys, b
 
 
-if __name__ == "__main__":
-    ap = argparse.ArgumentParser()
+def main() -> None:
+    ap = argparse.ArgumentParser(
+        description="the child processes of bench_hitrate.py --scale: one baseline run of "
+                    "today's simulator, or one bounded-memory stream")
     ap.add_argument("--baseline", nargs=2, metavar=("one|sweep", "PATH"))
     ap.add_argument("--stream", nargs=3, metavar=("SRC", "ACCESSES", "RATE"))
     a = ap.parse_args()
@@ -280,3 +282,7 @@ if __name__ == "__main__":
         baseline_main(*a.baseline)
     elif a.stream:
         stream_main(a.stream[0], int(float(a.stream[1])), float(a.stream[2]))
+
+
+if __name__ == "__main__":
+    main()

@@ -10,23 +10,12 @@ among others) — a batched generator would tie them together."""
 from __future__ import annotations
 
 from collections.abc import Sequence as Seq
-from dataclasses import dataclass
 
 import torch
 
 from engine.sampler_adjust import adjust_logits
 from engine.sampling_params import SamplingParams
-from engine.sequence import Sequence
-
-
-@dataclass(frozen=True, slots=True)
-class TokenLogprob:
-    """A sampled token's log probability under the model (its raw logits) and the ``k``
-    most likely tokens at that position, best first."""
-
-    token_id: int
-    logprob: float
-    top: tuple[tuple[int, float], ...]
+from engine.sequence import Sequence, TokenLogprob
 
 
 def sample(logits: torch.Tensor, seqs: Seq[Sequence]) -> list[int]:

@@ -7,7 +7,7 @@ import itertools
 import time
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
@@ -16,12 +16,20 @@ from engine.kv.request_scope import IDENTITY, RequestScope
 from engine.sampling_params import SamplingParams
 from kvstore.keys import Key, Namespace, chain_keys
 
-if TYPE_CHECKING:
-    from engine.sampler import TokenLogprob
-
 _ids = itertools.count()
 
 TIERS = ("hbm", "dram", "ssd")
+
+
+@dataclass(frozen=True, slots=True)
+class TokenLogprob:
+    """A sampled token's log probability under the model (its raw logits) and the ``k``
+    most likely tokens at that position, best first (what ``logprobs`` asks a sequence to
+    keep; the sampler appends one per token)."""
+
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...]
 
 
 class SequenceStatus(Enum):

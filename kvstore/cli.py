@@ -94,9 +94,12 @@ def config_defaults(sub: CommandParser, cfg: dict[str, Any], path: str) -> dict[
                 raise UsageError(f"{where}: expected true or false, got {value!r}")
             out[key] = value
             continue
+        if isinstance(value, list):
+            if not all(_scalar(v) for v in value):
+                raise UsageError(f"{where}: expected a list of strings or numbers")
+        elif not _scalar(value):
+            raise UsageError(f"{where}: expected a string or a number, got {value!r}")
         items = value if isinstance(value, list) else [value]
-        if not all(_scalar(v) for v in items):
-            raise UsageError(f"{where}: expected a string, a number or a list of them")
         if _repeatable(action):
             # A list default, not "a,b": argparse's append default is the list of uses
             # (a string there would be iterated per character: "invalid --sweep 'd'").

@@ -13,44 +13,19 @@ import asyncio
 import json
 import time
 import uuid
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from engine.errors import EngineInputError
-from engine.model.generation_config import NO_DEFAULTS, SamplingDefaults
-from engine.model.tokenizer import Tokenizer
 from engine.server.chat_request import render_chat
-from engine.server.engine_loop import EngineLoop, Handle
+from engine.server.engine_loop import Handle
 from engine.server.errors import APIError, bad_request, not_found, overloaded
 from engine.server.generation import abort_all, new_choices, response_body, run_choices, sse
-from engine.server.metrics import ServerMetrics
 from engine.server.protocol import GenerationRequest, Kind, parse_request
-from engine.server.tenants import Tenants
-from engine.structured.backend import GrammarBackend
-
-
-@dataclass
-class ServerState:
-    loop: EngineLoop
-    tokenizer: Tokenizer
-    model_name: str
-    max_context_tokens: int
-    vocab_size: int
-    tenants: Tenants
-    metrics: ServerMetrics
-    max_queue: int
-    # What a replay client needs to know to scale a trace and predict its hits.
-    block_tokens: int = 64
-    pool_tokens: int = 0
-    block_bytes: int = 0
-    retry_after_s: int = 1
-    created: int = 0
-    sampling_defaults: SamplingDefaults = NO_DEFAULTS  # generation_config.json's
-    tool_parser: str | None = None  # --tool-call-parser
-    grammar: GrammarBackend | None = None  # structured outputs (the engine's own)
+from engine.server.state import ServerState
 
 
 def create_app(state: ServerState) -> FastAPI:

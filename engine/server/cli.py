@@ -96,7 +96,8 @@ def is_loopback(host: str) -> bool:
 def run(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from engine.server.app import ServerState, create_app
+    from engine.server.app import create_app
+    from engine.server.state import ServerState
 
     logging.basicConfig(format="kvengine serve: %(levelname)s: %(message)s",
                         level=args.log_level.upper())

@@ -26,9 +26,8 @@ from dataclasses import dataclass, field
 from engine.errors import EngineError
 from engine.kv.request_scope import RequestScope
 from engine.llm_engine import LLMEngine
-from engine.sampler import TokenLogprob
 from engine.sampling_params import SamplingParams
-from engine.sequence import Sequence
+from engine.sequence import Sequence, TokenLogprob
 
 log = logging.getLogger("engine.server")
 

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from fastapi import Request
 
 from engine.errors import EngineInputError
-from engine.sampler import TokenLogprob
+from engine.sequence import TokenLogprob
 from engine.server.engine_loop import DoneEvent, ErrorEvent, Event, Handle, TokensEvent
 from engine.server.errors import APIError, bad_request, internal
 from engine.server.metrics import cached_tokens, replayed_tokens, ttft_parts
@@ -25,7 +25,7 @@ from engine.server.text_stream import TextStream
 from engine.server.tool_parsers import HermesStream, parse_hermes
 
 if TYPE_CHECKING:
-    from engine.server.app import ServerState
+    from engine.server.state import ServerState
 
 DISCONNECT_POLL_S = 0.25  # how often a waiting handler checks that its client is still there
 

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from engine.model.tokenizer import Tokenizer
-from engine.sampler import TokenLogprob
+from engine.sequence import TokenLogprob
 
 
 def token_text(tok: Tokenizer, token_id: int) -> str:
