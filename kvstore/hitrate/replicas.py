@@ -22,7 +22,13 @@ from kvstore.hitrate.errors import ConfigError
 from kvstore.hitrate.request import Request
 from kvstore.hitrate.result import SimResult
 from kvstore.hitrate.routing import Router
-from kvstore.hitrate.simulator import SimTier, account, build_tier
+from kvstore.hitrate.simulator import (
+    SimTier,
+    account,
+    build_tier,
+    first_of_block_size,
+    model_time,
+)
 from kvstore.hitrate.tally import HitTally
 
 _NOTHING: frozenset[Hashable] = frozenset()
@@ -69,16 +75,9 @@ class ReplicaSimulator:
 
     def advance(self, request: Request) -> float:
         """As ``Simulator.advance``: the block-size check, the clock, SSD expiry."""
-        if request.block_tokens != self._block_tokens:
-            if self._block_tokens:
-                raise ConfigError(
-                    f"requests with block sizes {self._block_tokens} and {request.block_tokens} "
-                    "in one replay; replay each block size separately"
-                )
+        if first_of_block_size(self._block_tokens, request):
             self._build(request.block_tokens)
-        now = request.time_s * self.config.time_scale
-        if now > self._now_s:
-            self._now_s = now
+        self._now_s = model_time(self.config, request, self._now_s)
         if self._ssd is not None:
             self._ssd.retention.expire(self._now_s)
         return self._now_s

@@ -87,6 +87,25 @@ def account(
     return tally.add(big_l, (c0, c1, c2), tok, replay_keep_tokens)
 
 
+def first_of_block_size(current: int, request: Request) -> bool:
+    """True when ``request`` is a replay's first (its tiers are built for its block size);
+    a request of another block size than the replay's is a ``ConfigError``."""
+    if request.block_tokens == current:
+        return False
+    if current:
+        raise ConfigError(
+            f"requests with block sizes {current} and {request.block_tokens} "
+            "in one replay; replay each block size separately"
+        )
+    return True
+
+
+def model_time(config: SimConfig, request: Request, now_s: float) -> float:
+    """The replay's clock after ``request``: trace time never runs backwards, so a
+    late-logged request is replayed "now"."""
+    return max(now_s, request.time_s * config.time_scale)
+
+
 class Simulator:
     """Replays requests through up to three tiers; ``result()`` may be read at any time.
 
@@ -126,17 +145,9 @@ class Simulator:
 
     def advance(self, request: Request) -> float:
         """Move the clock to ``request`` and expire idle SSD blocks; return the model time."""
-        if request.block_tokens != self._block_tokens:
-            if self._block_tokens:
-                raise ConfigError(
-                    f"requests with block sizes {self._block_tokens} and {request.block_tokens} "
-                    "in one replay; replay each block size separately"
-                )
+        if first_of_block_size(self._block_tokens, request):
             self._build(request.block_tokens)
-        # Trace time never runs backwards: a late-logged request is replayed "now".
-        now = request.time_s * self.config.time_scale
-        if now > self._now_s:
-            self._now_s = now
+        self._now_s = model_time(self.config, request, self._now_s)
         for t in self._tiers:
             if t is not None:
                 t.retention.expire(self._now_s)
