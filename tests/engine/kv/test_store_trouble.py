@@ -37,13 +37,6 @@ def payload_k(raw: bytes) -> torch.Tensor:
     return rows[:, 0, :, 0, 0]
 
 
-@pytest.fixture
-def store():
-    inner = dram_store()
-    yield WrappedStore(inner)
-    inner.close()
-
-
 def test_blocks_the_store_dropped_are_not_marked_stored(store: WrappedStore) -> None:
     """The store already holds blocks 3 and 4 of the chain (another engine sent them) and
     drops 1 and 2 of this commit: only what it accepted may count as stored, whatever

@@ -4,7 +4,6 @@ K/V bytes are known: what the store gets and what comes back into the pool are c
 from __future__ import annotations
 
 import numpy as np
-import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -29,13 +28,6 @@ LAYERS = 2
 
 def prompt(n: int, seed: int = 0) -> list[int]:
     return [(seed * 17 + i * 3) % 90 + 1 for i in range(n)]
-
-
-@pytest.fixture
-def store():
-    inner = dram_store()
-    yield WrappedStore(inner)
-    inner.close()
 
 
 def payload_k(raw: bytes) -> torch.Tensor:
