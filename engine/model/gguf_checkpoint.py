@@ -57,10 +57,7 @@ def convert_gguf(gguf_path: Path, out_dir: Path) -> dict[str, Any]:
     config = loaded.config
     state = loaded.state_dict()
     fresh = tf.AutoModelForCausalLM.from_config(config, dtype=SAVE_DTYPE)
-    result = fresh.load_state_dict(state, strict=True)
-    if result.missing_keys or result.unexpected_keys:  # strict raises first; belt and braces
-        raise EngineInputError(f"{name}: tensors do not match the model "
-                               f"(missing {result.missing_keys}, extra {result.unexpected_keys})")
+    fresh.load_state_dict(state, strict=True)  # every tensor, or a RuntimeError naming them
     del loaded, state
     fresh.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)

@@ -13,13 +13,16 @@ stops on), else ``config.json``'s, else the tokenizer's ``eos_token``.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from engine.errors import CheckpointError
-from engine.model.config import ModelConfig, load_config, parse_dtype, read_json, token_ids
+from engine.model.catalog import MANIFEST_FILE
+from engine.model.config import ModelConfig, parse_config, parse_dtype, read_json, token_ids
 from engine.model.decoder import DecoderLM
 from engine.model.generation_config import NO_DEFAULTS, SamplingDefaults, sampling_defaults
 from engine.model.revision import model_revision
@@ -28,7 +31,6 @@ from engine.model.tokenizer import Tokenizer
 from engine.model.weights import checkpoint_files, load_weights, stored_dtype
 
 GENERATION_CONFIG_FILE = "generation_config.json"
-FETCH_MANIFEST_FILE = "kvengine-model.json"  # written by ``kvengine fetch-model``
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,17 +57,17 @@ def eos_token_ids(model_dir: Path, cfg: ModelConfig, tokenizer: Tokenizer) -> tu
     return () if eos is None else (eos,)
 
 
-def model_name(model_dir: Path) -> str:
+def model_name(model_dir: Path, config: Mapping[str, Any]) -> str:
     """The name clients know the model by: the name ``kvengine fetch-model`` installed it
     under, else ``config.json``'s ``_name_or_path`` where that is a hub-style name rather
     than the local path transformers writes when saving a local model, else the directory's
     name."""
-    manifest = model_dir / FETCH_MANIFEST_FILE
+    manifest = model_dir / MANIFEST_FILE
     if manifest.is_file():
         name = read_json(manifest).get("name")
         if isinstance(name, str) and name:
             return name
-    name = read_json(model_dir / "config.json").get("_name_or_path")
+    name = config.get("_name_or_path")
     if isinstance(name, str) and name and not name.startswith(("/", ".", "~")):
         return name
     return model_dir.name
@@ -86,7 +88,8 @@ def checkpoint_spec(
     if not path.is_dir():
         raise CheckpointError(f"{model_dir}: not a directory")
     path = path.resolve()
-    cfg = load_config(path)
+    raw = read_json(path / "config.json")
+    cfg = parse_config(raw)
     tokenizer = Tokenizer.from_dir(path)
     files = checkpoint_files(path)
     if dtype is not None:
@@ -99,7 +102,7 @@ def checkpoint_spec(
             dt = torch.float32
     spec = ModelSpec(
         model_id=cfg.architecture,
-        name=model_name(path),
+        name=model_name(path, raw),
         architecture=cfg.architecture,
         num_layers=cfg.num_layers,
         hidden_size=cfg.hidden_size,

@@ -8,6 +8,7 @@ import shutil
 from pathlib import Path
 
 from engine.kv.namespace import engine_namespace
+from engine.model.config import read_json
 from engine.model.loader import load_model, model_name
 
 
@@ -40,9 +41,10 @@ def _with_config(src: Path, dst: Path, **fields: object) -> Path:
 
 def test_the_name_clients_see(tiny_dir: Path, tmp_path: Path) -> None:
     hub = _with_config(tiny_dir, tmp_path / "hub", _name_or_path="org/tiny-chat")
-    assert model_name(hub) == "org/tiny-chat"
+    assert model_name(hub, read_json(hub / "config.json")) == "org/tiny-chat"
     # transformers writes the local path it loaded from: a folder's path is no name.
     local = _with_config(tiny_dir, tmp_path / "local", _name_or_path="/data/ckpt/tiny")
-    assert model_name(local) == "local"
+    assert model_name(local, read_json(local / "config.json")) == "local"
     (hub / "kvengine-model.json").write_text(json.dumps({"name": "tiny-fetched"}))
-    assert model_name(hub) == "tiny-fetched"  # what fetch-model installed it as wins
+    # What fetch-model installed it as wins.
+    assert model_name(hub, read_json(hub / "config.json")) == "tiny-fetched"
