@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 import torch
 
+from engine.config import EngineConfig
 from engine.kv.namespace import engine_namespaces
 from engine.model import load_model
 from engine.model.loader import LoadedModel
@@ -101,18 +102,24 @@ def test_cold_and_pool_hit_match_transformers(gemma: Gemma) -> None:
     _check(hit, want, "pool hit")
 
 
+def _store_hit(lm: LoadedModel, cfg: EngineConfig, prompt: list[int], hit: int,
+               dram_bytes: int) -> Run:
+    """``prompt`` run in a fresh engine over a store filled with its first ``hit`` tokens
+    (computed by another engine of the same config)."""
+    store = open_embedded(dram_bytes=dram_bytes)
+    try:
+        fill(lm, cfg, store, prompt[:hit])
+        with engine(lm, cfg, store) as eng:
+            return run_request(eng, prompt, NEW)
+    finally:
+        store.close()
+
+
 def test_store_hit_in_exact_mode_matches_transformers(gemma: Gemma) -> None:
     lm, n, hit = gemma.lm, gemma.prompt_tokens, gemma.hit_blocks * BT
     prompt = tokens(n, 12)
     want = _reference(gemma.ref, prompt)
-    cfg = config(exact=True)
-    store = open_embedded(dram_bytes=256 << 20)
-    try:
-        fill(lm, cfg, store, prompt[:hit])
-        with engine(lm, cfg, store) as eng:
-            run = run_request(eng, prompt, NEW)
-    finally:
-        store.close()
+    run = _store_hit(lm, config(exact=True), prompt, hit, dram_bytes=256 << 20)
     s = run.seq.stats
     assert s.hit_tokens["dram"] == hit and s.replayed_tokens == 0
     assert s.computed_tokens == n - hit
@@ -131,13 +138,7 @@ def test_bounded_replay_takes_the_gemma_windows(small_gemma: Gemma) -> None:
     assert policy.is_bounded and policy.keep_tokens == keep
     want = _reference(small_gemma.ref, prompt)
     for cfg, replayed in ((config(keep), keep), (config(1000), hit)):
-        store = open_embedded(dram_bytes=64 << 20)
-        try:
-            fill(lm, cfg, store, prompt[:hit])
-            with engine(lm, cfg, store) as eng:
-                run = run_request(eng, prompt, NEW)
-        finally:
-            store.close()
+        run = _store_hit(lm, cfg, prompt, hit, dram_bytes=64 << 20)
         assert run.seq.stats.hit_tokens["dram"] == hit
         assert run.seq.stats.replayed_tokens == replayed
     _check(run, want, "store hit, keep covering the hit")
