@@ -12,8 +12,9 @@ block has them to send. Once the store answered, the pool blocks it accepted (an
 were not reused meanwhile) are marked stored, so later requests do not send them again;
 after a commit that dropped any block, none are (the result does not say which).
 
-It stands apart from the scheduler (``engine.core.scheduler``), which decides when a request
-finishes; this decides, from each block's layers, what goes to the store.
+It is the store connector's (``engine.connector.store_connector``): the scheduler decides
+when a request finishes, this what goes to the store, from each block's layers as the KV
+manager (``engine.kv.kv_manager``) records them.
 """
 
 from __future__ import annotations
@@ -24,46 +25,41 @@ from engine.connector.committer import CommitJob, KVCommitter
 from engine.connector.store_link import StoreLink
 from engine.connector.transfer import note_job_error
 from engine.core.sequence import Sequence
-from engine.kv.block_manager import BlockManager
-from engine.kv.block_pool import KVBlock
-from engine.kv.replay_planner import ReplayPlanner
-from kvstore.keys import Namespace
+from engine.kv.kv_manager import KVManager
 
 
 class CommitPlanner:
     """Commits for finished sequences over ``links`` (the primary first); ``counters``:
-    the scheduler's (failed commits are counted there)."""
+    the engine's (failed commits are counted there)."""
 
     def __init__(
         self,
-        blocks: BlockManager,
-        ns: Namespace,
+        kv: KVManager,
         links: tuple[StoreLink, ...],
-        planner: ReplayPlanner,
         committer: KVCommitter,
         counters: Counter[str],
     ) -> None:
-        self.blocks = blocks
-        self.ns = ns
+        self.kv = kv
         self.links = links
-        self.planner = planner
         self.committer = committer
         self.counters = counters
 
-    def submit(self, seq: Sequence, owner: tuple[str, int], full: int) -> None:
-        """Send the first ``full`` blocks of the finished ``seq`` (held by ``owner``) that
-        the store lacks, one job per link. Their bytes are copied out of the pool now (the
-        caller may release the blocks at once); under back-pressure a job sends the head
+    def submit(self, seq: Sequence, full: int) -> None:
+        """Send the first ``full`` blocks of the finished ``seq`` (still holding its table)
+        that the store lacks, one job per link. Their bytes are copied out of the pool now
+        (the caller may free the blocks at once); under back-pressure a job sends the head
         its staging rows hold, or is dropped, and the link counts the blocks left out."""
-        table = self.blocks.table(owner)[:full]
-        held, stored = self._layers_of(seq, table)
-        pool_keys = seq.block_keys(self.ns)
+        kv = self.kv
+        block_ids = kv.block_ids(seq)[:full]
+        layers_of = kv.layers_of(seq, full)
+        held, stored = layers_of.held, layers_of.stored
+        pool_keys = kv.keys(seq)
         for link in self.links:
             layers = frozenset(link.ns.cached_layers)
             send = [i for i in range(full) if layers <= held[i] and not layers <= stored[i]]
             if link is not self.links[0] and not send:
                 continue  # the primary chain is always sent: it refreshes recency
-            staged = self.committer.stage(link, [table[i].block_id for i in send])
+            staged = self.committer.stage(link, [block_ids[i] for i in send])
             kept = 0 if staged is None else len(staged.rows)
             if kept < len(send):
                 link.note_unsent(len(send) - kept)
@@ -75,34 +71,12 @@ class CommitPlanner:
             send = send[:kept]
             try:
                 self.committer.submit(CommitJob(
-                    link=link, keys=seq.block_keys(link.ns)[:full], indices=send,
-                    block_ids=[table[i].block_id for i in send],
+                    link=link, keys=kv.keys(seq, link.ns)[:full], indices=send,
+                    block_ids=[block_ids[i] for i in send],
                     pool_keys=[pool_keys[i] for i in send], staged=staged, scope=seq.scope))
             except BaseException:
                 self.committer.staging.give_back(staged.span)
                 raise
-
-    def _layers_of(self, seq: Sequence, table: list[KVBlock]
-                   ) -> tuple[list[frozenset[int]], list[frozenset[int]]]:
-        """Per block of a finished sequence, the layers it holds and those the store is
-        known to hold: an indexed block records both; the sequence computed every layer of
-        the blocks past its hit; a private copy of a hit block holds the primary layers,
-        stored as its original was."""
-        hit = seq.plan.hit_blocks if seq.plan is not None else 0
-        held: list[frozenset[int]] = []
-        stored: list[frozenset[int]] = []
-        none: frozenset[int] = frozenset()
-        for i, b in enumerate(table):
-            if b.key is not None:
-                held.append(b.layers)
-                stored.append(b.stored_layers)
-            elif i >= hit:
-                held.append(self.planner.computed_layers)
-                stored.append(none)
-            else:
-                held.append(self.planner.primary_layers)
-                stored.append(seq.copied_stored_layers.get(i, none))
-        return held, stored
 
     def poll(self) -> None:
         """Take in the committer's reports: mark stored what the store accepted. A failed
@@ -123,9 +97,4 @@ class CommitPlanner:
             # of what was stored; marking a dropped block would keep it out of the store
             # for as long as the pool holds it.
             return
-        layers = frozenset(job.link.ns.cached_layers)
-        for block_id, key in zip(job.block_ids, job.pool_keys, strict=True):
-            block = self.blocks.pool.blocks[block_id]
-            # Not reused since the copy (same key, and holding the layers sent).
-            if block.key == key and layers <= block.layers:
-                block.stored_layers |= layers
+        self.kv.mark_stored(job.block_ids, job.pool_keys, frozenset(job.link.ns.cached_layers))

@@ -1,9 +1,12 @@
 """The engine: a model, its paged KV pool, the scheduler and the store behind them.
 
-``LLMEngine`` owns everything a step needs and runs steps on the calling thread; only
-the store transfers run on their own threads (``engine.connector.loader``,
-``engine.connector.committer``). ``close()`` waits for the pending commits, so what one process
-computed is in the store when the next one starts.
+``LLMEngine`` owns everything a step needs and runs steps on the calling thread: the KV
+manager (``engine.kv.kv_manager``: what the pool holds for each request), the store
+connector (``engine.connector.store_connector``: everything about the store), the
+scheduler between them and the model runner. Only the store transfers run on their own
+threads (``engine.connector.loader``, ``engine.connector.committer``). ``close()`` waits
+for the pending commits, so what one process computed is in the store when the next one
+starts.
 """
 
 from __future__ import annotations
@@ -16,8 +19,7 @@ from typing import TYPE_CHECKING
 import torch
 
 import kernels
-from engine.connector.committer import KVCommitter
-from engine.connector.loader import KVLoader
+from engine.connector.store_connector import StoreConnector
 from engine.connector.store_link import StoreLink
 from engine.core.config import EngineConfig
 from engine.core.model_runner import ModelRunner
@@ -27,6 +29,7 @@ from engine.core.sequence import Sequence
 from engine.errors import EngineInputError
 from engine.kv.block_manager import BlockManager
 from engine.kv.cache import KVCache, KVCacheShape
+from engine.kv.kv_manager import KVManager
 from engine.kv.namespace import engine_namespaces
 from engine.kv.replay_planner import ReplayPlanner
 from engine.kv.request_scope import IDENTITY, RequestScope
@@ -76,35 +79,27 @@ class LLMEngine:
             device,
         )
         self.backend = kernels.resolve_backend(config.attention_backend, device)
-        self.blocks = BlockManager(
-            config.num_blocks, config.block_tokens, self.cache.shape.bytes_per_block
+        self.kv = KVManager(
+            BlockManager(config.num_blocks, config.block_tokens,
+                         self.cache.shape.bytes_per_block),
+            ReplayPlanner(self.policy, config.block_tokens),
+            self.ns,
+            self.cache.copy_blocks,
+            cache_generated_tokens=config.cache_generated_tokens,
         )
         self._progress = threading.Event()
-        self.planner = ReplayPlanner(self.policy, config.block_tokens)
-        layers = self.ns.cached_layers  # the primary namespace's; a job may name another
-        self.loader = KVLoader(
-            link, self.cache, layers, self.backend, self._progress,
-            config.store_call_timeout_s, sliding_link=self.sliding_link,
-            window_first_block=self.planner.window_first_block,
-        )
-        self.committer = KVCommitter(
-            link, self.cache, layers, self.backend, self._progress, config.commit_timeout_s,
-            staging_bytes=config.commit_staging_bytes,
-        )
-        self.scheduler = Scheduler(
-            config,
-            self.blocks,
-            self.ns,
-            link,
-            self.loader,
-            self.committer,
-            max_context_tokens=self.max_context_tokens,
-            eos_token_ids=spec.eos_token_ids,
-            planner=self.planner,
-            copy_blocks=self.cache.copy_blocks,
-            sliding_link=self.sliding_link,
-        )
-        self.runner = ModelRunner(model, self.cache, self.blocks, self.backend)
+        self.connector = StoreConnector(link, self.sliding_link, self.kv, self.cache,
+                                        self.backend, config, self._progress)
+        self.scheduler = Scheduler(config, self.kv, self.connector,
+                                   max_context_tokens=self.max_context_tokens,
+                                   eos_token_ids=spec.eos_token_ids)
+        # Read-only views for servers and tests: the pool's tables, the replay planner and
+        # the transfer threads (their owners are the KV manager and the connector).
+        self.blocks = self.kv.blocks
+        self.planner = self.kv.planner
+        self.loader = self.connector.loader
+        self.committer = self.connector.committer
+        self.runner = ModelRunner(model, self.cache, self.kv, self.backend)
         # Structured outputs (engine.structured.backend.GrammarBackend), set by a server
         # that offers them: a request with ``params.constraint`` gets a matcher from it.
         self.grammar: GrammarBackend | None = None
@@ -155,13 +150,13 @@ class LLMEngine:
 
     def drain(self, timeout_s: float | None = None) -> bool:
         """Wait until every finished request's commit has reached the store."""
-        ok = self.committer.wait_idle(timeout_s)
+        ok = self.connector.drain(timeout_s)
         self.scheduler.poll()
         return ok
 
     # -- introspection ----------------------------------------------------------------
     def hbm_stats(self) -> TierStats:
-        return self.blocks.stats()
+        return self.kv.stats()
 
     @property
     def stored_bytes_per_token(self) -> float:
@@ -170,15 +165,11 @@ class LLMEngine:
 
     def store_counters(self) -> dict[str, int]:
         """The store links' counters, summed over the namespaces."""
-        out: dict[str, int] = {}
-        for link in (self.link, self.sliding_link):
-            for k, v in (link.counters() if link is not None else {}).items():
-                out[k] = out.get(k, 0) + v
-        return out
+        return self.connector.store_counters()
 
     def check_integrity(self) -> None:
         self.scheduler.check_integrity()
-        self.committer.staging.check_integrity()
+        self.connector.check_integrity()
 
     def close(self) -> None:
         """Finish pending commits (bounded by ``close_timeout_s``), then stop the threads
@@ -188,11 +179,7 @@ class LLMEngine:
         self._closed = True
         deadline = time.monotonic() + self.config.close_timeout_s
         self.drain(max(0.0, deadline - time.monotonic()))
-        self.loader.close()
-        self.committer.close()
-        if self.sliding_link is not None:
-            self.sliding_link.close()
-        self.link.close()
+        self.connector.close()
 
     def __enter__(self) -> LLMEngine:
         return self

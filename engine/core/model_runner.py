@@ -17,15 +17,15 @@ from engine.core.forward_batch import DecodeMeta, ForwardBatch, PrefillMeta
 from engine.core.sampler import sample
 from engine.core.scheduled_batch import ScheduledBatch
 from engine.core.sequence import Sequence
-from engine.kv.block_manager import BlockManager
 from engine.kv.cache import KVCache
+from engine.kv.kv_manager import KVManager
 from engine.model.base import CausalLM
 from kernels import AttentionBackend
 
 
 class ModelRunner:
     def __init__(
-        self, model: CausalLM, cache: KVCache, blocks: BlockManager, backend: AttentionBackend
+        self, model: CausalLM, cache: KVCache, blocks: KVManager, backend: AttentionBackend
     ) -> None:
         self.model = model
         self.cache = cache
@@ -66,7 +66,7 @@ class ModelRunner:
 
         def add(seq: Sequence, n: int) -> None:
             a = seq.num_computed_tokens
-            table = self.blocks.block_ids(("seq", seq.seq_id))
+            table = self.blocks.block_ids(seq)
             ids.extend(seq.token_ids[a : a + n])
             positions.extend(range(a, a + n))
             mine = [table[p // bt] * bt + p % bt for p in range(a, a + n)]

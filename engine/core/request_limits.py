@@ -14,15 +14,13 @@ from __future__ import annotations
 
 from engine.core.sequence import Sequence
 from engine.errors import ContextTooLong, EngineInputError, PoolTooSmall
-from engine.kv.block_manager import BlockManager
-from engine.kv.replay_planner import ReplayPlanner
+from engine.kv.kv_manager import KVManager
 
 
 class RequestLimits:
-    def __init__(self, blocks: BlockManager, planner: ReplayPlanner, max_context_tokens: int,
+    def __init__(self, kv: KVManager, max_context_tokens: int,
                  eos_token_ids: tuple[int, ...] = ()) -> None:
-        self.blocks = blocks
-        self.planner = planner
+        self.kv = kv
         self.max_context_tokens = max_context_tokens
         self.eos_token_ids = frozenset(eos_token_ids)
 
@@ -30,7 +28,7 @@ class RequestLimits:
     def max_seq_blocks(self) -> int:
         """Blocks one sequence may fill: the whole pool, less the room an admission sets
         aside for a replay's private copies (so a preempted sequence is admitted again)."""
-        return self.blocks.pool.num_blocks - self.planner.max_reserve_blocks
+        return self.kv.num_blocks - self.kv.max_reserve_blocks
 
     def check(self, seq: Sequence) -> None:
         """Refuse a request that could never run (``EngineInputError``, exit 2)."""
@@ -44,12 +42,12 @@ class RequestLimits:
             )
         # Reserving max_tokens up front refused every request without one (the rest of
         # the context) on a pool smaller than the context: only the prompt must fit.
-        if self.blocks.blocks_for(n) > self.max_seq_blocks:
-            bt = self.blocks.block_tokens
+        if self.kv.blocks_for(n) > self.max_seq_blocks:
+            bt = self.kv.block_tokens
             raise PoolTooSmall(
                 f"a prompt of {n} tokens needs a pool of "
-                f"{(self.blocks.blocks_for(n) + self.planner.max_reserve_blocks) * bt} "
-                f"tokens; it holds {self.blocks.pool.num_blocks * bt} (--pool-tokens)"
+                f"{(self.kv.blocks_for(n) + self.kv.max_reserve_blocks) * bt} "
+                f"tokens; it holds {self.kv.num_blocks * bt} (--pool-tokens)"
             )
 
     def stop_reason(self, seq: Sequence) -> str | None:
@@ -63,7 +61,7 @@ class RequestLimits:
             return "length"
         if seq.num_tokens >= self.max_context_tokens:
             return "length"
-        if self.blocks.blocks_for(seq.num_tokens) > self.max_seq_blocks:
+        if self.kv.blocks_for(seq.num_tokens) > self.max_seq_blocks:
             # Its next step would need more blocks than the pool gives one sequence: it can
             # never grow, alone or after preempting every other. It stops here, as at the
             # end of the context ("length": the answer so far is whole and the client can

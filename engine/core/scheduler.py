@@ -6,6 +6,11 @@ new admissions (first come, first served). A sequence that cannot get the blocks
 tokens preempts the most recently admitted one (its blocks are freed and it starts over
 later; what it computed stays cached in the pool and is usually a hit then).
 
+The scheduler keeps only the budget, the order and preemption: what the pool holds for a
+request (its table, prefix match, replay copies, what each block holds) is the KV
+manager's (``engine.kv.kv_manager``), and everything about the store is the store
+connector's (``engine.connector.store_connector``).
+
 Admission takes the pool's longest cached prefix (tier ``hbm``). With a store, the rest
 of the cacheable prefix goes to the background loader (``engine.connector.loader``): the request
 waits in ``loading`` holding the blocks the store's part will land in, while running
@@ -17,7 +22,7 @@ Once the hit is known, the replay planner (``engine.kv.replay_planner``) turns i
 request's ``ReplayPlan``: with bounded replay, a hit whose last window lacks the sliding
 layers starts computing ``keep`` tokens before the hit's end. The hit blocks that replay
 writes into (their sliding layers) must be the request's own, so the pool's hit blocks
-among them are swapped for private copies (``privatize``), into blocks set aside at
+among them are swapped for private copies (``KVManager.start_replay``), into blocks set aside at
 admission; a replay never writes a block another request may read.
 
 When a request finishes, the blocks of its sequence (prompt and generated tokens) that the
@@ -30,72 +35,36 @@ stops is ``engine.core.request_limits``'.
 
 from __future__ import annotations
 
-import itertools
 import time
-from collections import Counter, deque
-from collections.abc import Callable
+from collections import deque
 
 from bounded_replay import ReplayPlan
-from engine.connector.commit_planner import CommitPlanner
-from engine.connector.committer import KVCommitter
-from engine.connector.load_planner import LoadPlanner
-from engine.connector.loader import KVLoader, LoadJob
-from engine.connector.store_link import StoreLink
-from engine.connector.transfer import note_job_error
+from engine.connector.store_connector import LoadOutcome, StoreConnector
 from engine.core.config import EngineConfig
 from engine.core.request_limits import RequestLimits
 from engine.core.scheduled_batch import ScheduledBatch
 from engine.core.sequence import Sequence, SequenceStatus
 from engine.errors import EngineIntegrityError
-from engine.kv.block_manager import BlockManager
-from engine.kv.replay_planner import ReplayPlanner
-from kvstore.keys import Namespace
-
-
-def _owner(seq: Sequence) -> tuple[str, int]:
-    return ("seq", seq.seq_id)
-
-
-def _reserve(seq: Sequence) -> tuple[str, int]:
-    """The blocks set aside at admission for the private copies a replay may need."""
-    return ("reserve", seq.seq_id)
+from engine.kv.kv_manager import KVManager
 
 
 class Scheduler:
     def __init__(
         self,
         config: EngineConfig,
-        blocks: BlockManager,
-        ns: Namespace,
-        link: StoreLink,
-        loader: KVLoader,
-        committer: KVCommitter,
+        kv: KVManager,
+        connector: StoreConnector,
         max_context_tokens: int,
         eos_token_ids: tuple[int, ...] = (),
-        *,
-        planner: ReplayPlanner,
-        copy_blocks: Callable[[list[tuple[int, int]]], None],
-        sliding_link: StoreLink | None = None,
     ) -> None:
-        """``copy_blocks``: copies pool blocks (old, new) on the engine thread.
-        ``sliding_link``: exact mode for a hybrid model, the sliding layers' namespace."""
         self.config = config
-        self.blocks = blocks
-        self.ns = ns
-        self.link = link
-        self.planner = planner
-        self.copy_blocks = copy_blocks
-        self.links = (link,) if sliding_link is None else (link, sliding_link)
-        self.loader = loader
-        self.committer = committer
-        self.limits = RequestLimits(blocks, planner, max_context_tokens, eos_token_ids)
+        self.kv = kv
+        self.connector = connector
+        self.limits = RequestLimits(kv, max_context_tokens, eos_token_ids)
         self.waiting: deque[Sequence] = deque()
-        self.loading: dict[int, tuple[Sequence, LoadJob]] = {}
+        self.loading: dict[int, Sequence] = {}
         self.running: list[Sequence] = []
-        self._job_ids = itertools.count()
-        self.loads = LoadPlanner(blocks, self.links, planner, config.load_timeout_s, self._job_ids)
-        self.counters: Counter[str] = Counter()
-        self.commits = CommitPlanner(blocks, ns, self.links, planner, committer, self.counters)
+        self.counters = connector.counters  # one set of request counters for the engine
 
     # -- requests ---------------------------------------------------------------------
     def add(self, seq: Sequence) -> None:
@@ -155,7 +124,7 @@ class Scheduler:
     def _make_room(self, seq: Sequence, num_tokens: int, scheduled: set[int]) -> bool:
         """Grow ``seq``'s table to ``num_tokens``, preempting the most recently admitted
         unscheduled sequences as needed. False: it waits this step."""
-        while not self.blocks.grow(_owner(seq), num_tokens):
+        while not self.kv.grow(seq, num_tokens):
             victims = [s for s in self.running if s is not seq and s.seq_id not in scheduled]
             if not victims:
                 return False
@@ -163,11 +132,10 @@ class Scheduler:
         return True
 
     def _preempt(self, seq: Sequence) -> None:
-        self.blocks.release(_owner(seq))
+        self.kv.free(seq)
         self.running.remove(seq)
         seq.status = SequenceStatus.WAITING
         seq.num_computed_tokens = 0
-        seq.num_cached_blocks = 0
         seq.reset_replay()
         seq.stats.preemptions += 1
         self.counters["preemptions_total"] += 1
@@ -179,40 +147,33 @@ class Scheduler:
         chunk scheduled now (0 while loading), or None when the pool lacks the blocks."""
         if seq.stats.admitted_s is None:
             seq.stats.admitted_s = time.perf_counter()
-        keys = seq.block_keys(self.ns)
-        cap = self.blocks.hit_cap(seq.num_tokens)
-        hit = self.blocks.longest_prefix(keys, seq.num_tokens)
-        revived = sum(1 for b in hit if b.ref_cnt == 0)  # free now, taken by open()
-        free_after_hit = self.blocks.num_free - revived
-        planner = self.planner
-        if self.link.enabled and (len(hit) < cap or planner.needs_sliding_load(hit)):
-            n_load = cap - len(hit)
-            reserve = planner.reserve_blocks(len(hit))
-            if n_load + reserve > free_after_hit:
+        hit = self.kv.match(seq)
+        need = self.connector.match(seq, hit)
+        if need is not None:
+            if need.blocks > hit.free_after:
                 return None
-            job = self.loads.start(seq, _owner(seq), _reserve(seq), keys, cap, hit, reserve)
+            self.connector.start_load(seq, hit, need)
             seq.status = SequenceStatus.LOADING
-            self.loading[seq.seq_id] = (seq, job)
-            self.loader.submit(job)
+            self.loading[seq.seq_id] = seq
             return 0
-        plan = planner.plan(seq.num_tokens, [planner.has_sliding(b) for b in hit])
-        used = hit[: plan.hit_blocks]
+        plan = self.kv.plan(seq, self.kv.has_sliding(hit.blocks))
+        used = hit.blocks[: plan.hit_blocks]
         start = plan.replay_start_tokens
         chunk = min(seq.num_tokens - start, budget)
-        need = (max(0, self.blocks.blocks_for(start + chunk) - len(used))
-                + len(plan.replay_blocks))
-        if need > self.blocks.num_free - sum(1 for b in used if b.ref_cnt == 0):
+        need_blocks = (max(0, self.kv.blocks_for(start + chunk) - len(used))
+                       + len(plan.replay_blocks))
+        if need_blocks > self.kv.free_after(used):
             return None
-        self.blocks.open(_owner(seq), used, lookup_blocks=cap)
+        self.kv.open(seq, used, lookup_blocks=hit.cap_blocks)
         self._note_hit(seq, "hbm", len(used))
         self._start_running(seq, plan, pool_blocks=len(used))
-        if not self.blocks.grow(_owner(seq), start + chunk):
+        if not self.kv.grow(seq, start + chunk):
             raise EngineIntegrityError("pool lost free blocks during admission")
         return chunk
 
     def _note_hit(self, seq: Sequence, tier: str, first: int, count: int | None = None) -> None:
         """Hit tokens of a tier, counted over prompt positions only."""
-        bt, p = self.blocks.block_tokens, seq.num_prompt_tokens
+        bt, p = self.kv.block_tokens, seq.num_prompt_tokens
         start, end = (0, first) if count is None else (first, first + count)
         seq.stats.hit_tokens[tier] += max(0, min(end * bt, p) - min(start * bt, p))
 
@@ -220,60 +181,25 @@ class Scheduler:
         """Run ``seq`` from its plan's replay start. Its table holds the hit (the pool's
         ``pool_blocks`` first, then what the store filled) and maybe fresh blocks after it;
         a hit the plan shortened gives back the blocks past it."""
-        owner = _owner(seq)
-        table = self.blocks.table(owner)
-        h = plan.hit_blocks
-        if len(table) > h and table[h].key is not None:
-            self.blocks.truncate(owner, h)  # indexed blocks past the hit: not ours to write
-        shared = range(plan.replay_blocks.start, min(plan.replay_blocks.stop, pool_blocks))
-        seq.copied_stored_layers = {i: table[i].stored_layers for i in shared}
-        self.blocks.release(_reserve(seq))  # its blocks are the private copies' room
-        if shared:
-            self.copy_blocks(self.blocks.privatize(owner, shared.start, shared.stop))
+        self.kv.start_replay(seq, plan, pool_blocks)
         seq.plan = plan
         seq.num_computed_tokens = plan.replay_start_tokens
-        seq.num_cached_blocks = h
         seq.status = SequenceStatus.RUNNING
         self.running.append(seq)
 
     # -- background completions -------------------------------------------------------
     def poll(self) -> None:
-        """Take in finished loads and commits (a failed one is a miss), give up on late
-        loads."""
-        for job in self.loader.finished():
-            if job.error is not None:  # a bug, not store trouble: still only a miss
-                note_job_error("load", job.error, self.counters)
-                job.store_blocks = job.loaded_blocks = 0
-                job.tiers, job.sliding_loaded = (), ()
-            entry = self.loading.pop(job.seq_id, None)
-            if entry is None or job.cancelled:  # given up on earlier: just free its blocks
-                self.loads.release(job)
-                continue
-            self._loaded(entry[0], job)
-            self.loads.release(job)  # what it handed over is the request's now
-        now = time.monotonic()
-        for seq_id, (seq, job) in list(self.loading.items()):
-            if now > job.deadline_s and not job.done.is_set():
-                job.cancelled = True  # the loader stops; its blocks go when it reports
-                del self.loading[seq_id]
-                seq.stats.load_gave_up += 1
-                self.counters["loads_given_up_total"] += 1
-                hit = self.blocks.table(_owner(seq))
-                plan = self.planner.plan(seq.num_tokens,
-                                         [self.planner.has_sliding(b) for b in hit])
-                self._note_hit(seq, "hbm", plan.hit_blocks)
-                self._start_running(seq, plan, pool_blocks=len(hit))
-        self.commits.poll()
+        """Take in finished store transfers: requests whose load is over start running."""
+        self.connector.poll(self._loaded)
 
-    def _loaded(self, seq: Sequence, job: LoadJob) -> None:
-        seq.stats.store_lookup_s += job.lookup_s
-        seq.stats.store_load_s += job.load_s
-        hit, flags = self.loads.land(_owner(seq), job)
-        plan = self.planner.plan(seq.num_tokens, flags)
-        self._note_hit(seq, "hbm", min(hit, plan.hit_blocks))
-        for j, tier in enumerate(job.tiers[: max(0, plan.hit_blocks - hit)]):
-            self._note_hit(seq, tier, hit + j, 1)
-        self._start_running(seq, plan, pool_blocks=hit)
+    def _loaded(self, out: LoadOutcome) -> None:
+        seq = out.seq
+        del self.loading[seq.seq_id]
+        plan = self.kv.plan(seq, out.has_sliding)
+        self._note_hit(seq, "hbm", min(out.pool_blocks, plan.hit_blocks))
+        for j, tier in enumerate(out.tiers[: max(0, plan.hit_blocks - out.pool_blocks)]):
+            self._note_hit(seq, tier, out.pool_blocks + j, 1)
+        self._start_running(seq, plan, pool_blocks=out.pool_blocks)
 
     # -- after the forward pass -------------------------------------------------------
     def update(self, batch: ScheduledBatch, sampled: dict[int, int]) -> list[Sequence]:
@@ -288,12 +214,7 @@ class Scheduler:
             seq.stats.computed_tokens += max(0, min(start + n, seq.num_prompt_tokens) - start)
             if seq.plan is not None:  # the hit's own tokens run again: a replay
                 seq.stats.replayed_tokens += max(0, min(start + n, seq.plan.hit_tokens) - start)
-            full = self._cacheable_blocks(seq)
-            if full > seq.num_cached_blocks:
-                keys = seq.block_keys(self.ns)
-                self.blocks.cache(_owner(seq), keys, seq.num_cached_blocks, full,
-                                  self.planner.computed_layers)
-                seq.num_cached_blocks = full
+            self.kv.cache_computed(seq)
             if seq.num_computed_tokens < seq.num_tokens:
                 continue  # a prefill chunk short of the end: no token yet
             seq.token_ids.append(sampled[seq.seq_id])
@@ -307,13 +228,6 @@ class Scheduler:
                 finished.append(seq)
         return finished
 
-    def _cacheable_blocks(self, seq: Sequence) -> int:
-        """Leading blocks of ``seq`` computed and allowed in the pool index and the store."""
-        full = seq.num_computed_tokens // self.blocks.block_tokens
-        if not self.config.cache_generated_tokens:
-            full = min(full, seq.num_prompt_tokens // self.blocks.block_tokens)
-        return full
-
     def abort(self, seq: Sequence) -> None:
         """Stop ``seq`` now, wherever it is (a client went away): its blocks are freed at
         once; what it computed is committed like a finished request's. No-op once done."""
@@ -326,43 +240,39 @@ class Scheduler:
             seq.status = SequenceStatus.FINISHED
             return
         if seq.status is SequenceStatus.LOADING:
-            _, job = self.loading.pop(seq.seq_id)
-            job.cancelled = True  # the loader stops; its blocks go when it reports
-            self.blocks.release(_owner(seq))
-            self.blocks.release(_reserve(seq))  # room set aside for a replay's copies
+            del self.loading[seq.seq_id]
+            self.connector.abort_load(seq)  # the loader stops; its blocks go when it reports
+            self.kv.free(seq)  # its table and the room set aside for a replay's copies
             seq.status = SequenceStatus.FINISHED
             return
         self._finish(seq)
 
     def _finish(self, seq: Sequence) -> None:
-        owner = _owner(seq)
         self.running.remove(seq)
         seq.status = SequenceStatus.FINISHED
-        full = self._cacheable_blocks(seq)
         try:
-            if self.link.enabled and full:
-                self.commits.submit(seq, owner, full)
-        except Exception as e:  # a commit is best-effort: its failure costs store misses
-            note_job_error("commit", e, self.counters)
+            self.connector.on_finish(seq)  # best-effort: copies out what the store lacks
         finally:
-            self.blocks.release(owner)
+            self.kv.free(seq)
 
     def check_integrity(self) -> None:
         """The pool's accounting, and each sequence's blocks against its state."""
-        self.blocks.check_integrity()
-        bt = self.blocks.block_tokens
+        self.kv.check_integrity()
+        bt = self.kv.block_tokens
         for seq in self.waiting:
-            if self.blocks.holds(_owner(seq)) or seq.status is not SequenceStatus.WAITING:
+            if self.kv.holds(seq) or seq.status is not SequenceStatus.WAITING:
                 raise EngineIntegrityError(f"waiting {seq} holds blocks or has another status")
-        for seq, _job in self.loading.values():
-            if seq.status is not SequenceStatus.LOADING or not self.blocks.holds(_owner(seq)):
+        if set(self.loading) != set(self.connector.loading_ids):
+            raise EngineIntegrityError("the scheduler and the connector disagree on loads")
+        for seq in self.loading.values():
+            if seq.status is not SequenceStatus.LOADING or not self.kv.holds(seq):
                 raise EngineIntegrityError(f"loading {seq} is not loading or holds nothing")
         for seq in self.running:
             if seq.status is not SequenceStatus.RUNNING:
                 raise EngineIntegrityError(f"running list holds {seq}")
-            table = self.blocks.table(_owner(seq))
+            table = self.kv.table(seq)
             if len(table) * bt < seq.num_computed_tokens:
                 raise EngineIntegrityError(f"{seq} computed past its {len(table)} blocks")
             known = max(seq.num_computed_tokens, seq.plan.hit_tokens if seq.plan else 0)
-            if seq.num_cached_blocks > known // bt:
+            if self.kv.num_cached_blocks(seq) > known // bt:
                 raise EngineIntegrityError(f"{seq} indexed blocks it has not computed")

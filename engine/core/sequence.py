@@ -14,7 +14,7 @@ import torch
 from bounded_replay import ReplayPlan
 from engine.core.sampling_params import SamplingParams
 from engine.kv.request_scope import IDENTITY, RequestScope
-from kvstore.keys import Key, Namespace, chain_keys
+from kvstore.keys import Key, Namespace
 
 _ids = itertools.count()
 
@@ -86,22 +86,18 @@ class Sequence:
         self.status = SequenceStatus.WAITING
         # Tokens whose K/V are in the pool; the rest are computed by the next steps.
         self.num_computed_tokens = 0
-        # Leading blocks of this sequence's table already in the pool's prefix index (or,
-        # for the hit blocks a replay writes into, held as private copies).
-        self.num_cached_blocks = 0
         # The admission's replay plan (bounded_replay), set when the request starts running:
         # where its prefill started and which layers hold KV from where.
         self.plan: ReplayPlan | None = None
-        # Layers the store held for hit blocks swapped for private copies (chain index ->
-        # layers): their keys are the pool's originals', so the commit must not resend them.
-        self.copied_stored_layers: dict[int, frozenset[int]] = {}
         self.stats = SequenceStats()
         self.finish_reason: str | None = None
         self.generator: torch.Generator | None = None
         if not params.greedy:
             self.generator = torch.Generator()
             self.generator.manual_seed(params.seed if params.seed is not None else self.seq_id)
-        self._keys: dict[Namespace, list[Key]] = {}
+        # Chain keys per namespace, as far as computed (``engine.kv.kv_manager.keys`` fills
+        # it: the KV manager names blocks, the request only carries the memo).
+        self.key_memo: dict[Namespace, list[Key]] = {}
         # One entry per output token when ``params.logprobs`` is set (engine.core.sampler).
         self.logprobs: list[TokenLogprob] = []
         # The grammar's matcher when ``params.constraint`` is set (engine.structured).
@@ -127,20 +123,5 @@ class Sequence:
         """The engine namespace ``ns`` as this request sees it (its tenant, its salt)."""
         return self.scope.apply(ns)
 
-    def block_keys(self, ns: Namespace) -> list[Key]:
-        """Chain keys of every full block of the tokens so far (DESIGN §3): the same keys the
-        store uses, so one chain names a block in the pool and in the store. The chain is
-        that of the request's own namespace (``namespace(ns)``), so requests of different
-        scopes never share a block."""
-        ns = self.namespace(ns)
-        n = len(self.token_ids) // ns.block_tokens
-        keys = self._keys.get(ns)
-        if keys is None or len(keys) != n:
-            # Rehashing from the root when a block fills costs microseconds per block; the
-            # store's key API has no incremental form, and the chain must be its own.
-            keys = self._keys[ns] = chain_keys(ns, self.token_ids[: n * ns.block_tokens])
-        return keys
-
     def reset_replay(self) -> None:
         self.plan = None
-        self.copied_stored_layers = {}

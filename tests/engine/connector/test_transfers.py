@@ -62,7 +62,7 @@ def test_a_fresh_engine_loads_the_prefix_from_the_store(store: WrappedStore) -> 
         assert b.stats.computed_tokens == len(follow) - stored * BT
         assert b.output_ids == greedy_continuation(follow, GREEDY.max_new_tokens)
         # The loaded blocks hold the first engine's K/V, and the commit sent only the rest.
-        keys = b.block_keys(second.ns)
+        keys = second.kv.keys(b)
         for i, block in enumerate(second.blocks.pool.longest_prefix(keys[:stored])):
             got = torch.stack(
                 [second.cache.k[layer][block.block_id, :, 0, 0] for layer in range(LAYERS)]
