@@ -38,12 +38,12 @@ import torch
 
 from bench.engine_args import add_engine_args, model_and_store_root
 from bench.harness import machine
-from engine.config import EngineConfig
+from engine.connector.store_link import KVStoreLink, NullStoreLink, StoreLink
+from engine.core.config import EngineConfig
+from engine.core.llm_engine import LLMEngine
+from engine.core.sampling_params import SamplingParams
+from engine.core.sequence import Sequence
 from engine.kv.namespace import engine_namespace
-from engine.kv.store_link import KVStoreLink, NullStoreLink, StoreLink
-from engine.llm_engine import LLMEngine
-from engine.sampling_params import SamplingParams
-from engine.sequence import Sequence
 from kvstore.embedded import open_embedded
 from kvstore.keys import Key, Namespace
 from kvstore.tier import CommitResult, KVStore

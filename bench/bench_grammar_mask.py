@@ -127,12 +127,12 @@ def libs(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def engine_ratio(args: argparse.Namespace) -> dict[str, Any]:
-    from engine.config import EngineConfig
+    from engine.connector.store_link import NullStoreLink
+    from engine.core.config import EngineConfig
+    from engine.core.llm_engine import LLMEngine
+    from engine.core.sampling_params import SamplingParams
     from engine.kv.namespace import engine_namespace
-    from engine.kv.store_link import NullStoreLink
-    from engine.llm_engine import LLMEngine
     from engine.model.loader import load_model
-    from engine.sampling_params import SamplingParams
     from engine.structured.backend import GrammarBackend
     from engine.structured.spec import json_schema
 
@@ -181,14 +181,14 @@ def sampler_cost(args: argparse.Namespace) -> dict[str, Any]:
     document, next to the model's own decode step for 8 requests: what structured decoding
     adds to a step, the ratio robust to a busy machine's noise (the parts are timed
     apart, each the median of many)."""
-    from engine.config import EngineConfig
+    from engine.connector.store_link import NullStoreLink
+    from engine.core.config import EngineConfig
+    from engine.core.llm_engine import LLMEngine
+    from engine.core.sampler import sample
+    from engine.core.sampling_params import SamplingParams
+    from engine.core.sequence import Sequence
     from engine.kv.namespace import engine_namespace
-    from engine.kv.store_link import NullStoreLink
-    from engine.llm_engine import LLMEngine
     from engine.model.loader import load_model
-    from engine.sampler import sample
-    from engine.sampling_params import SamplingParams
-    from engine.sequence import Sequence
     from engine.structured.backend import GrammarBackend
     from engine.structured.spec import json_schema
 

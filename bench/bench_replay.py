@@ -34,13 +34,13 @@ import torch
 from bench.engine_args import add_engine_args, model_and_store_root
 from bench.harness import machine
 from bounded_replay import default_keep_tokens
-from engine.config import EngineConfig
+from engine.connector.store_link import KVStoreLink, NullStoreLink, StoreLink
+from engine.core.config import EngineConfig
+from engine.core.llm_engine import LLMEngine
+from engine.core.sampling_params import SamplingParams
+from engine.core.sequence import Sequence
 from engine.kv.namespace import engine_namespaces
-from engine.kv.store_link import KVStoreLink, NullStoreLink, StoreLink
-from engine.llm_engine import LLMEngine
 from engine.model.loader import LoadedModel, load_model
-from engine.sampling_params import SamplingParams
-from engine.sequence import Sequence
 from kvstore.embedded import open_embedded
 from kvstore.keys import Namespace, chain_keys
 from kvstore.tier import CommitResult, KVStore

@@ -9,7 +9,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from engine.config import EngineConfig
+from engine.core.config import EngineConfig
 
 
 def add_engine_args(

@@ -5,7 +5,7 @@ malformed session file, a checkpoint the engine cannot load) raises an
 ``EngineInputError``, which is also a ``ValueError``: the CLI prints it as one line and
 exits 2. A broken internal invariant raises
 ``EngineIntegrityError`` from a ``check_integrity()``. Store trouble is never an engine
-error: it is a miss (``engine.kv.store_link``).
+error: it is a miss (``engine.connector.store_link``).
 """
 
 from __future__ import annotations

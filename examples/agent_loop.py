@@ -26,9 +26,10 @@ import openai
 
 REPO = Path(__file__).resolve().parents[1]
 RESULT_CHARS = 400  # a tool result's size: the per-turn growth of the history
-FILES = ["README.md", "pyproject.toml", "engine/server/README.md", "engine/sampler.py",
-         "engine/sampling_params.py", "engine/server/tool_parsers.py", "engine/scheduler.py",
-         "engine/llm_engine.py", "engine/server/app.py", "engine/structured/spec.py"]
+FILES = ["README.md", "pyproject.toml", "engine/server/README.md", "engine/core/sampler.py",
+         "engine/core/sampling_params.py", "engine/server/tool_parsers.py",
+         "engine/core/scheduler.py", "engine/core/llm_engine.py", "engine/server/app.py",
+         "engine/structured/spec.py"]
 TOOLS: list[dict[str, Any]] = [
     {"type": "function", "function": {
         "name": "read_file", "description": "Read a file of the repository (its start).",

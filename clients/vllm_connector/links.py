@@ -3,7 +3,7 @@
 With ``distributed_executor_backend="uni"`` vLLM builds the scheduler-side and the
 worker-side connector in one process; an embedded store may be opened by one process only
 (its SSD directory's lock), so both roles must use one link. The link is
-``engine.kv.stores.open_store_link``'s, the one ``kvengine`` uses: every store failure is a
+``engine.connector.stores.open_store_link``'s, the one ``kvengine`` uses: every store failure is a
 counted miss with one warning, never an error.
 """
 
@@ -14,8 +14,8 @@ import threading
 from collections.abc import Callable
 
 from clients.vllm_connector.config import ConnectorConfig
-from engine.kv.store_link import StoreLink
-from engine.kv.stores import StoreOptions, open_store_link
+from engine.connector.store_link import StoreLink
+from engine.connector.stores import StoreOptions, open_store_link
 from kvstore.keys import Namespace
 
 _lock = threading.Lock()

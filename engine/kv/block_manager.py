@@ -15,6 +15,7 @@ from collections.abc import Hashable, Sequence
 
 from engine.errors import EngineIntegrityError
 from engine.kv.block_pool import BlockPool, KVBlock
+from engine.kv.kv_events import KVEventListener
 from kvstore.keys import Key
 from kvstore.tier import SizeClassStats, TierStats
 
@@ -22,8 +23,9 @@ Owner = Hashable
 
 
 class BlockManager:
-    def __init__(self, num_blocks: int, block_tokens: int, bytes_per_block: int) -> None:
-        self.pool = BlockPool(num_blocks)
+    def __init__(self, num_blocks: int, block_tokens: int, bytes_per_block: int,
+                 events: KVEventListener | None = None) -> None:
+        self.pool = BlockPool(num_blocks, events)
         self.block_tokens = block_tokens
         self.bytes_per_block = bytes_per_block
         self._tables: dict[Owner, list[KVBlock]] = {}

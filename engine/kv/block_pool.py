@@ -20,6 +20,9 @@ replayed or completed from the store, never read as if it held them.
 Allocation takes empty blocks first, then evicts the least recently freed cached block.
 Sequences free their blocks tail first, so the tail of a chain is evicted first and what
 stays cached of a chain is always a prefix, as in the store's tiers (DESIGN §6).
+
+Every change of the index is reported to ``events`` (``engine.kv.kv_events``): a block
+indexed (stored), a block evicted (removed), the index reset (all cleared).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from engine.errors import EngineIntegrityError
+from engine.kv.kv_events import KVEventListener, NullKVEventListener
 from kvstore.keys import Key
 
 
@@ -49,7 +53,8 @@ class NoFreeBlocks(Exception):
 
 
 class BlockPool:
-    def __init__(self, num_blocks: int) -> None:
+    def __init__(self, num_blocks: int,
+                 events: KVEventListener | None = None) -> None:
         if num_blocks < 1:
             raise ValueError(f"a pool needs at least one block, got {num_blocks}")
         self.blocks = [KVBlock(i) for i in range(num_blocks)]
@@ -58,6 +63,7 @@ class BlockPool:
         self._cached_free: OrderedDict[int, KVBlock] = OrderedDict()  # LRU first
         self._index: dict[Key, KVBlock] = {}
         self.counters: Counter[str] = Counter()
+        self.events = events if events is not None else NullKVEventListener()
 
     @property
     def num_blocks(self) -> int:
@@ -105,6 +111,23 @@ class BlockPool:
         block.layers = layers
         self._index[key] = block
         self.counters["cached_blocks_total"] += 1
+        self.events.block_stored(block.block_id, key, layers)
+        return True
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached block (a new model or a test's clean slate). Only while no
+        block is in use, as vLLM's: a held block's key is still its owner's. Returns
+        whether the index was reset."""
+        if self.num_free != self.num_blocks:
+            return False
+        for block in self._cached_free.values():
+            block.key = None
+            block.layers = block.stored_layers = frozenset()
+            self._empty.append(block)
+        self._cached_free.clear()
+        self._index.clear()
+        self.counters["prefix_cache_resets_total"] += 1
+        self.events.all_cleared()
         return True
 
     # -- references -------------------------------------------------------------------
@@ -129,6 +152,7 @@ class BlockPool:
                 _, block = self._cached_free.popitem(last=False)
                 assert block.key is not None  # only keyed blocks enter the cached queue
                 del self._index[block.key]
+                self.events.block_removed(block.block_id, block.key)
                 block.key = None
                 block.layers = block.stored_layers = frozenset()
                 self.counters["evicted_blocks_total"] += 1

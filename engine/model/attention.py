@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 import kernels
-from engine.forward_batch import ForwardBatch
+from engine.core.forward_batch import ForwardBatch
 from engine.model.config import ModelConfig
 from engine.model.norm import RMSNorm
 from engine.model.rope import apply_rotary

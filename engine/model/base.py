@@ -7,7 +7,7 @@ from abc import ABC, abstractmethod
 import torch
 from torch import nn
 
-from engine.forward_batch import ForwardBatch
+from engine.core.forward_batch import ForwardBatch
 from engine.kv.cache import KVCache
 from engine.model.spec import ModelSpec
 

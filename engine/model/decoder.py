@@ -16,7 +16,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from engine.forward_batch import ForwardBatch
+from engine.core.forward_batch import ForwardBatch
 from engine.kv.cache import KVCache
 from engine.model.attention import Attention
 from engine.model.base import CausalLM

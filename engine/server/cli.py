@@ -16,12 +16,12 @@ import sys
 import time
 from pathlib import Path
 
-from engine.config import EngineConfig
+from engine.connector.stores import StoreOptions, open_store_link
+from engine.core.config import EngineConfig
+from engine.core.llm_engine import LLMEngine
+from engine.entrypoints.generate import add_engine_flags, add_model_flags
 from engine.errors import EngineInputError
-from engine.generate import add_engine_flags, add_model_flags
 from engine.kv.namespace import engine_namespace
-from engine.kv.stores import StoreOptions, open_store_link
-from engine.llm_engine import LLMEngine
 from engine.model.chat_template import ChatTemplate
 from engine.model.loader import load_model
 from engine.server.engine_loop import EngineLoop

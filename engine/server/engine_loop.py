@@ -23,11 +23,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from engine.core.llm_engine import LLMEngine
+from engine.core.sampling_params import SamplingParams
+from engine.core.sequence import Sequence, TokenLogprob
 from engine.errors import EngineError
 from engine.kv.request_scope import RequestScope
-from engine.llm_engine import LLMEngine
-from engine.sampling_params import SamplingParams
-from engine.sequence import Sequence, TokenLogprob
 
 log = logging.getLogger("engine.server")
 

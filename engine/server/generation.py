@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 from fastapi import Request
 
+from engine.core.sequence import TokenLogprob
 from engine.errors import EngineInputError
-from engine.sequence import TokenLogprob
 from engine.server.engine_loop import DoneEvent, ErrorEvent, Event, Handle, TokensEvent
 from engine.server.errors import APIError, bad_request, internal
 from engine.server.metrics import cached_tokens, replayed_tokens, ttft_parts

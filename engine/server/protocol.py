@@ -17,9 +17,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
+from engine.core.sampling_params import SamplingParams
 from engine.errors import EngineInputError
 from engine.model.generation_config import NO_DEFAULTS, SamplingDefaults
-from engine.sampling_params import SamplingParams
 from engine.server.chat_request import ChatPrompt, parse_chat
 from engine.server.errors import APIError, bad_request, unsupported
 from engine.server.request_sampling import boolean, integer, sampling_fields

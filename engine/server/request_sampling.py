@@ -8,8 +8,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from engine.core.sampling_params import LOGIT_BIAS_LIMIT, MAX_TOP_LOGPROBS
 from engine.model.generation_config import NO_DEFAULTS, SamplingDefaults
-from engine.sampling_params import LOGIT_BIAS_LIMIT, MAX_TOP_LOGPROBS
 from engine.server.errors import bad_request
 
 MAX_N = 16  # choices per request: each is a sequence of its own in the batch

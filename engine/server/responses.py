@@ -7,8 +7,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from engine.core.sequence import TokenLogprob
 from engine.model.tokenizer import Tokenizer
-from engine.sequence import TokenLogprob
 
 
 def token_text(tok: Tokenizer, token_id: int) -> str:

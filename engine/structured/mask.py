@@ -11,7 +11,7 @@ import llguidance
 import llguidance.torch as llt
 import torch
 
-from engine.sequence import Sequence
+from engine.core.sequence import Sequence
 
 _EXECUTOR = llguidance.LLExecutor()  # its thread pool fills the rows' masks in parallel
 

@@ -10,11 +10,11 @@ from typing import Any
 
 import torch
 
-from engine.config import EngineConfig
+from engine.connector.store_link import KVStoreLink, NullStoreLink, StoreLink
+from engine.core.config import EngineConfig
+from engine.core.llm_engine import LLMEngine
+from engine.core.sampling_params import SamplingParams
 from engine.kv.namespace import engine_namespace
-from engine.kv.store_link import KVStoreLink, NullStoreLink, StoreLink
-from engine.llm_engine import LLMEngine
-from engine.sampling_params import SamplingParams
 from kvstore.buffers import byte_view
 from kvstore.embedded import open_embedded
 from kvstore.errors import StoreUnavailable

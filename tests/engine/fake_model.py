@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 
 import kernels
-from engine.forward_batch import ForwardBatch
+from engine.core.forward_batch import ForwardBatch
 from engine.kv.cache import KVCache
 from engine.model.base import CausalLM
 from engine.model.spec import ModelSpec

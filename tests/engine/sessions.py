@@ -16,15 +16,15 @@ from pathlib import Path
 
 import torch
 
-from engine.config import EngineConfig
-from engine.generate import TurnResult, play
+from engine.connector.store_link import NullStoreLink, StoreLink
+from engine.core.config import EngineConfig
+from engine.core.llm_engine import LLMEngine
+from engine.core.sampling_params import SamplingParams
+from engine.core.sequence import Sequence
+from engine.entrypoints.generate import TurnResult, play
+from engine.entrypoints.session import Conversation, SessionTurn
 from engine.kv.namespace import engine_namespace
-from engine.kv.store_link import NullStoreLink, StoreLink
-from engine.llm_engine import LLMEngine
 from engine.model.loader import LoadedModel
-from engine.sampling_params import SamplingParams
-from engine.sequence import Sequence
-from engine.session import Conversation, SessionTurn
 from tests.engine.model.compare import assert_greedy_close, assert_logits_close
 
 WORDS = ("block", "chain", "tier", "pool", "token", "prefix", "store", "commit", "load",

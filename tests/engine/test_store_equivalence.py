@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from engine.generate import TurnResult
+from engine.connector.store_link import KVStoreLink, StoreLink
+from engine.connector.stores import StoreOptions, open_store_link
+from engine.core.llm_engine import LLMEngine
+from engine.entrypoints.generate import TurnResult
+from engine.entrypoints.session import Conversation
 from engine.kv.namespace import engine_namespace
-from engine.kv.store_link import KVStoreLink, StoreLink
-from engine.kv.stores import StoreOptions, open_store_link
-from engine.llm_engine import LLMEngine
 from engine.model.loader import LoadedModel
-from engine.session import Conversation
 from kvstore.embedded import open_embedded
 from kvstore.keys import chain_keys
 from kvstore.testing.daemon_process import DaemonProcess

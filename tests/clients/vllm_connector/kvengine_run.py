@@ -6,12 +6,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine.config import EngineConfig
+from engine.connector.stores import StoreOptions, open_store_link
+from engine.core.config import EngineConfig
+from engine.core.llm_engine import LLMEngine
+from engine.core.sampling_params import SamplingParams
 from engine.kv.namespace import engine_namespace
-from engine.kv.stores import StoreOptions, open_store_link
-from engine.llm_engine import LLMEngine
 from engine.model.loader import LoadedModel, load_model
-from engine.sampling_params import SamplingParams
 
 MAX_NEW_TOKENS = 8  # as the vLLM runs
 

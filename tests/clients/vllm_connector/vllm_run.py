@@ -41,7 +41,7 @@ def wait_for_hit(spec: dict[str, Any], prompt: list[int], tokens: int, timeout_s
 
     from clients.vllm_connector.config import ConnectorConfig
     from clients.vllm_connector.namespace import base_namespace, checkpoint_model_spec
-    from engine.kv.stores import StoreOptions, open_store_link
+    from engine.connector.stores import StoreOptions, open_store_link
     from kvstore.keys import chain_keys
 
     cfg = ConnectorConfig.from_extra(spec["connector"])

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from engine.forward_batch import DecodeMeta, ForwardBatch, PrefillMeta
+from engine.core.forward_batch import DecodeMeta, ForwardBatch, PrefillMeta
 from engine.kv.cache import KVCache, KVCacheShape
 from engine.model.base import CausalLM
 from kernels import get_backend

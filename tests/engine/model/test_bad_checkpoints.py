@@ -13,7 +13,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from engine import cli
+from engine.entrypoints import cli
 from engine.errors import (
     CheckpointError,
     ConfigError,

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 import torch
 
-from engine.config import EngineConfig
+from engine.core.config import EngineConfig
 from engine.kv.namespace import engine_namespaces
 from engine.model import load_model
 from engine.model.loader import LoadedModel

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine import cli
+from engine.entrypoints import cli
 from engine.model import load_model
 from engine.model.config import parse_config
 from engine.model.make_model import make_model

@@ -7,13 +7,13 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.config import EngineConfig
+from engine.connector.store_link import KVStoreLink, NullStoreLink, StoreLink
+from engine.core.config import EngineConfig
+from engine.core.llm_engine import LLMEngine
+from engine.core.sampling_params import SamplingParams
+from engine.core.sequence import Sequence
 from engine.kv.namespace import engine_namespace
-from engine.kv.store_link import KVStoreLink, NullStoreLink, StoreLink
-from engine.llm_engine import LLMEngine
 from engine.model.loader import LoadedModel
-from engine.sampling_params import SamplingParams
-from engine.sequence import Sequence
 from kvstore.tier import KVStore
 
 BT = 16

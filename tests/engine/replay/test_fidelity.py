@@ -1,5 +1,5 @@
-"""``engine.fidelity``: the comparison against a cold run, and multi-turn sessions on the
-4-layer hybrid checkpoint, where a replay really drifts."""
+"""``engine.entrypoints.fidelity``: the comparison against a cold run, and multi-turn
+sessions on the 4-layer hybrid checkpoint, where a replay really drifts."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import itertools
 import pytest
 import torch
 
-from engine.fidelity import (
+from engine.entrypoints.fidelity import (
     FidelityCase,
     FidelityRunner,
     FidelitySettings,

@@ -1,6 +1,7 @@
-"""``engine.forced_fidelity``: the teacher-forced comparison, the forcing itself, the noise
-floor and the cached runs on the 4-layer hybrid checkpoint (a replay really drifts there);
-``engine.fidelity_prompts``: the real-text prompts; ``engine.fidelity_report``: the rule.
+"""``engine.entrypoints.forced_fidelity``: the teacher-forced comparison, the forcing
+itself, the noise floor and the cached runs on the 4-layer hybrid checkpoint (a replay
+really drifts there); ``engine.entrypoints.fidelity_prompts``: the real-text prompts;
+``engine.entrypoints.fidelity_report``: the rule.
 One test on the real Gemma 3 270M (a small context): exact mode is exact in float32."""
 
 from __future__ import annotations
@@ -10,10 +11,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.config import EngineConfig
-from engine.fidelity_prompts import FINAL, agent_prompt, session_text
-from engine.fidelity_report import check_rule, verdict
-from engine.forced_fidelity import (
+from engine.core.config import EngineConfig
+from engine.entrypoints.fidelity_prompts import FINAL, agent_prompt, session_text
+from engine.entrypoints.fidelity_report import check_rule, verdict
+from engine.entrypoints.forced_fidelity import (
     ForcedRun,
     ForcedRunner,
     ForcedSettings,

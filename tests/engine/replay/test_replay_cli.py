@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from bounded_replay import MEASURED_FIDELITY
-from engine import cli
+from engine.entrypoints import cli
 from tests.engine.sessions import agent_session, write_session_file
 
 # tiny: 2 layers (the sliding one first), 2 KV heads of 16, float32 K and V.

@@ -171,7 +171,7 @@ def test_a_replay_writes_private_copies_of_shared_pool_blocks(
         # Z loads 5 blocks (full layers only) and replays from 80 − 36 = 44 into them.
         z = request(eng, p[: 5 * BT + 1])
         assert z.seq.stats.replayed_tokens == KEEP
-        keys = z.seq.block_keys(eng.ns)
+        keys = eng.kv.keys(z.seq)
         shared = [b.block_id for b in eng.blocks.pool.longest_prefix(keys[:5])]
         assert len(shared) == 5
         # The replay kept the cached full-layer KV: the pool holds the store's bytes.

@@ -12,7 +12,7 @@ from pathlib import Path
 import openai
 import pytest
 
-from engine.config import EngineConfig
+from engine.core.config import EngineConfig
 from engine.model.tokenizer import Tokenizer
 from tests.engine.server.serve_process import ServeProcess
 

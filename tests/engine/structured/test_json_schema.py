@@ -12,12 +12,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine.config import EngineConfig
+from engine.connector.store_link import NullStoreLink
+from engine.core.config import EngineConfig
+from engine.core.llm_engine import LLMEngine
+from engine.core.sampling_params import SamplingParams
 from engine.kv.namespace import engine_namespace
-from engine.kv.store_link import NullStoreLink
-from engine.llm_engine import LLMEngine
 from engine.model.loader import LoadedModel
-from engine.sampling_params import SamplingParams
 from engine.structured.backend import GrammarBackend
 from engine.structured.spec import ConstraintSpec, json_schema
 

@@ -18,10 +18,10 @@ import pytest
 from tests.kernels.triton.conftest import DEVICE
 
 try:
-    from engine.config import EngineConfig
+    from engine.connector.store_link import NullStoreLink
+    from engine.core.config import EngineConfig
+    from engine.core.llm_engine import LLMEngine
     from engine.kv.namespace import engine_namespace
-    from engine.kv.store_link import NullStoreLink
-    from engine.llm_engine import LLMEngine
     from engine.model.loader import LoadedModel, load_model
     from engine.model.make_model import make_model
     from tests.engine.sessions import Recorded, agent_session, assert_same_session, play_recorded

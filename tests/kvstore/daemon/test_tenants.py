@@ -53,7 +53,7 @@ def test_whoami(spawn_daemon: SpawnDaemon, tmp_path: Path) -> None:
         me = a.whoami()
         assert (me.tenant, me.admin, me.authenticated) == ("alice", False, True)
         assert a.tenant() == "alice"
-        from engine.kv.stores import store_tenant  # what the engine builds namespaces with
+        from engine.connector.stores import store_tenant  # what the engine builds namespaces with
 
         assert store_tenant(a) == "alice"
         assert o.whoami().admin

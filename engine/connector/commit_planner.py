@@ -1,0 +1,100 @@
+"""What the store gets of a finished request, and what it is then known to hold.
+
+When a request finishes, the blocks of its sequence (prompt and generated tokens) that
+hold a store link's layers and that the store is not known to hold go, per link, to the
+background committer (``engine.connector.committer``) as a ``CommitJob``, their bytes copied
+out of the pool into bounded staging rows first (so the pool blocks go back at once, and a
+slow store never holds them; under back-pressure a commit is cut short or dropped, never
+waited for). The primary link's chain is always
+sent, even when nothing in it is new: the commit refreshes the store's recency. Exact
+mode for a hybrid model sends the sliding layers to their own namespace, only when some
+block has them to send. Once the store answered, the pool blocks it accepted (and that
+were not reused meanwhile) are marked stored, so later requests do not send them again;
+after a commit that dropped any block, none are (the result does not say which).
+
+It is the store connector's (``engine.connector.store_connector``): the scheduler decides
+when a request finishes, this what goes to the store, from each block's layers as the KV
+manager (``engine.kv.kv_manager``) records them.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from engine.connector.committer import CommitJob, KVCommitter
+from engine.connector.store_link import StoreLink
+from engine.connector.transfer import note_job_error
+from engine.core.sequence import Sequence
+from engine.kv.kv_manager import KVManager
+
+
+class CommitPlanner:
+    """Commits for finished sequences over ``links`` (the primary first); ``counters``:
+    the engine's (failed commits are counted there)."""
+
+    def __init__(
+        self,
+        kv: KVManager,
+        links: tuple[StoreLink, ...],
+        committer: KVCommitter,
+        counters: Counter[str],
+    ) -> None:
+        self.kv = kv
+        self.links = links
+        self.committer = committer
+        self.counters = counters
+
+    def submit(self, seq: Sequence, full: int) -> None:
+        """Send the first ``full`` blocks of the finished ``seq`` (still holding its table)
+        that the store lacks, one job per link. Their bytes are copied out of the pool now
+        (the caller may free the blocks at once); under back-pressure a job sends the head
+        its staging rows hold, or is dropped, and the link counts the blocks left out."""
+        kv = self.kv
+        block_ids = kv.block_ids(seq)[:full]
+        layers_of = kv.layers_of(seq, full)
+        held, stored = layers_of.held, layers_of.stored
+        pool_keys = kv.keys(seq)
+        for link in self.links:
+            layers = frozenset(link.ns.cached_layers)
+            send = [i for i in range(full) if layers <= held[i] and not layers <= stored[i]]
+            if link is not self.links[0] and not send:
+                continue  # the primary chain is always sent: it refreshes recency
+            staged = self.committer.stage(link, [block_ids[i] for i in send])
+            kept = 0 if staged is None else len(staged.rows)
+            if kept < len(send):
+                link.note_unsent(len(send) - kept)
+            if staged is None:
+                continue
+            if not kept and send and link is not self.links[0]:
+                self.committer.staging.give_back(staged.span)
+                continue
+            send = send[:kept]
+            try:
+                self.committer.submit(CommitJob(
+                    link=link, keys=kv.keys(seq, link.ns)[:full], indices=send,
+                    block_ids=[block_ids[i] for i in send],
+                    pool_keys=[pool_keys[i] for i in send], staged=staged, scope=seq.scope))
+            except BaseException:
+                self.committer.staging.give_back(staged.span)
+                raise
+
+    def poll(self) -> None:
+        """Take in the committer's reports: mark stored what the store accepted. A failed
+        job is counted (a miss)."""
+        for job in self.committer.finished():
+            if job.error is not None:
+                note_job_error("commit", job.error, self.counters)
+                continue
+            self._mark_stored(job)
+
+    def _mark_stored(self, job: CommitJob) -> None:
+        """The store answered ``job``: mark the pool blocks it accepted as stored."""
+        res = job.result
+        if res is None or res.dropped:
+            # A commit that dropped blocks does not say which: the ones already present
+            # may sit anywhere among those sent, and the drops fall among the new ones
+            # (their tail, or wherever the top tier refused). Marking none costs a resend
+            # of what was stored; marking a dropped block would keep it out of the store
+            # for as long as the pool holds it.
+            return
+        self.kv.mark_stored(job.block_ids, job.pool_keys, frozenset(job.link.ns.cached_layers))
