@@ -13,6 +13,12 @@
  * Each tier follows kvstore/eviction/s3fifo.py step for step (a small FIFO of 10 % of the
  * capacity, a main FIFO, a ghost FIFO of keys evicted from the small queue, counters
  * saturating at 3), on arrays indexed by block id: 9 bytes per block and tier.
+ *
+ * Tiers of equal capacity and expiry (the HBM of every point of an SSD sweep) are one state.
+ * A finite tier that has never had to evict equals an unbounded one of its expiry class, so
+ * it rides that state, without arrays of its own, until a commit could take it past its
+ * capacity; then it forks (copies the arrays). The large points of a sweep that never fill
+ * up cost nothing beyond the one unbounded state.
  */
 #include "_hitrate_s3fifo.h"
 
@@ -93,9 +99,45 @@ static inline void tier_access(S3Tier *T, uint32_t g) {
 }
 
 static inline int tier_holds(const S3Tier *T, uint32_t g) {
-    if (!T->cap) return 0; /* absent: no arrays */
+    if (!T) return 0; /* absent */
     int w = T->st[g] & 3;
     return w == S3_SMALL || w == S3_MAIN;
+}
+
+static inline int is_live(const S3Tier *T) { return !T->riding && !T->dead; }
+
+/* The state that answers for tier `i` of point `p`: its own, or the one it rides. */
+static inline const S3Tier *view(const S3Fifo *s, int p, int i) {
+    int k = s->tier_state[p * TIERS + i];
+    if (k < 0) return NULL;
+    const S3Tier *T = &s->states[k];
+    return T->riding ? &s->states[T->expires] : T;
+}
+
+/* T stops riding: it takes a copy of the unbounded state it equals (before the commit that
+ * could make it evict for the first time). The unbounded state dies with its last reader. */
+static int fork_state(S3Fifo *s, S3Tier *T) {
+    S3Tier *U = &s->states[T->expires];
+    size_t n = s->ids_size;
+    T->prev = malloc(n * sizeof(uint32_t));
+    T->next = malloc(n * sizeof(uint32_t));
+    T->st = malloc(n);
+    if (!T->prev || !T->next || !T->st) {
+        fail_oom(s);
+        return -1;
+    }
+    memcpy(T->prev, U->prev, n * sizeof(uint32_t));
+    memcpy(T->next, U->next, n * sizeof(uint32_t));
+    memcpy(T->st, U->st, n);
+    memcpy(T->q, U->q, sizeof T->q);
+    T->riding = 0;
+    if (--U->riders == 0 && !U->direct) {
+        free(U->prev), free(U->next), free(U->st);
+        U->prev = U->next = NULL;
+        U->st = NULL;
+        U->dead = 1;
+    }
+    return 0;
 }
 
 /* ---- block ids ---------------------------------------------------------------------------- */
@@ -117,9 +159,9 @@ static int grow_ids(S3Fifo *s) {
         GROW(s->rprev, uint32_t)
         GROW(s->rnext, uint32_t)
     }
-    for (int i = 0; i < s->npoints * TIERS; i++) {
-        S3Tier *T = &s->tiers[i];
-        if (!T->cap) continue;
+    for (int i = 0; i < s->nstates; i++) {
+        S3Tier *T = &s->states[i];
+        if (!is_live(T)) continue;
         GROW(T->prev, uint32_t)
         GROW(T->next, uint32_t)
         GROW(T->st, uint8_t)
@@ -198,9 +240,9 @@ static void expire(S3Fifo *s, double cutoff) {
     while (s->rhead && s->last_t[s->rhead] < cutoff) {
         uint32_t g = s->rhead;
         r_unlink(s, g);
-        for (int p = 0; p < s->npoints; p++) {
-            S3Tier *T = &s->tiers[p * TIERS + 2];
-            int w = T->expires ? T->st[g] & 3 : S3_NONE;
+        for (int i = 0; i < s->nstates; i++) {
+            S3Tier *T = &s->states[i];
+            int w = T->expires && is_live(T) ? T->st[g] & 3 : S3_NONE;
             if (w == S3_SMALL || w == S3_MAIN) q_unlink(T, w, g);
         }
     }
@@ -236,32 +278,49 @@ int s3_request(S3Fifo *s, const uint64_t *keys, Py_ssize_t n, double t, int64_t 
     if (big_l > 0) s->ratio_requests++;
     s->accesses += n;
     for (int p = 0; p < s->npoints; p++) {
-        S3Tier *tier = &s->tiers[p * TIERS];
-        int64_t hit = 0, tok[TIERS] = {0, 0, 0}, blk[TIERS] = {0, 0, 0};
-        /* the longest prefix present in the union, each block in the fastest tier holding it */
-        for (Py_ssize_t j = 0; j < n; j++) {
-            uint32_t g = ids[j];
-            int i;
-            if (tier_holds(&tier[0], g)) i = 0;
-            else if (tier_holds(&tier[1], g)) i = 1;
-            else if (tier_holds(&tier[2], g)) i = 2;
-            else break;
-            int64_t w = block_weight(j, b, big_l);
-            tok[i] += w;
-            blk[i] += 1;
-            hit += w;
+        const S3Tier **v = &s->views[p * TIERS];
+        int64_t *tok = &s->hits[p * 7], *blk = tok + TIERS, *hitp = tok + 6;
+        for (int i = 0; i < TIERS; i++) v[i] = view(s, p, i);
+        /* a point with the same three states as the one before it (the top of a sweep,
+         * riding the unbounded state) has the same hits */
+        if (p > 0 && !memcmp(v - TIERS, v, sizeof(*v) * TIERS)) {
+            memcpy(tok, tok - 7, 7 * sizeof(int64_t));
+        } else {
+            memset(tok, 0, 7 * sizeof(int64_t));
+            /* the longest prefix present in the union, each block in the fastest tier */
+            for (Py_ssize_t j = 0; j < n; j++) {
+                uint32_t g = ids[j];
+                int i;
+                if (tier_holds(v[0], g)) i = 0;
+                else if (tier_holds(v[1], g)) i = 1;
+                else if (tier_holds(v[2], g)) i = 2;
+                else break;
+                int64_t w = block_weight(j, b, big_l);
+                tok[i] += w;
+                blk[i] += 1;
+                *hitp += w;
+            }
         }
+        int64_t hit = *hitp;
         for (int i = 0; i < TIERS; i++) {
             s->tier_tokens[p * TIERS + i] += tok[i];
             s->tier_blocks[p * TIERS + i] += blk[i];
         }
         if (big_l > 0) s->ratio_sum[p] += (double)hit / (double)big_l;
         if (hit > 0) s->replay_tokens[p] += hit < s->keep_tokens ? hit : s->keep_tokens;
-        /* commit the chain to every tier, last to first */
-        for (int i = 0; i < TIERS; i++) {
-            if (!tier[i].cap) continue;
-            for (Py_ssize_t j = n - 1; j >= 0; j--) tier_access(&tier[i], ids[j]);
-        }
+    }
+    /* commit the chain to every state, last to first; a riding state that this chain could
+     * take past its capacity forks first (n bounds the blocks the chain adds) */
+    for (int i = 0; i < s->nstates; i++) {
+        S3Tier *T = &s->states[i];
+        if (!T->riding) continue;
+        const S3Queue *q = s->states[T->expires].q;
+        if (q[S3_SMALL].len + q[S3_MAIN].len + n > T->cap && fork_state(s, T) < 0) return -1;
+    }
+    for (int i = 0; i < s->nstates; i++) {
+        S3Tier *T = &s->states[i];
+        if (!is_live(T)) continue;
+        for (Py_ssize_t j = n - 1; j >= 0; j--) tier_access(T, ids[j]);
     }
     if (s->expiring)
         for (Py_ssize_t j = 0; j < n; j++) r_commit(s, ids[j], s->now_s);
@@ -270,45 +329,73 @@ int s3_request(S3Fifo *s, const uint64_t *keys, Py_ssize_t n, double t, int64_t 
 
 /* ---- set-up and checks ------------------------------------------------------------------- */
 
+static void set_cap(S3Tier *T, int64_t cap, int expires) {
+    T->cap = cap;
+    /* s3fifo.py: max(1, int(capacity * 0.1)); the ghost keeps at most max(capacity, 1) */
+    T->small_target = cap == S3_UNBOUNDED ? S3_UNBOUNDED : (int64_t)((double)cap * 0.1);
+    if (T->small_target < 1) T->small_target = 1;
+    T->ghost_limit = cap > 1 ? cap : 1;
+    T->expires = expires;
+}
+
 int s3_init(S3Fifo *s, const int64_t *caps, Py_ssize_t n) {
     s->npoints = (int)(n / TIERS);
-    s->tiers = calloc(n, sizeof(S3Tier));
+    s->states = calloc(n + 2, sizeof(S3Tier));
+    s->tier_state = calloc(n, sizeof(int));
     s->tier_tokens = calloc(n, sizeof(int64_t));
     s->tier_blocks = calloc(n, sizeof(int64_t));
     s->replay_tokens = calloc(s->npoints, sizeof(int64_t));
     s->ratio_sum = calloc(s->npoints, sizeof(double));
+    s->views = calloc(n, sizeof(S3Tier *));
+    s->hits = calloc((size_t)s->npoints * 7, sizeof(int64_t));
     s->tab = calloc(1024, sizeof(S3Slot));
     s->tab_mask = 1023;
     s->now_s = -INFINITY;
-    if (!s->tiers || !s->tier_tokens || !s->tier_blocks || !s->replay_tokens || !s->ratio_sum ||
-        !s->tab)
+    if (!s->states || !s->tier_state || !s->tier_tokens || !s->tier_blocks ||
+        !s->replay_tokens || !s->ratio_sum || !s->views || !s->hits || !s->tab)
         return -1;
+    set_cap(&s->states[0], S3_UNBOUNDED, 0);
+    set_cap(&s->states[1], S3_UNBOUNDED, 1);
+    s->nstates = 2;
     for (Py_ssize_t i = 0; i < n; i++) { /* -1: unbounded; 0: absent (or holds nothing) */
-        S3Tier *T = &s->tiers[i];
-        T->cap = caps[i] < 0 ? S3_UNBOUNDED : caps[i];
-        /* s3fifo.py: max(1, int(capacity * 0.1)); the ghost keeps at most max(capacity, 1) */
-        T->small_target = T->cap == S3_UNBOUNDED ? S3_UNBOUNDED : (int64_t)((double)T->cap * 0.1);
-        if (T->small_target < 1) T->small_target = 1;
-        T->ghost_limit = T->cap > 1 ? T->cap : 1;
-        T->expires = i % TIERS == 2 && T->cap && isfinite(s->retention_s);
-        s->expiring |= T->expires;
+        int expires = i % TIERS == 2 && isfinite(s->retention_s), k;
+        if (caps[i] == 0) {
+            s->tier_state[i] = -1;
+            continue;
+        }
+        s->expiring |= expires;
+        if (caps[i] < 0) {
+            s->states[expires].direct++;
+            s->tier_state[i] = expires;
+            continue;
+        }
+        for (k = 2; k < s->nstates; k++)
+            if (s->states[k].cap == caps[i] && s->states[k].expires == expires) break;
+        if (k == s->nstates) {
+            set_cap(&s->states[k], caps[i], expires);
+            s->states[k].riding = 1;
+            s->states[expires].riders++;
+            s->nstates++;
+        }
+        s->tier_state[i] = k;
     }
+    for (int k = 0; k < 2; k++) s->states[k].dead = !s->states[k].riders && !s->states[k].direct;
     return 0;
 }
 
 void s3_free(S3Fifo *s) {
-    if (s->tiers)
-        for (int i = 0; i < s->npoints * TIERS; i++)
-            free(s->tiers[i].prev), free(s->tiers[i].next), free(s->tiers[i].st);
-    free(s->tiers), free(s->tier_tokens), free(s->tier_blocks), free(s->replay_tokens);
-    free(s->ratio_sum), free(s->tab), free(s->key_of), free(s->last_t), free(s->rprev);
-    free(s->rnext), free(s->ids);
+    if (s->states)
+        for (int i = 0; i < s->nstates; i++)
+            free(s->states[i].prev), free(s->states[i].next), free(s->states[i].st);
+    free(s->states), free(s->tier_state), free(s->tier_tokens), free(s->tier_blocks);
+    free(s->replay_tokens), free(s->ratio_sum), free(s->tab), free(s->key_of), free(s->last_t);
+    free(s->rprev), free(s->rnext), free(s->ids), free(s->views), free(s->hits);
 }
 
 int64_t s3_bytes(const S3Fifo *s) {
     int64_t per_id = sizeof(uint64_t) + (s->expiring ? sizeof(double) + 2 * sizeof(uint32_t) : 0);
-    for (int i = 0; i < s->npoints * TIERS; i++)
-        if (s->tiers[i].cap) per_id += 2 * sizeof(uint32_t) + 1;
+    for (int i = 0; i < s->nstates; i++)
+        if (is_live(&s->states[i])) per_id += 2 * sizeof(uint32_t) + 1;
     return (int64_t)((s->tab_mask + 1) * sizeof(S3Slot)) + (int64_t)s->ids_size * per_id;
 }
 
@@ -320,9 +407,11 @@ const char *s3_check(const S3Fifo *s) {
         while (s->tab[j].id && s->tab[j].key != s->key_of[g]) j = (j + 1) & s->tab_mask;
         if (s->tab[j].id != g) return "the table lost a key";
     }
-    for (int i = 0; i < s->npoints * TIERS; i++) {
-        const S3Tier *T = &s->tiers[i];
-        if (!T->cap) continue;
+    for (int i = 0; i < s->nstates; i++) {
+        const S3Tier *T = &s->states[i], *U = &s->states[T->expires];
+        if (T->riding && (U->dead || U->q[S3_SMALL].len + U->q[S3_MAIN].len > T->cap))
+            return "a riding state is over its capacity";
+        if (!is_live(T)) continue;
         for (int w = S3_SMALL; w <= S3_GHOST; w++) {
             int64_t len = 0;
             uint32_t prev = 0;

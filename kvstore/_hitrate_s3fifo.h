@@ -17,11 +17,17 @@ typedef struct {
     int64_t len;
 } S3Queue;
 
-/* One tier of one point: S3-FIFO (kvstore/eviction/s3fifo.py) over block ids. */
+/* One S3-FIFO (kvstore/eviction/s3fifo.py) over block ids: the state of every tier of every
+ * point with its capacity and expiry. */
 typedef struct {
-    int64_t cap; /* blocks; S3_UNBOUNDED; 0 = absent (a tier of 0 blocks never holds one) */
+    int64_t cap; /* blocks; S3_UNBOUNDED */
     int64_t small_target, ghost_limit;
     int expires; /* the SSD with a finite retention */
+    /* riding: it never had to evict, so it equals the unbounded state of its expiry class
+     * (states[expires]) and has no arrays of its own until forked from it; dead: an unbounded
+     * state nobody reads any more (no tier is unbounded, none rides it) */
+    int riding, dead;
+    int riders, direct; /* unbounded states: finite ones riding it, unbounded tiers using it */
     uint32_t *prev, *next; /* queue links, by block id */
     uint8_t *st;           /* where | freq << 2, by block id */
     S3Queue q[4];          /* by where: q[S3_SMALL], q[S3_MAIN], q[S3_GHOST] */
@@ -45,7 +51,10 @@ typedef struct {
     uint32_t *rprev, *rnext;
     uint32_t rhead, rtail;
     int npoints;
-    S3Tier *tiers; /* [point * TIERS + tier] */
+    int nstates;
+    S3Tier *states;  /* [0], [1]: unbounded without / with expiry; then one per distinct
+                        (capacity, expiry): the hbm of every point of an ssd sweep is one */
+    int *tier_state; /* [point * TIERS + tier]: index in states; -1 = absent (or 0 blocks) */
     double retention_s, time_scale, now_s;
     int expiring; /* a finite retention and an SSD in some point */
     int64_t keep_tokens;
@@ -53,8 +62,11 @@ typedef struct {
     int64_t *tier_tokens, *tier_blocks, *replay_tokens;
     double *ratio_sum;
     int64_t requests, input_tokens, ratio_requests, accesses;
-    /* scratch: one request's block ids */
+    /* scratch: one request's block ids; per point its tiers' states and its hits (tokens
+     * and blocks per tier, total tokens) */
     uint32_t *ids;
+    const S3Tier **views;
+    int64_t *hits;
     Py_ssize_t scratch;
     char error[160]; /* set by the core, which runs without the GIL; raised by feed() */
 } S3Fifo;
