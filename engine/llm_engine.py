@@ -23,6 +23,7 @@ from engine.kv.cache import KVCache, KVCacheShape
 from engine.kv.committer import KVCommitter
 from engine.kv.loader import KVLoader
 from engine.kv.namespace import engine_namespaces
+from kvstore.prefix_key import PrefixHash
 from engine.kv.replay_planner import ReplayPlanner
 from engine.kv.request_scope import IDENTITY, RequestScope
 from engine.kv.store_link import StoreLink
@@ -56,7 +57,8 @@ class LLMEngine:
         # Prompt plus answer, at most (--max-model-len, else the model's context).
         self.max_context_tokens = config.context_tokens(spec.max_context_tokens)
         self.namespaces = engine_namespaces(spec, config.block_tokens, self.policy,
-                                            tenant=self.ns.tenant)
+                                            tenant=self.ns.tenant,
+                                            prefix_hash=PrefixHash.of(self.ns))
         if self.ns != self.namespaces.primary:
             raise ValueError(
                 f"the store link's namespace {self.ns} is not this engine's "
