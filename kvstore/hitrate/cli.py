@@ -224,6 +224,8 @@ def run(args: argparse.Namespace) -> int:
     options = _pass_options(args)
     if config.policy != "lru" and options.sample_rate < 1:
         raise ConfigError("--sample needs --policy lru (SHARDS samples an LRU stack)")
+    if config.policy != "lru" and options.max_memory_bytes is not None:
+        raise ConfigError("--max-memory needs --policy lru (it bounds the one-pass stack)")
     points: list = []
     method = None
     how: Method | None = None
