@@ -104,8 +104,6 @@ static inline int tier_holds(const S3Tier *T, uint32_t g) {
     return w == S3_SMALL || w == S3_MAIN;
 }
 
-static inline int is_live(const S3Tier *T) { return !T->riding && !T->dead; }
-
 /* The state that answers for tier `i` of point `p`: its own, or the one it rides. */
 static inline const S3Tier *view(const S3Fifo *s, int p, int i) {
     int k = s->tier_state[p * TIERS + i];
@@ -325,104 +323,4 @@ int s3_request(S3Fifo *s, const uint64_t *keys, Py_ssize_t n, double t, int64_t 
     if (s->expiring)
         for (Py_ssize_t j = 0; j < n; j++) r_commit(s, ids[j], s->now_s);
     return 0;
-}
-
-/* ---- set-up and checks ------------------------------------------------------------------- */
-
-static void set_cap(S3Tier *T, int64_t cap, int expires) {
-    T->cap = cap;
-    /* s3fifo.py: max(1, int(capacity * 0.1)); the ghost keeps at most max(capacity, 1) */
-    T->small_target = cap == S3_UNBOUNDED ? S3_UNBOUNDED : (int64_t)((double)cap * 0.1);
-    if (T->small_target < 1) T->small_target = 1;
-    T->ghost_limit = cap > 1 ? cap : 1;
-    T->expires = expires;
-}
-
-int s3_init(S3Fifo *s, const int64_t *caps, Py_ssize_t n) {
-    s->npoints = (int)(n / TIERS);
-    s->states = calloc(n + 2, sizeof(S3Tier));
-    s->tier_state = calloc(n, sizeof(int));
-    s->tier_tokens = calloc(n, sizeof(int64_t));
-    s->tier_blocks = calloc(n, sizeof(int64_t));
-    s->replay_tokens = calloc(s->npoints, sizeof(int64_t));
-    s->ratio_sum = calloc(s->npoints, sizeof(double));
-    s->views = calloc(n, sizeof(S3Tier *));
-    s->hits = calloc((size_t)s->npoints * 7, sizeof(int64_t));
-    s->tab = calloc(1024, sizeof(S3Slot));
-    s->tab_mask = 1023;
-    s->now_s = -INFINITY;
-    if (!s->states || !s->tier_state || !s->tier_tokens || !s->tier_blocks ||
-        !s->replay_tokens || !s->ratio_sum || !s->views || !s->hits || !s->tab)
-        return -1;
-    set_cap(&s->states[0], S3_UNBOUNDED, 0);
-    set_cap(&s->states[1], S3_UNBOUNDED, 1);
-    s->nstates = 2;
-    for (Py_ssize_t i = 0; i < n; i++) { /* -1: unbounded; 0: absent (or holds nothing) */
-        int expires = i % TIERS == 2 && isfinite(s->retention_s), k;
-        if (caps[i] == 0) {
-            s->tier_state[i] = -1;
-            continue;
-        }
-        s->expiring |= expires;
-        if (caps[i] < 0) {
-            s->states[expires].direct++;
-            s->tier_state[i] = expires;
-            continue;
-        }
-        for (k = 2; k < s->nstates; k++)
-            if (s->states[k].cap == caps[i] && s->states[k].expires == expires) break;
-        if (k == s->nstates) {
-            set_cap(&s->states[k], caps[i], expires);
-            s->states[k].riding = 1;
-            s->states[expires].riders++;
-            s->nstates++;
-        }
-        s->tier_state[i] = k;
-    }
-    for (int k = 0; k < 2; k++) s->states[k].dead = !s->states[k].riders && !s->states[k].direct;
-    return 0;
-}
-
-void s3_free(S3Fifo *s) {
-    if (s->states)
-        for (int i = 0; i < s->nstates; i++)
-            free(s->states[i].prev), free(s->states[i].next), free(s->states[i].st);
-    free(s->states), free(s->tier_state), free(s->tier_tokens), free(s->tier_blocks);
-    free(s->replay_tokens), free(s->ratio_sum), free(s->tab), free(s->key_of), free(s->last_t);
-    free(s->rprev), free(s->rnext), free(s->ids), free(s->views), free(s->hits);
-}
-
-int64_t s3_bytes(const S3Fifo *s) {
-    int64_t per_id = sizeof(uint64_t) + (s->expiring ? sizeof(double) + 2 * sizeof(uint32_t) : 0);
-    for (int i = 0; i < s->nstates; i++)
-        if (is_live(&s->states[i])) per_id += 2 * sizeof(uint32_t) + 1;
-    return (int64_t)((s->tab_mask + 1) * sizeof(S3Slot)) + (int64_t)s->ids_size * per_id;
-}
-
-/* NULL if consistent, else what is not: queue links and lengths agree with each block's
- * state, no tier holds more than its capacity, the table maps every id back to its key. */
-const char *s3_check(const S3Fifo *s) {
-    for (uint32_t g = 1; g <= s->nids; g++) {
-        uint64_t j = mix64(s->key_of[g]) & s->tab_mask;
-        while (s->tab[j].id && s->tab[j].key != s->key_of[g]) j = (j + 1) & s->tab_mask;
-        if (s->tab[j].id != g) return "the table lost a key";
-    }
-    for (int i = 0; i < s->nstates; i++) {
-        const S3Tier *T = &s->states[i], *U = &s->states[T->expires];
-        if (T->riding && (U->dead || U->q[S3_SMALL].len + U->q[S3_MAIN].len > T->cap))
-            return "a riding state is over its capacity";
-        if (!is_live(T)) continue;
-        for (int w = S3_SMALL; w <= S3_GHOST; w++) {
-            int64_t len = 0;
-            uint32_t prev = 0;
-            for (uint32_t g = T->q[w].head; g; prev = g, g = T->next[g]) {
-                if ((T->st[g] & 3) != w || T->prev[g] != prev) return "a queue link is wrong";
-                if (++len > (int64_t)s->nids) return "a queue has a cycle";
-            }
-            if (prev != T->q[w].tail || len != T->q[w].len) return "a queue's length is wrong";
-        }
-        if (T->q[S3_SMALL].len + T->q[S3_MAIN].len > T->cap) return "a tier is over capacity";
-        if (T->q[S3_GHOST].len > T->ghost_limit) return "a ghost queue is over its limit";
-    }
-    return NULL;
 }

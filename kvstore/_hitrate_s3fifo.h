@@ -71,6 +71,8 @@ typedef struct {
     char error[160]; /* set by the core, which runs without the GIL; raised by feed() */
 } S3Fifo;
 
+static inline int is_live(const S3Tier *T) { return !T->riding && !T->dead; }
+
 int s3_init(S3Fifo *s, const int64_t *caps, Py_ssize_t n);
 void s3_free(S3Fifo *s);
 int s3_request(S3Fifo *s, const uint64_t *keys, Py_ssize_t n, double t, int64_t big_l, int64_t b);
