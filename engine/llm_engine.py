@@ -23,7 +23,6 @@ from engine.kv.cache import KVCache, KVCacheShape
 from engine.kv.committer import KVCommitter
 from engine.kv.loader import KVLoader
 from engine.kv.namespace import engine_namespaces
-from kvstore.prefix_key import PrefixHash
 from engine.kv.replay_planner import ReplayPlanner
 from engine.kv.request_scope import IDENTITY, RequestScope
 from engine.kv.store_link import StoreLink
@@ -32,6 +31,7 @@ from engine.model_runner import ModelRunner
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
 from engine.sequence import Sequence
+from kvstore.prefix_key import PrefixHash
 from kvstore.tier import TierStats
 
 if TYPE_CHECKING:

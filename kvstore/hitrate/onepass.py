@@ -42,7 +42,9 @@ def native():  # type: ignore[no-untyped-def]
     return _hitrate
 
 
-def feed_on_thread(batches: Iterable[AccessBatch], feed_batch: Callable[[AccessBatch], None]) -> None:
+def feed_on_thread(
+    batches: Iterable[AccessBatch], feed_batch: Callable[[AccessBatch], None]
+) -> None:
     """``feed_batch`` each batch. The native replays release the GIL, so the replay runs on
     a thread of its own while this one reads and packs the next batch (two cores: both
     busy); the first error the replay raises is raised here."""

@@ -72,5 +72,5 @@ def test_a_bad_prefix_key_file_is_refused_at_start(tmp_path: Path) -> None:
     key = tmp_path / "prefix.key"
     key.write_text("5a" * 32)
     key.chmod(0o644)
-    with pytest.raises(ConnectorConfigError, match="^KVStoreConnector: prefix key file .* chmod"):
+    with pytest.raises(ConnectorConfigError, match=r"^KVStoreConnector: prefix key file .* chmod"):
         ConnectorConfig.from_extra({"store": "grpc://h:1", "prefix_key_file": str(key)})
