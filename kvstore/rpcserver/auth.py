@@ -101,7 +101,7 @@ class TokenAuth(Authenticator):
     @property
     def tenants(self) -> frozenset[str]:
         """The distinct tenants of the file (how many users a server has)."""
-        return frozenset(who.tenant for _, who in self._tokens)
+        return frozenset(who.tenant for _, who in self._tokens if who.tenant is not None)
 
     def tenant_of(self, metadata: Sequence[tuple[str, str | bytes]]) -> str | None:
         return self.caller(metadata).tenant
