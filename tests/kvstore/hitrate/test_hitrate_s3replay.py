@@ -138,3 +138,29 @@ def test_run_s3fifo_native_and_fallback_agree(
     base, points = native
     assert base.requests == 600 and len(points) == 9
     assert [p.tier for p in points] == ["ssd"] * 7 + ["dram"] * 2
+
+
+def test_the_mooncake_trace_natively_and_per_point(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The real Mooncake trace (one namespace, 12,031 requests), three tiers with expiry and
+    a DRAM sweep: the native replay equals one ``Simulator`` per point (skipped without the
+    sample traces)."""
+    from test_hitrate_traces import traces_dir
+
+    from kvstore.units import parse_capacity
+
+    path = traces_dir() / "mooncake" / "conversation_trace.jsonl"
+    if not path.exists():
+        pytest.skip(f"{path} not found")
+    reader = open_inputs([str(path)])
+    config = SimConfig(
+        hbm=parse_capacity("32GiB"),
+        dram=parse_capacity("128GiB"),
+        ssd=parse_capacity("1TiB"),
+        policy="s3fifo",
+        retention_s=600.0,
+    )
+    specs = [parse_sweep("dram=16GiB..1TiB:x4")]
+    native = run_s3fifo(reader, config, specs)
+    monkeypatch.setattr(s3replay, "_native", None)
+    assert native == run_s3fifo(reader, config, specs)
+    assert 0.3 < native[0].token_hit_rate < 0.4
