@@ -17,6 +17,10 @@
    the scaled set: ~20 min); and ``--stream-accesses`` (default 1e9) block accesses
    streamed through the engine in bounded memory.
 
+5. ``--s3fifo-only`` (issue #35, ``bench/hitrate_s3fifo.py``): one S3-FIFO point and the
+   11-point S3-FIFO sweep, native, against an LRU exact point from the same rounds and
+   against one ``Simulator`` replay per point (before), on the sample and the scaled set.
+
 Run: ``.venv/bin/python -m bench.bench_hitrate`` (``--quick`` for a smoke run;
 ``--scale-only`` for item 4 alone).
 """
@@ -96,11 +100,16 @@ def main() -> int:
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--scale", action="store_true", help="also issue #35's figures")
     ap.add_argument("--scale-only", action="store_true", help="only issue #35's figures")
+    ap.add_argument(
+        "--s3fifo-only", action="store_true", help="only the S3-FIFO point and sweep figures"
+    )
     ap.add_argument("--sessions", type=int, default=710)
     ap.add_argument("--baseline-scaled", action="store_true")
     ap.add_argument("--stream-accesses", type=float, default=1e9)
     ap.add_argument("--work-dir", default="/tmp/kvstore-bench-hitrate")
     args = ap.parse_args()
+    if args.s3fifo_only:
+        return s3fifo_main(args)
     if args.scale_only:
         return scale_main(args)
     runs = 3 if args.quick else 5
@@ -206,6 +215,33 @@ def scale_main(args: argparse.Namespace) -> int:
             runs=1 if args.quick else 3,
         )
     )
+    if args.json:
+        print(json.dumps(out, indent=2))
+    else:
+        for k, v in out.items():
+            shown = f"{v:,.3f}" if isinstance(v, float) else v
+            print(f"{k:44} {shown}")
+    return 0
+
+
+def s3fifo_main(args: argparse.Namespace) -> int:
+    from bench.hitrate_s3fifo import report
+
+    traces = traces_dir()
+    if not (traces / "kv-cache-tester").is_dir():
+        print(f"s3fifo: skipped, {traces / 'kv-cache-tester'} not found")
+        return 0
+    out: dict[str, object] = {"machine": machine(), "load_average": os.getloadavg()}
+    out.update(
+        report(
+            traces,
+            work=Path(args.work_dir),
+            sessions=args.sessions,
+            baseline_scaled=args.baseline_scaled,
+            runs=1 if args.quick else 3,
+        )
+    )
+    out["load_average_after"] = os.getloadavg()
     if args.json:
         print(json.dumps(out, indent=2))
     else:

@@ -1,10 +1,11 @@
-/* kvstore._hitrate: the Python face of the one-pass engine (_hitrate_stack.c) and of the
- * kv-cache-tester id splitter (_hitrate_split.c). Used by kvstore/hitrate/onepass.py. */
-#include "_hitrate_stack.h"
+/* kvstore._hitrate: the Python face of the one-pass engine (_hitrate_stack.c), of the
+ * kv-cache-tester id splitter (_hitrate_split.c) and, through _hitrate_s3fifo_type.c, of the
+ * S3-FIFO replay (_hitrate_s3fifo.c). Used by kvstore/hitrate/onepass.py. */
+#include "_hitrate_s3fifo.h"
 
 /* ---- the Python type ---------------------------------------------------------------------- */
 
-static int get_buffer(PyObject *o, Py_buffer *v, Py_ssize_t itemsize, const char *what) {
+int hitrate_get_buffer(PyObject *o, Py_buffer *v, Py_ssize_t itemsize, const char *what) {
     if (PyObject_GetBuffer(o, v, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) return -1;
     if (v->itemsize != itemsize) {
         PyErr_Format(PyExc_TypeError, "%s: expected items of %zd bytes", what, itemsize);
@@ -40,7 +41,7 @@ static int Stack_init(Stack *s, PyObject *args, PyObject *kw) {
         return -1;
     }
     Py_buffer cb;
-    if (get_buffer(caps_obj, &cb, 8, "caps") < 0) return -1;
+    if (hitrate_get_buffer(caps_obj, &cb, 8, "caps") < 0) return -1;
     Py_ssize_t n = cb.len / 8;
     if (n == 0 || n % TIERS) {
         PyBuffer_Release(&cb);
@@ -101,10 +102,10 @@ static PyObject *Stack_feed(Stack *s, PyObject *args) {
         return NULL;
     }
     Py_buffer kb, ob, tb, lb;
-    if (get_buffer(ko, &kb, 8, "keys") < 0) return NULL;
-    if (get_buffer(oo, &ob, 8, "offsets") < 0) goto rel_k;
-    if (get_buffer(to, &tb, 8, "times") < 0) goto rel_o;
-    if (get_buffer(lo, &lb, 8, "lengths") < 0) goto rel_t;
+    if (hitrate_get_buffer(ko, &kb, 8, "keys") < 0) return NULL;
+    if (hitrate_get_buffer(oo, &ob, 8, "offsets") < 0) goto rel_k;
+    if (hitrate_get_buffer(to, &tb, 8, "times") < 0) goto rel_o;
+    if (hitrate_get_buffer(lo, &lb, 8, "lengths") < 0) goto rel_t;
     Py_ssize_t r = tb.len / 8, nk = kb.len / 8;
     const int64_t *off = ob.buf, *len = lb.buf;
     const double *t = tb.buf;
@@ -242,6 +243,10 @@ PyMODINIT_FUNC PyInit__hitrate(void) {
     Py_INCREF(&StackType);
     if (PyModule_AddObject(m, "Stack", (PyObject *)&StackType) < 0) {
         Py_DECREF(&StackType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    if (hitrate_add_s3fifo(m) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -64,6 +64,10 @@ class Namespace:
     tp_size: int = 1
     hash_alg: str = "xxh3_128"
     tenant: str = ""
+    #: The deployment secret of ``blake2b_128`` chain keys (``kvstore.prefix_key``): not a
+    #: namespace field — not in the fingerprint, ``to_dict``, the wire or equality — so the
+    #: daemon never sees it; an init field only so that ``dataclasses.replace`` keeps it.
+    prefix_secret: bytes | None = field(default=None, repr=False, compare=False, kw_only=True)
     # Derived once; excluded from equality so two equal field sets compare equal.
     _fingerprint: bytes = field(init=False, repr=False, compare=False, default=b"")
     _block_bytes: int = field(init=False, repr=False, compare=False, default=0)
@@ -104,19 +108,24 @@ class Namespace:
         """The fields in their normative order (what the fingerprint hashes)."""
         return [
             list(v) if isinstance(v, tuple) else v
-            for v in (getattr(self, f.name) for f in fields(self) if f.init)
+            for v in (getattr(self, name) for name in _field_names(self))
         ]
 
     def to_dict(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in fields(self) if f.init}
+        return {name: getattr(self, name) for name in _field_names(self)}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Namespace:
-        known = {f.name for f in fields(cls) if f.init}
+        known = set(_field_names(cls))
         unknown = set(d) - known
         if unknown:
             raise InvalidArgument(f"unknown namespace fields: {sorted(unknown)}")
         return cls(**d)
+
+
+def _field_names(ns: Namespace | type[Namespace]) -> list[str]:
+    """The normative fields, in order (the secret is not one)."""
+    return [f.name for f in fields(ns) if f.init and f.name != "prefix_secret"]
 
 
 def _check_namespace(ns: Namespace) -> None:
@@ -131,6 +140,11 @@ def _check_namespace(ns: Namespace) -> None:
         raise InvalidArgument(f"unknown kv_layout {ns.kv_layout!r}; known: {KV_LAYOUTS}")
     if ns.hash_alg not in HASH_ALGS:
         raise InvalidArgument(f"unknown hash_alg {ns.hash_alg!r}; known: {HASH_ALGS}")
+    if ns.prefix_secret is not None:
+        if ns.hash_alg != "blake2b_128" or not isinstance(ns.prefix_secret, bytes):
+            raise InvalidArgument("a prefix secret (bytes) goes with hash_alg blake2b_128 only")
+        if not 0 < len(ns.prefix_secret) <= 64:
+            raise InvalidArgument("blake2b secret must be 1 to 64 bytes")
     ints = ("kv_heads", "head_dim", "block_tokens", "tp_rank", "tp_size")
     for name in ints:
         v = getattr(ns, name)
@@ -202,9 +216,10 @@ def tokens_to_le_u32(tokens: Any) -> memoryview:
 
 
 def chain_keys(ns: Namespace, tokens: Any, *, secret: bytes | None = None) -> list[Key]:
-    """Keys ``[k_1 … k_n]`` of the ``n = len(tokens) // block_tokens`` full blocks."""
+    """Keys ``[k_1 … k_n]`` of the ``n = len(tokens) // block_tokens`` full blocks;
+    ``blake2b_128`` keys use ``secret``, else the namespace's ``prefix_secret``."""
     data = tokens_to_le_u32(tokens)
-    h = _hasher(ns, secret)
+    h = _hasher(ns, secret if secret is not None else ns.prefix_secret)
     stride = ns.block_tokens * 4
     n = len(data) // stride
     prev = h(ns.fingerprint)
@@ -219,7 +234,7 @@ def chain_keys(ns: Namespace, tokens: Any, *, secret: bytes | None = None) -> li
 
 def chain_root(ns: Namespace, *, secret: bytes | None = None) -> bytes:
     """``r = H(fingerprint)``: never stored, exposed for cross-language golden tests."""
-    return _hasher(ns, secret)(ns.fingerprint)
+    return _hasher(ns, secret if secret is not None else ns.prefix_secret)(ns.fingerprint)
 
 
 def check_keys(keys: Sequence[Any]) -> list[Key]:

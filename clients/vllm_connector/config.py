@@ -8,6 +8,9 @@ Read without vLLM (the project's own tests check them). Keys:
 - ``auth_token_file`` (grpc): the bearer token (else ``$KVSTORE_AUTH_TOKEN``).
 - ``call_timeout_s``: the deadline of one store call; a call past it is a miss.
 - ``block_tokens``: the store's block (64, as ``kvengine``; only equal blocks share).
+- ``prefix_key_file``: the deployment's prefix key (``kvstore.prefix_key``): chain keys are
+  then keyed blake2b, as ``kvengine serve --prefix-key-file`` makes them (same file, same
+  keys: the two keep sharing blocks); without it, xxh3 as a single-user ``kvengine``.
 
 A bad value refuses the connector at start with one line (``ConnectorConfigError``):
 an operator's typo is fixed before serving, as ``kvengine serve --kv-store`` does. A store
@@ -17,15 +20,24 @@ that is configured right but unreachable is not an error: its blocks are misses.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from kvstore.errors import InvalidArgument
+from kvstore.prefix_key import XXH3, PrefixHash, load_prefix_key
 from kvstore.units import parse_size
 
 SCHEMES = ("embedded:", "grpc://", "grpcs://")
 _KEYS = frozenset(
-    {"store", "dram", "ssd_capacity", "auth_token_file", "call_timeout_s", "block_tokens"}
+    {
+        "store",
+        "dram",
+        "ssd_capacity",
+        "auth_token_file",
+        "call_timeout_s",
+        "block_tokens",
+        "prefix_key_file",
+    }
 )
 
 
@@ -41,6 +53,7 @@ class ConnectorConfig:
     auth_token_file: str | None = None
     call_timeout_s: float = 5.0
     block_tokens: int = 64
+    prefix_hash: PrefixHash = XXH3  # from prefix_key_file
 
     @property
     def is_embedded(self) -> bool:
@@ -85,4 +98,11 @@ class ConnectorConfig:
                 token_from_file(cfg.auth_token_file, "auth_token_file")
             except (OSError, ValueError) as e:
                 raise ConnectorConfigError(f"KVStoreConnector: {e}") from None
+        key_file = extra.get("prefix_key_file")
+        if key_file is not None:
+            try:
+                secret = load_prefix_key(str(key_file))
+            except InvalidArgument as e:
+                raise ConnectorConfigError(f"KVStoreConnector: {e}") from None
+            cfg = replace(cfg, prefix_hash=PrefixHash("blake2b_128", secret))
         return cfg

@@ -90,7 +90,10 @@ class KVStoreConnector(KVConnectorBase_V1):
             # must cost recomputation, never a failed request.
             self._kv_transfer_config.kv_load_failure_policy = "recompute"
         self._link = links.acquire(
-            self._cfg, lambda tenant: base_namespace(spec, self._block_tokens, tenant)
+            self._cfg,
+            lambda tenant: base_namespace(
+                spec, self._block_tokens, tenant, self._cfg.prefix_hash
+            ),
         )
         self._base_ns = self._link.ns
         self._closed = False

@@ -19,6 +19,7 @@ from engine.kv.request_scope import RequestScope
 from engine.model.loader import checkpoint_spec
 from engine.model.spec import ModelSpec
 from kvstore.keys import Namespace
+from kvstore.prefix_key import XXH3, PrefixHash
 
 
 class UnsupportedModel(ValueError):
@@ -44,9 +45,12 @@ def checkpoint_model_spec(model_dir: str, dtype: torch.dtype) -> ModelSpec:
     return spec
 
 
-def base_namespace(spec: ModelSpec, block_tokens: int, tenant: str = "") -> Namespace:
-    """Every layer in one namespace: what ``kvengine`` stores for such a model."""
-    return all_layers_namespace(spec, block_tokens, tenant)
+def base_namespace(
+    spec: ModelSpec, block_tokens: int, tenant: str = "", prefix_hash: PrefixHash = XXH3
+) -> Namespace:
+    """Every layer in one namespace: what ``kvengine`` stores for such a model, its chain
+    keys hashed as the deployment's ``kvengine serve`` hashes them (``prefix_key_file``)."""
+    return all_layers_namespace(spec, block_tokens, tenant, prefix_hash)
 
 
 def request_namespace(base: Namespace, cache_salt: str | None) -> Namespace:

@@ -34,6 +34,7 @@ from engine.kv.namespace import engine_namespaces
 from engine.kv.replay_planner import ReplayPlanner
 from engine.kv.request_scope import IDENTITY, RequestScope
 from engine.model.base import CausalLM
+from kvstore.prefix_key import PrefixHash
 from kvstore.tier import TierStats
 
 if TYPE_CHECKING:
@@ -59,7 +60,8 @@ class LLMEngine:
         # Prompt plus answer, at most (--max-model-len, else the model's context).
         self.max_context_tokens = config.context_tokens(spec.max_context_tokens)
         self.namespaces = engine_namespaces(spec, config.block_tokens, self.policy,
-                                            tenant=self.ns.tenant)
+                                            tenant=self.ns.tenant,
+                                            prefix_hash=PrefixHash.of(self.ns))
         if self.ns != self.namespaces.primary:
             raise ValueError(
                 f"the store link's namespace {self.ns} is not this engine's "

@@ -16,6 +16,7 @@ import torch
 from bounded_replay import ReplayPolicy, StoredNamespaces, resolve_policy, stored_namespaces
 from engine.model.spec import ModelSpec
 from kvstore.keys import Namespace
+from kvstore.prefix_key import XXH3, PrefixHash
 
 
 def kv_dtype_name(dtype: torch.dtype) -> str:
@@ -23,10 +24,12 @@ def kv_dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def all_layers_namespace(spec: ModelSpec, block_tokens: int, tenant: str = "") -> Namespace:
+def all_layers_namespace(spec: ModelSpec, block_tokens: int, tenant: str = "",
+                         prefix_hash: PrefixHash = XXH3) -> Namespace:
     """Every layer of the model in one namespace: what a model with one kind of layer
-    stores, and the base the replay policy derives its namespaces from."""
-    return Namespace(
+    stores, and the base the replay policy derives its namespaces from. ``prefix_hash``:
+    xxh3 chain keys, or keyed blake2b on a multi-user server (``kvstore.prefix_key``)."""
+    return prefix_hash.apply(Namespace(
         model_id=spec.model_id,
         model_revision=spec.revision,
         kv_dtype=kv_dtype_name(spec.dtype),
@@ -36,17 +39,19 @@ def all_layers_namespace(spec: ModelSpec, block_tokens: int, tenant: str = "") -
         head_dim=spec.head_dim,
         block_tokens=block_tokens,
         tenant=tenant,
-    )
+    ))
 
 
 def engine_namespaces(spec: ModelSpec, block_tokens: int, policy: ReplayPolicy,
-                      tenant: str = "") -> StoredNamespaces:
-    return stored_namespaces(all_layers_namespace(spec, block_tokens, tenant), policy)
+                      tenant: str = "", prefix_hash: PrefixHash = XXH3) -> StoredNamespaces:
+    return stored_namespaces(all_layers_namespace(spec, block_tokens, tenant, prefix_hash),
+                             policy)
 
 
 def engine_namespace(spec: ModelSpec, block_tokens: int, tenant: str = "",
-                     policy: ReplayPolicy | None = None) -> Namespace:
+                     policy: ReplayPolicy | None = None,
+                     prefix_hash: PrefixHash = XXH3) -> Namespace:
     """The primary namespace (the one a store link is opened for); ``policy`` None is the
     model's default policy."""
     policy = policy or resolve_policy(spec.layer_windows)
-    return engine_namespaces(spec, block_tokens, policy, tenant).primary
+    return engine_namespaces(spec, block_tokens, policy, tenant, prefix_hash).primary

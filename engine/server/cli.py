@@ -26,6 +26,7 @@ from engine.model.chat_template import ChatTemplate
 from engine.model.loader import load_model
 from engine.server.engine_loop import EngineLoop
 from engine.server.metrics import ServerMetrics
+from engine.server.prefix_keys import add_prefix_key_flags, http_users, prefix_hash
 from engine.server.tenants import Tenants
 from engine.server.tool_parsers import PARSERS
 from engine.structured.backend import GrammarBackend
@@ -46,6 +47,7 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="grpc: file holding the daemon's bearer token (else "
                         "$KVSTORE_AUTH_TOKEN); with --auth-token-file it must be a delegating "
                         "token (tenant 'P/*' in the daemon's file)")
+    add_prefix_key_flags(p)
     p.add_argument("--max-queue", type=int, default=256, metavar="N",
                    help="requests accepted and not finished; more get 503 with Retry-After")
     p.add_argument("--served-model-name", metavar="NAME",
@@ -115,6 +117,8 @@ def run(args: argparse.Namespace) -> int:
     store_opts = StoreOptions(dram_bytes=parse_size(args.dram),
                               ssd_capacity_bytes=parse_size(args.ssd_capacity),
                               auth_token_file=args.store_token_file)
+    # Before the model loads: a missing or bad key file is one line at once.
+    keyed = prefix_hash(args.prefix_hash, args.prefix_key_file, http_users(args.auth_token_file))
     loaded = load_model(args.model, dtype=args.dtype, device=args.device, progress=False)
     if args.chat_template is not None:
         tok = loaded.tokenizer
@@ -128,7 +132,7 @@ def run(args: argparse.Namespace) -> int:
     config.context_tokens(loaded.spec.max_context_tokens)
     link = open_store_link(
         args.kv_store,
-        lambda tenant: engine_namespace(loaded.spec, config.block_tokens, tenant, policy),
+        lambda tenant: engine_namespace(loaded.spec, config.block_tokens, tenant, policy, keyed),
         store_opts)
     try:
         tenants = Tenants(args.auth_token_file, link.ns.tenant)

@@ -23,8 +23,8 @@ from kvstore.hitrate.replicas import FleetConfig
 from kvstore.hitrate.report import Prices, to_json, to_text
 from kvstore.hitrate.request import Request
 from kvstore.hitrate.routing import ROUTINGS, parse_routings
-from kvstore.hitrate.simulator import Simulator
-from kvstore.hitrate.sweep import SweepSpec, parse_sweep, run_sweep
+from kvstore.hitrate.s3replay import run_s3fifo
+from kvstore.hitrate.sweep import SweepSpec, parse_sweep
 from kvstore.units import parse_capacity, parse_duration
 
 
@@ -224,19 +224,18 @@ def run(args: argparse.Namespace) -> int:
     options = _pass_options(args)
     if config.policy != "lru" and options.sample_rate < 1:
         raise ConfigError("--sample needs --policy lru (SHARDS samples an LRU stack)")
+    if config.policy != "lru" and options.max_memory_bytes is not None:
+        raise ConfigError("--max-memory needs --policy lru (it bounds the one-pass stack)")
     points: list = []
     method = None
     how: Method | None = None
+    progress_b = batch_progress(reader) if _show_progress(args) else (lambda it: it)
     if config.policy == "lru":
-        progress_b = batch_progress(reader) if _show_progress(args) else (lambda it: it)
         result, points, how = run_one_pass(reader, config, specs, options, progress_b)
         method = "stack" if specs else None
-    elif specs:
-        result, points, method = run_sweep(requests, config, specs)
-    else:
-        sim = Simulator(config)
-        sim.feed(requests())
-        result = sim.result()
+    else:  # not a stack algorithm: a simulation per point, all from one read (s3replay.py)
+        result, points = run_s3fifo(reader, config, specs, progress_b, progress)
+        method = "replay" if specs else None
     if result.requests == 0:
         raise ConfigError("the input holds no requests")
     if args.plot:

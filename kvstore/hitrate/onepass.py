@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 import queue
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,6 +40,37 @@ def native():  # type: ignore[no-untyped-def]
             f"the native hit-rate module is not built ({e}); run `make setup`"
         ) from None
     return _hitrate
+
+
+def feed_on_thread(
+    batches: Iterable[AccessBatch], feed_batch: Callable[[AccessBatch], None]
+) -> None:
+    """``feed_batch`` each batch. The native replays release the GIL, so the replay runs on
+    a thread of its own while this one reads and packs the next batch (two cores: both
+    busy); the first error the replay raises is raised here."""
+    pending: queue.Queue[AccessBatch | None] = queue.Queue(maxsize=2)
+    failed: list[BaseException] = []
+
+    def replay() -> None:
+        while (batch := pending.get()) is not None:
+            if not failed:
+                try:
+                    feed_batch(batch)
+                except BaseException as e:  # handed to the reading thread
+                    failed.append(e)
+
+    worker = threading.Thread(target=replay, name="hitrate-replay", daemon=True)
+    worker.start()
+    try:
+        for batch in batches:
+            if failed:
+                break
+            pending.put(batch)
+    finally:
+        pending.put(None)
+        worker.join()
+    if failed:
+        raise failed[0]
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,31 +133,8 @@ class OnePass:
         self._block_tokens = block_tokens
 
     def feed(self, batches: Iterable[AccessBatch]) -> None:
-        """Replay every batch. The native replay releases the GIL, so it runs on a thread
-        of its own while this one reads and packs the next batch (two cores: both busy)."""
-        pending: queue.Queue[AccessBatch | None] = queue.Queue(maxsize=2)
-        failed: list[BaseException] = []
-
-        def replay() -> None:
-            while (batch := pending.get()) is not None:
-                if not failed:
-                    try:
-                        self.feed_batch(batch)
-                    except BaseException as e:  # handed to the reading thread
-                        failed.append(e)
-
-        worker = threading.Thread(target=replay, name="hitrate-replay", daemon=True)
-        worker.start()
-        try:
-            for batch in batches:
-                if failed:
-                    break
-                pending.put(batch)
-        finally:
-            pending.put(None)
-            worker.join()
-        if failed:
-            raise failed[0]
+        """Replay every batch (on a thread of its own: see ``feed_on_thread``)."""
+        feed_on_thread(batches, self.feed_batch)
 
     def feed_batch(self, batch: AccessBatch) -> None:
         if batch.block_tokens != self._block_tokens:

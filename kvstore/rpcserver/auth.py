@@ -98,6 +98,11 @@ class TokenAuth(Authenticator):
             (t.encode(), Caller(tenant, admin=t in admins)) for t, tenant in tokens.items()
         ]
 
+    @property
+    def tenants(self) -> frozenset[str]:
+        """The distinct tenants of the file (how many users a server has)."""
+        return frozenset(who.tenant for _, who in self._tokens if who.tenant is not None)
+
     def tenant_of(self, metadata: Sequence[tuple[str, str | bytes]]) -> str | None:
         return self.caller(metadata).tenant
 

@@ -39,17 +39,27 @@ def token_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="package")
+def prefix_key_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The deployment's prefix key: a server with two tenants needs one (keyed chain keys)."""
+    f = tmp_path_factory.mktemp("prefix-key") / "prefix.key"
+    f.write_text(bytes(range(32)).hex() + "\n")
+    f.chmod(0o600)
+    return f
+
+
+@pytest.fixture(scope="package")
 def env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     return {"KVENGINE_CACHE_DIR": str(tmp_path_factory.mktemp("cache"))}
 
 
 @pytest.fixture(scope="package")
-def server(tiny_dir: Path, token_file: Path, env: dict[str, str],
+def server(tiny_dir: Path, token_file: Path, prefix_key_file: Path, env: dict[str, str],
            tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServeProcess]:
-    """The embedded store behind a small pool, two tenants."""
+    """The embedded store behind a small pool, two tenants (keyed chain keys)."""
     store = tmp_path_factory.mktemp("store")
     with ServeProcess(["--model", str(tiny_dir), "--kv-store", f"embedded:{store}",
-                       "--auth-token-file", str(token_file), "--pool-tokens", "4096",
+                       "--auth-token-file", str(token_file),
+                       "--prefix-key-file", str(prefix_key_file), "--pool-tokens", "4096",
                        "--dram", "64MiB", "--ssd-capacity", "256MiB"], env) as s:
         yield s
 

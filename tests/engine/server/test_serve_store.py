@@ -23,6 +23,7 @@ from tests.engine.server.serve_process import ServeProcess
 
 
 def test_daemon_dies_under_a_running_server(tiny_dir: Path, token_file: Path,
+                                            prefix_key_file: Path,
                                             env: dict[str, str], tmp_path: Path,
                                             tok: Tokenizer) -> None:
     store_tokens = tmp_path / "store-tokens"
@@ -33,6 +34,7 @@ def test_daemon_dies_under_a_running_server(tiny_dir: Path, token_file: Path,
     with (DaemonProcess(["--dram", "64MiB", "--auth-token-file", str(store_tokens)]) as daemon,
           ServeProcess(["--model", str(tiny_dir), "--kv-store", daemon.url,
                         "--auth-token-file", str(token_file),
+                        "--prefix-key-file", str(prefix_key_file),
                         "--store-token-file", str(tmp_path / "engine-token"),
                         "--pool-tokens", "4096"], env) as srv):
         c = client(srv, TOKENS["alice"])

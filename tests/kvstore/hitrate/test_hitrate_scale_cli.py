@@ -61,6 +61,8 @@ def test_sample_and_exact_and_policy(capsys: pytest.CaptureFixture[str], trace: 
     assert e.value.code == 2
     capsys.readouterr()
     assert "--policy lru" in fail(capsys, str(trace), "--sample", "0.1", "--policy", "s3fifo")
+    line = fail(capsys, str(trace), "--max-memory", "1GiB", "--policy", "s3fifo")
+    assert "--max-memory needs --policy lru" in line
 
 
 def test_max_memory_refuses_with_a_clear_message(
