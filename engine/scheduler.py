@@ -324,6 +324,7 @@ class Scheduler:
         if seq.status is SequenceStatus.WAITING:
             self.waiting.remove(seq)
             seq.status = SequenceStatus.FINISHED
+            self._seal(seq)
             return
         if seq.status is SequenceStatus.LOADING:
             _, job = self.loading.pop(seq.seq_id)
@@ -331,6 +332,7 @@ class Scheduler:
             self.blocks.release(_owner(seq))
             self.blocks.release(_reserve(seq))  # room set aside for a replay's copies
             seq.status = SequenceStatus.FINISHED
+            self._seal(seq)
             return
         self._finish(seq)
 
@@ -346,6 +348,13 @@ class Scheduler:
             note_job_error("commit", e, self.counters)
         finally:
             self.blocks.release(owner)
+            self._seal(seq)
+
+    @staticmethod
+    def _seal(seq: Sequence) -> None:
+        """Every commit job of ``seq`` is submitted (maybe none): its waiter may return."""
+        if seq.commit_receipt is not None:
+            seq.commit_receipt.seal()
 
     def check_integrity(self) -> None:
         """The pool's accounting, and each sequence's blocks against its state."""

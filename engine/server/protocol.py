@@ -22,6 +22,7 @@ from engine.model.generation_config import NO_DEFAULTS, SamplingDefaults
 from engine.sampling_params import SamplingParams
 from engine.server.chat_request import ChatPrompt, parse_chat
 from engine.server.errors import APIError, bad_request, unsupported
+from engine.server.kv_transfer import KVTransfer, parse_kv_transfer
 from engine.server.request_sampling import boolean, integer, sampling_fields
 from engine.server.structured_request import parse_constraint
 
@@ -124,6 +125,12 @@ PARAMETERS: dict[str, Param] = {
                             "(`root ::= …`) or Lark (`start: …`) grammar"),
     "guided_choice": Param("honoured", BOTH, "extension (vLLM's older form): one of the "
                            "strings"),
+    "kv_transfer_params": Param("honoured", BOTH, "extension (as vLLM's PD mode): "
+                                "`do_remote_decode` (a `--kv-role prefill` replica commits the "
+                                "prompt's blocks to the store before it answers, and returns "
+                                "the params for the decode replica), `do_remote_prefill` (a "
+                                "`--kv-role decode` replica waits for those blocks and loads "
+                                "them); other fields ignored"),
     "user": Param("ignored", BOTH, "no effect"),
     "metadata": Param("ignored", ("chat",), "no effect"),
     "store": Param("ignored", ("chat",), "nothing is stored for later retrieval"),
@@ -174,6 +181,7 @@ class GenerationRequest:
     cache_salt: str | None
     parallel_tool_calls: bool = True
     constraint_param: str | None = None  # where params.constraint came from
+    kv_transfer: KVTransfer | None = None  # prefill/decode hand-off (engine.server.kv_transfer)
 
     def choice_params(self, index: int) -> SamplingParams:
         p = self.params
@@ -279,6 +287,7 @@ def parse_request(body: Any, kind: Kind, vocab_size: int,
         include_usage=bool(options and options.get("include_usage")), cache_salt=salt,
         parallel_tool_calls=parallel,
         constraint_param=None if constraint is None else constraint.param,
+        kv_transfer=parse_kv_transfer(body.get("kv_transfer_params")),
     )
 
 
