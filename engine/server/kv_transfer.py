@@ -95,7 +95,7 @@ def parse_kv_transfer(value: Any) -> KVTransfer | None:
                       blocks=blocks, namespace=ns)
 
 
-def check_role(role: KVRole, transfer: KVTransfer | None, stream: bool) -> None:
+def check_role(role: str, transfer: KVTransfer | None, stream: bool) -> None:
     """A 400 when the request asks this replica for a side of the hand-off it does not
     play (``--kv-role``), or for both sides at once."""
     if transfer is None:

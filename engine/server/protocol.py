@@ -158,6 +158,11 @@ PARAMETERS: dict[str, Param] = {
                                            "tokenizer decodes it", _is_default(True)),
     "return_hidden_states": Param("default only", BOTH, "vLLM extra: no hidden states",
                                   _is_default(False)),
+    "min_tokens": Param("default only", BOTH, "vLLM extra: no floor on the answer's length "
+                        "(end-of-sequence and stop tokens end it at once); on a prefill "
+                        "request (`kv_transfer_params.do_remote_decode`), to which vllm-router "
+                        "adds `min_tokens: 1`, it is ignored: that request's one token is "
+                        "discarded, only its KV is used", _is_default(0)),
     "separate_reasoning": Param("ignored", ("chat",), "router extra: the served models "
                                 "write no reasoning section to separate"),
     "stream_reasoning": Param("ignored", ("chat",), "router extra: no reasoning section"),
@@ -239,6 +244,11 @@ def parse_request(body: Any, kind: Kind, vocab_size: int,
     parameters the body leaves out (as vLLM's server does)."""
     if not isinstance(body, dict):
         raise bad_request("the request body must be a JSON object")
+    kv_transfer = parse_kv_transfer(body.get("kv_transfer_params"))
+    if kv_transfer is not None and kv_transfer.remote_decode and "min_tokens" in body:
+        # The router's prefill request: its answer is thrown away, only its KV is used.
+        log.debug("min_tokens=%r ignored on a prefill request", body["min_tokens"])
+        body = {k: v for k, v in body.items() if k != "min_tokens"}
     _check_parameters(body, kind)
     model = body.get("model")
     if not isinstance(model, str):
@@ -287,7 +297,7 @@ def parse_request(body: Any, kind: Kind, vocab_size: int,
         include_usage=bool(options and options.get("include_usage")), cache_salt=salt,
         parallel_tool_calls=parallel,
         constraint_param=None if constraint is None else constraint.param,
-        kv_transfer=parse_kv_transfer(body.get("kv_transfer_params")),
+        kv_transfer=kv_transfer,
     )
 
 

@@ -9,7 +9,6 @@ from dataclasses import dataclass
 from engine.model.generation_config import NO_DEFAULTS, SamplingDefaults
 from engine.model.tokenizer import Tokenizer
 from engine.server.engine_loop import EngineLoop
-from engine.server.kv_transfer import KVRole
 from engine.server.metrics import ServerMetrics
 from engine.server.tenants import Tenants
 from engine.structured.backend import GrammarBackend
@@ -34,5 +33,6 @@ class ServerState:
     sampling_defaults: SamplingDefaults = NO_DEFAULTS  # generation_config.json's
     tool_parser: str | None = None  # --tool-call-parser
     grammar: GrammarBackend | None = None  # structured outputs (the engine's own)
-    kv_role: KVRole = "both"  # --kv-role: the side of a prefill/decode hand-off it plays
+    # --kv-role (engine.server.kv_transfer.KV_ROLES): the side of a PD hand-off it plays
+    kv_role: str = "both"
     kv_transfer_timeout_s: float = 10.0  # --kv-transfer-timeout: a hand-off's longest wait
