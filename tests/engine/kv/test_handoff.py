@@ -91,6 +91,13 @@ def test_blocks_that_never_come_end_the_wait_at_its_timeout() -> None:
         assert time.monotonic() - start < 10  # bounded (0.3 s asked, slack for load)
 
 
+def test_without_a_store_there_is_nothing_to_wait_for() -> None:
+    with fake_engine(None) as eng:
+        start = time.monotonic()
+        assert eng.wait_prompt_blocks(list(range(10, 10 + 3 * BT)), 3, 60.0) == 0
+        assert time.monotonic() - start < 30  # at once, not at the 60 s timeout
+
+
 def test_a_dead_store_is_zero_blocks_not_an_error(store: WrappedStore) -> None:
     with fake_engine(store) as eng:
         store.dead = True
