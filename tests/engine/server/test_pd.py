@@ -11,6 +11,7 @@ decode replica computed is read from its own metrics (``kvengine_prompt_tokens_t
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -194,3 +195,19 @@ def test_a_role_needs_a_shared_store(tiny_dir: Path, env: dict[str, str]) -> Non
     assert r.returncode == 2
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and "grpc://" in lines[0], r.stderr
+
+
+def test_a_dead_prefill_replica_is_a_clear_error_never_a_hang(pd: PD) -> None:
+    """Last in the module: it kills the prefill replica. The router cannot get the prefill
+    done, so it answers with an error at once (5xx): no decode request waits on blocks."""
+    pd.prefill.proc.send_signal(signal.SIGKILL)
+    pd.prefill.proc.wait(timeout=10)
+    start = time.monotonic()
+    with pytest.raises(openai.APIStatusError) as e:
+        pd.client.completions.create(model=MODEL, prompt=words(50, seed=17), max_tokens=4,
+                                     temperature=0)
+    assert e.value.status_code >= 500
+    assert time.monotonic() - start < 60
+    # The decode replica is untouched and still serves.
+    assert client(pd.decode).completions.create(model=MODEL, prompt="a b", max_tokens=2,
+                                                temperature=0).usage.completion_tokens == 2
