@@ -18,6 +18,7 @@ where vLLM's venv is missing, except under ``KVSTORE_REQUIRE_VLLM=1``.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -138,4 +139,30 @@ def test_vllm_prefills_and_kvengine_decodes(fleet: Fleet) -> None:
     got = complete(fleet.kvengine.base_url, prompt, kv_transfer_params=handed)
     cached = got["usage"]["prompt_tokens_details"]["cached_tokens"]
     assert cached == (tokens - 1) // BLOCK * BLOCK  # every full block bar the cap
+    assert got["choices"][0]["text"] == cold["choices"][0]["text"]
+
+
+def test_a_vllm_consumer_waits_for_blocks_that_come_later(fleet: Fleet) -> None:
+    """The consumer gets the decode request before the prefill's blocks are in the store
+    (they come from kvengine a few seconds later): vLLM's scheduler is told "not known yet"
+    until they show up, then loads them."""
+    prompt = real_text(9000)[6000:8000]
+    cold = complete(fleet.consumer.base_url, prompt, cache_salt="cold")
+    ns = complete(fleet.kvengine.base_url, "x", max_tokens=1,
+                  kv_transfer_params={"do_remote_decode": True}
+                  )["kv_transfer_params"]["kvstore_namespace"]
+    before = vllm_sources(fleet.consumer)
+    answer: list[dict] = []  # type: ignore[type-arg]
+    waiter = threading.Thread(target=lambda: answer.append(complete(
+        fleet.consumer.base_url, prompt, kv_transfer_params={
+            "do_remote_prefill": True, "kvstore_blocks": 2, "kvstore_namespace": ns})))
+    waiter.start()
+    time.sleep(3)  # the consumer is waiting: nothing of the prompt is in the store yet
+    complete(fleet.kvengine.base_url, prompt, max_tokens=1,
+             kv_transfer_params={"do_remote_decode": True})
+    waiter.join(600)
+    (got,) = answer
+    tokens = cold["usage"]["prompt_tokens"]
+    loaded = delta(vllm_sources(fleet.consumer), before, "external_kv_transfer")
+    assert loaded >= (tokens - 1) // BLOCK * BLOCK - 128, (loaded, tokens)
     assert got["choices"][0]["text"] == cold["choices"][0]["text"]
