@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from engine.errors import EngineIntegrityError
 from engine.kv.store_link import StoreLink
@@ -45,6 +45,7 @@ class CommitReceipt:
         self._sealed = False
         self.jobs = 0  # submitted
         self.failed = 0  # ended with an error, or with blocks the store dropped
+        self._callbacks: list[Callable[[], None]] = []
 
     def expect(self) -> None:
         with self._cond:
@@ -59,12 +60,34 @@ class CommitReceipt:
                 raise EngineIntegrityError("a commit receipt got more reports than jobs")
             self._pending -= 1
             self.failed += not ok
-            self._cond.notify_all()
+            ready = self._take_callbacks()
+        for fn in ready:
+            fn()
 
     def seal(self) -> None:
         with self._cond:
             self._sealed = True
-            self._cond.notify_all()
+            ready = self._take_callbacks()
+        for fn in ready:
+            fn()
+
+    def add_done_callback(self, fn: Callable[[], None]) -> None:
+        """Call ``fn()`` once the receipt is done: now if it is, else on the thread that
+        completes it (the engine's or the committer's: ``fn`` must be quick and never
+        raise; an event loop's ``call_soon_threadsafe`` is)."""
+        with self._cond:
+            if not (self._sealed and self._pending == 0):
+                self._callbacks.append(fn)
+                return
+        fn()
+
+    def _take_callbacks(self) -> list[Callable[[], None]]:
+        """Under the lock: wake the waiters; the callbacks to run if the receipt is done."""
+        self._cond.notify_all()
+        if not (self._sealed and self._pending == 0):
+            return []
+        ready, self._callbacks = self._callbacks, []
+        return ready
 
     @property
     def done(self) -> bool:

@@ -32,10 +32,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
+from engine.kv.handoff import POLL_S
 from engine.kv.request_scope import RequestScope
 from engine.server.errors import APIError, bad_request
 
@@ -119,15 +120,38 @@ def _role_error(message: str) -> APIError:
                     param=PARAM)
 
 
+async def _until(done: Callable[[], Awaitable[bool]], timeout_s: float) -> bool:
+    """Poll ``done`` every ``POLL_S`` until it is true (True) or ``timeout_s`` passes
+    (False). It sleeps on the event loop, never in a thread: the loop's executor has a
+    handful of threads, and many hand-offs may wait at once."""
+    deadline = time.monotonic() + timeout_s
+    while not await done():
+        if time.monotonic() >= deadline:
+            return False
+        await asyncio.sleep(POLL_S)
+    return True
+
+
 async def hand_off(state: ServerState, handle: Handle) -> dict[str, Any]:
     """Prefill side, after the request finished: wait (bounded) for its commit to be over,
     then tell the decode replica how many prompt blocks the store serves."""
     engine = state.loop.engine
     start = time.perf_counter()
-    receipt = handle.receipt
     over = True
-    if receipt is not None:
-        over = await asyncio.to_thread(receipt.wait, state.kv_transfer_timeout_s)
+    if handle.receipt is not None:
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[None] = loop.create_future()
+
+        def wake() -> None:
+            if not done.done():
+                done.set_result(None)
+
+        # Woken by the committer's thread the moment the commit is over, not by a poll.
+        handle.receipt.add_done_callback(lambda: loop.call_soon_threadsafe(wake))
+        try:
+            await asyncio.wait_for(done, state.kv_transfer_timeout_s)
+        except TimeoutError:
+            over = False
     blocks = await asyncio.to_thread(engine.visible_prompt_blocks, handle.token_ids,
                                      handle.scope)
     full = len(handle.token_ids) // state.block_tokens
@@ -148,8 +172,8 @@ async def take_over(state: ServerState, ids: list[int], scope: RequestScope,
     prefill replica reported. Whatever it finds, the request then runs (a miss is
     computed)."""
     engine = state.loop.engine
-    if transfer.blocks is None or transfer.blocks == 0:
-        return  # nothing reported to wait for (e.g. a vLLM prefill): admission looks up
+    if transfer.blocks is None or transfer.blocks == 0 or not engine.link.enabled:
+        return  # nothing reported (e.g. a vLLM prefill), or no store: admission decides
     own = engine.namespace_of(scope).fingerprint.hex()
     if transfer.namespace is not None and transfer.namespace != own:
         state.metrics.kv_transfers.labels("decode", "namespace_mismatch").inc()
@@ -158,13 +182,18 @@ async def take_over(state: ServerState, ids: list[int], scope: RequestScope,
                     "prompt", transfer.namespace, own)
         return
     start = time.perf_counter()
-    seen = await asyncio.to_thread(engine.wait_prompt_blocks, ids, transfer.blocks,
-                                   state.kv_transfer_timeout_s, scope)
-    state.metrics.kv_transfer_wait.labels("decode").observe(time.perf_counter() - start)
     want = min(transfer.blocks, len(ids) // state.block_tokens)
-    state.metrics.kv_transfers.labels("decode", "complete" if seen >= want else "timeout"
-                                      ).inc()
-    if seen < want:
+    seen = 0
+
+    async def visible() -> bool:
+        nonlocal seen
+        seen = await asyncio.to_thread(engine.visible_prompt_blocks, ids, scope)
+        return seen >= want
+
+    arrived = await _until(visible, state.kv_transfer_timeout_s)
+    state.metrics.kv_transfer_wait.labels("decode").observe(time.perf_counter() - start)
+    state.metrics.kv_transfers.labels("decode", "complete" if arrived else "timeout").inc()
+    if not arrived:
         log.warning("decode hand-off: the store serves %d of the %d blocks the prefill "
                     "replica reported after %.1f s; computing the rest", seen, want,
                     state.kv_transfer_timeout_s)

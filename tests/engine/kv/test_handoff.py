@@ -109,6 +109,8 @@ def test_a_dead_store_is_zero_blocks_not_an_error(store: WrappedStore) -> None:
                 max_size=30))
 def test_receipt_bookkeeping(ops: list[str]) -> None:
     r = CommitReceipt()
+    called: list[int] = []
+    r.add_done_callback(lambda: called.append(1))  # once, when it becomes done
     pending = jobs = failed = 0
     sealed = False
     for op in ops:
@@ -134,3 +136,12 @@ def test_receipt_bookkeeping(ops: list[str]) -> None:
         r.check_integrity()
         assert (r.jobs, r.failed) == (jobs, failed)
         assert r.done == (sealed and pending == 0) == r.wait(0)
+        assert called == ([1] if r.done else [])
+
+
+def test_a_callback_added_once_done_runs_at_once() -> None:
+    r = CommitReceipt()
+    r.seal()
+    called: list[int] = []
+    r.add_done_callback(lambda: called.append(1))
+    assert called == [1]
