@@ -146,8 +146,11 @@ async def hand_off(state: ServerState, handle: Handle) -> dict[str, Any]:
             if not done.done():
                 done.set_result(None)
 
+        def from_any_thread() -> None:
+            loop.call_soon_threadsafe(wake)
+
         # Woken by the committer's thread the moment the commit is over, not by a poll.
-        handle.receipt.add_done_callback(lambda: loop.call_soon_threadsafe(wake))
+        handle.receipt.add_done_callback(from_any_thread)
         try:
             await asyncio.wait_for(done, state.kv_transfer_timeout_s)
         except TimeoutError:

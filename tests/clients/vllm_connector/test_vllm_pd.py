@@ -22,7 +22,6 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
 import httpx2 as httpx
 import pytest
