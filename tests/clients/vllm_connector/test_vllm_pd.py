@@ -9,8 +9,10 @@ float32: one namespace for both engines).
 - Blocks cross engines, both ways, with the hand-off params as the only coordination:
   ``kvengine`` prefills (``do_remote_decode``: it answers once its commit is over) and
   vLLM then loads those blocks; vLLM prefills and ``kvengine`` decodes with the params it
-  returned (it waits until the store serves them). Each answer is the engine's own cold
-  answer (a ``cache_salt`` of its own makes it miss everything).
+  returned (it waits until the store serves them); a consumer asked before the blocks
+  exist waits for them; a kvengine prefill and a vLLM decode pair behind the router. Each
+  answer is the engine's own cold answer (a ``cache_salt`` of its own makes it miss
+  everything).
 
 Heavy (vLLM starts in ~1 min on an idle 2-core machine, several under load): it skips
 where vLLM's venv is missing, except under ``KVSTORE_REQUIRE_VLLM=1``.
@@ -163,5 +165,22 @@ def test_a_vllm_consumer_waits_for_blocks_that_come_later(fleet: Fleet) -> None:
     (got,) = answer
     tokens = cold["usage"]["prompt_tokens"]
     loaded = delta(vllm_sources(fleet.consumer), before, "external_kv_transfer")
+    assert loaded >= (tokens - 1) // BLOCK * BLOCK - 128, (loaded, tokens)
+    assert got["choices"][0]["text"] == cold["choices"][0]["text"]
+
+
+def test_a_kvengine_prefill_and_a_vllm_decode_behind_the_router(fleet: Fleet) -> None:
+    """A mixed pair behind vllm-router's PD mode: kvengine prefills (the router's
+    ``min_tokens``, ``max_tokens`` 1 and params), the vLLM consumer decodes."""
+    prompt = real_text(12000)[9000:11000]
+    cold = complete(fleet.consumer.base_url, prompt, cache_salt="cold")
+    router = RouterProcess([fleet.kvengine.base_url], decode=[fleet.consumer.base_url])
+    try:
+        before = vllm_sources(fleet.consumer)
+        got = complete(router.base_url, prompt)
+        loaded = delta(vllm_sources(fleet.consumer), before, "external_kv_transfer")
+    finally:
+        router.stop()
+    tokens = cold["usage"]["prompt_tokens"]
     assert loaded >= (tokens - 1) // BLOCK * BLOCK - 128, (loaded, tokens)
     assert got["choices"][0]["text"] == cold["choices"][0]["text"]
