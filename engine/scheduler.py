@@ -366,6 +366,9 @@ class Scheduler:
         for seq, _job in self.loading.values():
             if seq.status is not SequenceStatus.LOADING or not self.blocks.holds(_owner(seq)):
                 raise EngineIntegrityError(f"loading {seq} is not loading or holds nothing")
+        for seq in (*self.waiting, *(s for s, _ in self.loading.values()), *self.running):
+            if seq.commit_receipt is not None and seq.commit_receipt.done:
+                raise EngineIntegrityError(f"{seq} is unfinished but its commit receipt is done")
         for seq in self.running:
             if seq.status is not SequenceStatus.RUNNING:
                 raise EngineIntegrityError(f"running list holds {seq}")

@@ -33,6 +33,8 @@ def test_the_receipt_waits_for_the_commit_then_the_store_serves_the_prompt(
         store.commit_gate.clear()  # the store holds the commit
         receipt = CommitReceipt()
         seq = eng.add_request(prompt, ONE, commit_receipt=receipt)
+        eng.step()
+        eng.check_integrity()  # an unfinished request's receipt is not done
         run(eng, seq)
         assert not receipt.wait(0.2)  # finished, but its commit is not over
         assert eng.visible_prompt_blocks(prompt) == 0
