@@ -11,6 +11,8 @@ Read without vLLM (the project's own tests check them). Keys:
 - ``prefix_key_file``: the deployment's prefix key (``kvstore.prefix_key``): chain keys are
   then keyed blake2b, as ``kvengine serve --prefix-key-file`` makes them (same file, same
   keys: the two keep sharing blocks); without it, xxh3 as a single-user ``kvengine``.
+- ``kv_transfer_timeout_s``: how long a consumer's request (``do_remote_prefill``) waits
+  for the blocks its producer reported before it computes them (``handoff``).
 
 A bad value refuses the connector at start with one line (``ConnectorConfigError``):
 an operator's typo is fixed before serving, as ``kvengine serve --kv-store`` does. A store
@@ -19,6 +21,7 @@ that is configured right but unreachable is not an error: its blocks are misses.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
@@ -37,6 +40,7 @@ _KEYS = frozenset(
         "call_timeout_s",
         "block_tokens",
         "prefix_key_file",
+        "kv_transfer_timeout_s",
     }
 )
 
@@ -54,6 +58,7 @@ class ConnectorConfig:
     call_timeout_s: float = 5.0
     block_tokens: int = 64
     prefix_hash: PrefixHash = XXH3  # from prefix_key_file
+    kv_transfer_timeout_s: float = 10.0
 
     @property
     def is_embedded(self) -> bool:
@@ -83,12 +88,16 @@ class ConnectorConfig:
                 auth_token_file=extra.get("auth_token_file"),
                 call_timeout_s=float(extra.get("call_timeout_s", d.call_timeout_s)),
                 block_tokens=int(extra.get("block_tokens", d.block_tokens)),
+                kv_transfer_timeout_s=float(extra.get("kv_transfer_timeout_s",
+                                                      d.kv_transfer_timeout_s)),
             )
         except (InvalidArgument, TypeError, ValueError) as e:
             raise ConnectorConfigError(f"KVStoreConnector: {e}") from None
-        if cfg.call_timeout_s <= 0 or cfg.block_tokens < 1:
+        if not (0 < cfg.call_timeout_s < math.inf and 0 < cfg.kv_transfer_timeout_s < math.inf
+                and cfg.block_tokens >= 1):
             raise ConnectorConfigError(
-                "KVStoreConnector: call_timeout_s and block_tokens must be positive"
+                "KVStoreConnector: call_timeout_s, kv_transfer_timeout_s and block_tokens "
+                "must be positive and finite"
             )
         if cfg.auth_token_file is not None:
             # Read now so a missing or empty file is one line at start, not a miss per call.

@@ -34,6 +34,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 
 from clients.vllm_connector import links
 from clients.vllm_connector.config import ConnectorConfig, ConnectorConfigError
+from clients.vllm_connector.handoff import ConsumerWaits, prefill_params
 from clients.vllm_connector.layout import (
     LayoutError,
     PagedLayout,
@@ -101,6 +102,7 @@ class KVStoreConnector(KVConnectorBase_V1):
         self._reqs: dict[str, RequestState] = {}
         self._requests: dict[str, Request] = {}
         self._pending_loads: list[LoadJob] = []
+        self._remote = ConsumerWaits(self._cfg.kv_transfer_timeout_s)  # PD consumers
         # worker side
         self._layers: list[torch.Tensor] = []
         self._layout: PagedLayout | None = None
@@ -124,6 +126,10 @@ class KVStoreConnector(KVConnectorBase_V1):
             ns = request_namespace(self._base_ns, getattr(request, "cache_salt", None))
             keys = chain_keys(ns, prompt) if len(prompt) >= self._block_tokens else []
             hit = self._link.lookup(keys, self._cfg.call_timeout_s, ns=ns).hit_blocks
+            if self._remote.waiting(request.request_id,
+                                    getattr(request, "kv_transfer_params", None), ns, hit,
+                                    len(keys)):
+                return None, False  # the producer's blocks are not there yet: ask later
             state = RequestState(ns=ns, keys=keys, stored_blocks=hit, hit_blocks=hit)
             self._reqs[request.request_id] = state
             self._requests[request.request_id] = request
@@ -189,9 +195,14 @@ class KVStoreConnector(KVConnectorBase_V1):
     def request_finished(self, request: Request,
                          block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
         # Every full block was copied out in the step that computed it: nothing to hold.
-        self._reqs.pop(request.request_id, None)
+        state = self._reqs.pop(request.request_id, None)
         self._requests.pop(request.request_id, None)
-        return False, None
+        self._remote.forget(request.request_id)
+        ns = state.ns if state is not None else request_namespace(
+            self._base_ns, getattr(request, "cache_salt", None))
+        return False, prefill_params(getattr(request, "kv_transfer_params", None),
+                                     len(request.prompt_token_ids or ()), self._block_tokens,
+                                     ns)
 
     # ------------------------------------------------------------------- worker side
 

@@ -69,12 +69,18 @@ class CommitPlanner:
                 self.committer.staging.give_back(staged.span)
                 continue
             send = send[:kept]
+            receipt = seq.commit_receipt
+            if receipt is not None:
+                receipt.expect()
             try:
                 self.committer.submit(CommitJob(
                     link=link, keys=kv.keys(seq, link.ns)[:full], indices=send,
                     block_ids=[block_ids[i] for i in send],
-                    pool_keys=[pool_keys[i] for i in send], staged=staged, scope=seq.scope))
+                    pool_keys=[pool_keys[i] for i in send], staged=staged, scope=seq.scope,
+                    receipt=receipt))
             except BaseException:
+                if receipt is not None:
+                    receipt.report(False)
                 self.committer.staging.give_back(staged.span)
                 raise
 

@@ -27,6 +27,7 @@ import torch
 
 import kernels
 from engine.connector.commit_staging import CommitStaging, Span
+from engine.connector.handoff import CommitReceipt
 from engine.connector.store_link import StoreLink
 from engine.connector.transfer import TransferThread
 from engine.kv.cache import KVCache
@@ -55,6 +56,7 @@ class CommitJob:
     pool_keys: list[Key]  # the keys the pool indexes those blocks by (the primary chain)
     staged: Staged  # their bytes, row j for indices[j]
     scope: RequestScope = IDENTITY  # the request's tenant and salt (its namespace)
+    receipt: CommitReceipt | None = None  # told when the job is over (engine.connector.handoff)
     # Written by the committer thread.
     result: CommitResult | None = None
     error: BaseException | None = None
@@ -106,3 +108,8 @@ class KVCommitter(TransferThread[CommitJob]):
                                          ns=job.scope.apply(job.link.ns))
         finally:
             self.staging.give_back(job.staged.span)
+
+    def _done(self, job: CommitJob) -> None:
+        if job.receipt is not None:
+            res = job.result
+            job.receipt.report(job.error is None and res is not None and not res.dropped)

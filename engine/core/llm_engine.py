@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 import torch
 
 import kernels
+from engine.connector.handoff import CommitReceipt, visible_blocks, wait_visible
 from engine.connector.store_connector import StoreConnector
 from engine.connector.store_link import StoreLink
 from engine.core.config import EngineConfig
@@ -34,6 +35,7 @@ from engine.kv.namespace import engine_namespaces
 from engine.kv.replay_planner import ReplayPlanner
 from engine.kv.request_scope import IDENTITY, RequestScope
 from engine.model.base import CausalLM
+from kvstore.keys import Key, Namespace, chain_keys
 from kvstore.prefix_key import PrefixHash
 from kvstore.tier import TierStats
 
@@ -109,10 +111,14 @@ class LLMEngine:
 
     # -- requests ---------------------------------------------------------------------
     def add_request(self, token_ids: Iterable[int], params: SamplingParams,
-                    scope: RequestScope = IDENTITY) -> Sequence:
+                    scope: RequestScope = IDENTITY,
+                    commit_receipt: CommitReceipt | None = None) -> Sequence:
         """Queue a request; ``scope`` (tenant, cache salt) decides whose cached blocks it
-        may hit (``engine.kv.request_scope``). Bad input raises ``EngineInputError``."""
+        may hit (``engine.kv.request_scope``). ``commit_receipt``: told when the request's
+        commit is over (a prefill replica waits for it, ``engine.connector.handoff``). Bad input
+        raises ``EngineInputError``."""
         seq = Sequence(list(token_ids), params, scope)
+        seq.commit_receipt = commit_receipt
         if params.constraint is not None:
             if self.grammar is None:
                 raise EngineInputError("this engine has no grammar backend for structured "
@@ -155,6 +161,33 @@ class LLMEngine:
         ok = self.connector.drain(timeout_s)
         self.scheduler.poll()
         return ok
+
+    # -- prefill/decode hand-off (engine.connector.handoff; any thread) -------------------------
+    def _prompt_chain(self, token_ids: list[int], scope: RequestScope
+                      ) -> tuple[Namespace, list[Key]]:
+        ns = scope.apply(self.ns)
+        full = len(token_ids) // ns.block_tokens
+        return ns, chain_keys(ns, token_ids[: full * ns.block_tokens])
+
+    def visible_prompt_blocks(self, token_ids: list[int], scope: RequestScope = IDENTITY
+                              ) -> int:
+        """Leading full blocks of ``token_ids`` (as ``scope`` sees them) the store serves
+        now: what a prefill replica tells its decode replica once its commit is over."""
+        ns, keys = self._prompt_chain(token_ids, scope)
+        return visible_blocks(self.link, ns, keys, self.config.store_call_timeout_s)
+
+    def wait_prompt_blocks(self, token_ids: list[int], blocks: int, timeout_s: float,
+                           scope: RequestScope = IDENTITY) -> int:
+        """Wait (at most ``timeout_s``) until the store serves ``blocks`` leading blocks of
+        ``token_ids``; returns those it serves then. A decode replica calls it before it
+        admits a request whose prompt another replica computed."""
+        ns, keys = self._prompt_chain(token_ids, scope)
+        return wait_visible(self.link, ns, keys, blocks, timeout_s,
+                            self.config.store_call_timeout_s)
+
+    def namespace_of(self, scope: RequestScope = IDENTITY) -> Namespace:
+        """The primary namespace a request of ``scope`` uses."""
+        return scope.apply(self.ns)
 
     # -- introspection ----------------------------------------------------------------
     def hbm_stats(self) -> TierStats:

@@ -238,12 +238,14 @@ class Scheduler:
         if seq.status is SequenceStatus.WAITING:
             self.waiting.remove(seq)
             seq.status = SequenceStatus.FINISHED
+            self._seal(seq)
             return
         if seq.status is SequenceStatus.LOADING:
             del self.loading[seq.seq_id]
             self.connector.abort_load(seq)  # the loader stops; its blocks go when it reports
             self.kv.free(seq)  # its table and the room set aside for a replay's copies
             seq.status = SequenceStatus.FINISHED
+            self._seal(seq)
             return
         self._finish(seq)
 
@@ -254,6 +256,13 @@ class Scheduler:
             self.connector.on_finish(seq)  # best-effort: copies out what the store lacks
         finally:
             self.kv.free(seq)
+            self._seal(seq)
+
+    @staticmethod
+    def _seal(seq: Sequence) -> None:
+        """Every commit job of ``seq`` is submitted (maybe none): its waiter may return."""
+        if seq.commit_receipt is not None:
+            seq.commit_receipt.seal()
 
     def check_integrity(self) -> None:
         """The pool's accounting, and each sequence's blocks against its state."""
@@ -267,6 +276,9 @@ class Scheduler:
         for seq in self.loading.values():
             if seq.status is not SequenceStatus.LOADING or not self.kv.holds(seq):
                 raise EngineIntegrityError(f"loading {seq} is not loading or holds nothing")
+        for seq in (*self.waiting, *self.loading.values(), *self.running):
+            if seq.commit_receipt is not None and seq.commit_receipt.done:
+                raise EngineIntegrityError(f"{seq} is unfinished but its commit receipt is done")
         for seq in self.running:
             if seq.status is not SequenceStatus.RUNNING:
                 raise EngineIntegrityError(f"running list holds {seq}")

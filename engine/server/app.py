@@ -19,11 +19,13 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from engine.connector.handoff import CommitReceipt
 from engine.errors import EngineInputError
 from engine.server.chat_request import render_chat
 from engine.server.engine_loop import Handle
 from engine.server.errors import APIError, bad_request, not_found, overloaded
 from engine.server.generation import abort_all, new_choices, response_body, run_choices, sse
+from engine.server.kv_transfer import check_role, hand_off, take_over
 from engine.server.protocol import GenerationRequest, Kind, parse_request
 from engine.server.state import ServerState
 
@@ -129,12 +131,18 @@ async def _generate(state: ServerState, request: Request, kind: Kind) -> Respons
                               param="max_tokens", code="context_length_exceeded")
         req = replace(req, params=replace(params, max_new_tokens=room))
     scope = state.tenants.scope(tenant, req.cache_salt)
+    transfer = req.kv_transfer
+    check_role(state.kv_role, transfer, req.stream)
+    if transfer is not None and transfer.remote_prefill:
+        await take_over(state, ids, scope, transfer)
+    prefill = transfer is not None and transfer.remote_decode
     events: asyncio.Queue[Any] = asyncio.Queue()
     handles: list[Handle] = []
     for i in range(req.n):
         handles.append(Handle(ids, req.choice_params(i), scope, asyncio.get_running_loop(),
                               arrival_s=arrival, events=events, choice=i,
-                              after=handles[0] if i else None))
+                              after=handles[0] if i else None,
+                              receipt=CommitReceipt() if prefill and not i else None))
     if not state.loop.try_submit_all(handles, state.max_queue):
         raise overloaded(state.retry_after_s)
     choices = new_choices(state, req, handles)
@@ -152,4 +160,7 @@ async def _generate(state: ServerState, request: Request, kind: Kind) -> Respons
     except BaseException:
         abort_all(state, choices)
         raise
-    return JSONResponse(response_body(state, req, choices, rid, echo, n))
+    body = response_body(state, req, choices, rid, echo, n)
+    if prefill:
+        body["kv_transfer_params"] = await hand_off(state, handles[0])
+    return JSONResponse(body)

@@ -25,12 +25,14 @@ from engine.kv.namespace import engine_namespace
 from engine.model.chat_template import ChatTemplate
 from engine.model.loader import load_model
 from engine.server.engine_loop import EngineLoop
+from engine.server.kv_transfer import KV_ROLES
 from engine.server.metrics import ServerMetrics
 from engine.server.prefix_keys import add_prefix_key_flags, http_users, prefix_hash
 from engine.server.tenants import Tenants
 from engine.server.tool_parsers import PARSERS
 from engine.structured.backend import GrammarBackend
-from kvstore.units import parse_size
+from kvstore.flags import flag_type
+from kvstore.units import parse_size, parse_timeout
 
 _DEFAULTS = EngineConfig()
 log = logging.getLogger("engine.server")
@@ -74,6 +76,18 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="a Jinja chat template replacing the checkpoint's (e.g. "
                    "examples/tool_chat_template_hermes.jinja for tools on a template "
                    "without them)")
+    p.add_argument("--kv-role", choices=KV_ROLES, default="both",
+                   help="prefill/decode disaggregation behind vllm-router's "
+                        "--vllm-pd-disaggregation: 'prefill' answers a request carrying "
+                        "kv_transfer_params.do_remote_decode once the prompt's blocks are in "
+                        "the shared store; 'decode' loads them for a request carrying "
+                        "do_remote_prefill; 'both' (default) plays either side. prefill and "
+                        "decode need a shared store: --kv-store grpc://HOST:PORT")
+    p.add_argument("--kv-transfer-timeout", type=flag_type(parse_timeout), default=10.0,
+                   metavar="DURATION",
+                   help="longest wait of a hand-off: a prefill for its commit, a decode for "
+                        "the prefill's blocks to be visible (then it computes them) "
+                        "(default 10s)")
     add_engine_flags(p)
     p.add_argument("--log-level", default="warning",
                    choices=("debug", "info", "warning", "error"), help="server log level")
@@ -106,6 +120,9 @@ def run(args: argparse.Namespace) -> int:
     host, port = parse_listen(args.listen)
     if args.max_queue < 1:
         raise EngineInputError("--max-queue must be >= 1")
+    if args.kv_role != "both" and not args.kv_store.startswith(("grpc://", "grpcs://")):
+        raise EngineInputError(f"--kv-role {args.kv_role} needs a store its peer replicas "
+                               f"share: --kv-store grpc://HOST:PORT (got {args.kv_store!r})")
     config = EngineConfig(pool_tokens=args.pool_tokens, block_tokens=args.block_tokens,
                           max_batched_tokens=args.max_batched_tokens,
                           max_num_seqs=args.max_num_seqs,
@@ -160,7 +177,9 @@ def run(args: argparse.Namespace) -> int:
                         block_tokens=config.block_tokens,
                         pool_tokens=config.num_blocks * config.block_tokens,
                         block_bytes=link.ns.block_bytes, tool_parser=args.tool_call_parser,
-                        grammar=engine.grammar, sampling_defaults=loaded.sampling_defaults)
+                        grammar=engine.grammar, sampling_defaults=loaded.sampling_defaults,
+                        kv_role=args.kv_role,
+                        kv_transfer_timeout_s=args.kv_transfer_timeout)
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from engine.connector.handoff import CommitReceipt
 from engine.core.llm_engine import LLMEngine
 from engine.core.sampling_params import SamplingParams
 from engine.core.sequence import Sequence, TokenLogprob
@@ -66,6 +67,9 @@ class Handle:
     # A sibling choice waits for this one's first token: its prompt's blocks are then in
     # the pool's prefix index, so the sibling hits them instead of computing them again.
     after: Handle | None = None
+    # A prefill replica's request (``kv_transfer_params.do_remote_decode``): the handler
+    # waits on it for the request's commit before it answers (engine.connector.handoff).
+    receipt: CommitReceipt | None = None
     # Engine thread only.
     seq: Sequence | None = None
     delivered: int = 0
@@ -186,7 +190,8 @@ class EngineLoop:
             self._deferred.append(handle)
             return
         try:
-            handle.seq = self.engine.add_request(handle.token_ids, handle.params, handle.scope)
+            handle.seq = self.engine.add_request(handle.token_ids, handle.params, handle.scope,
+                                                 commit_receipt=handle.receipt)
         except (EngineError, ValueError) as e:
             self._finished(handle)
             handle._emit(ErrorEvent(e, handle.choice))
@@ -233,5 +238,9 @@ class EngineLoop:
 
     def _finished(self, handle: Handle) -> None:
         handle.settled = True
+        if handle.receipt is not None:
+            # The engine sealed it already if the request ran; one that never ran (or
+            # failed) has no commit to wait for.
+            handle.receipt.seal()
         with self._lock:
             self._in_flight -= 1

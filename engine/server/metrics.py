@@ -14,7 +14,9 @@
   (queued or loading from the store), ``kvengine_pool_blocks``, ``kvengine_pool_used_blocks``
   and ``kvengine_pool_usage_ratio``; ``kvengine_store_jobs_pending{job}``: store loads and
   commits submitted and not yet over (a finished request's commit runs after its response:
-  at 0, every store call so far is in ``kvengine_store_call_seconds``).
+  at 0, every store call so far is in ``kvengine_store_call_seconds``);
+- ``kvengine_kv_transfers_total{side,outcome}`` and
+  ``kvengine_kv_transfer_wait_seconds{side}``: prefill/decode hand-offs (``--kv-role``).
 """
 
 from __future__ import annotations
@@ -24,6 +26,13 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from engine.core.llm_engine import LLMEngine
 from engine.core.sequence import TIERS, Sequence
 
+#: (side, outcome) of ``kvengine_kv_transfers_total``: a prefill's commit is all visible
+#: (``complete``) or not (``partial``: the decode recomputes the rest); a decode found every
+#: block the prefill reported (``complete``), gave up waiting (``timeout``), or was told of
+#: another namespace (``namespace_mismatch``: another model or tenant; nothing to wait for).
+KV_TRANSFER_OUTCOMES = (("prefill", "complete"), ("prefill", "partial"),
+                        ("decode", "complete"), ("decode", "timeout"),
+                        ("decode", "namespace_mismatch"))
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 60, 120)
 _STORE_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
                   0.25, 0.5, 1, 5)
@@ -79,6 +88,15 @@ class ServerMetrics:
                                 registry=r)
         for source in (*TIERS, "computed"):
             self.prompt_tokens.labels(source)
+        # Prefill/decode hand-offs (engine.server.kv_transfer): how each side's wait ended.
+        self.kv_transfers = Counter("kvengine_kv_transfers",
+                                    "Prefill/decode hand-offs through the store, by side and "
+                                    "outcome", ["side", "outcome"], registry=r)
+        self.kv_transfer_wait = Histogram("kvengine_kv_transfer_wait_seconds",
+                                          "Time a hand-off waited for the store", ["side"],
+                                          buckets=_LATENCY_BUCKETS, registry=r)
+        for side, outcome in KV_TRANSFER_OUTCOMES:
+            self.kv_transfers.labels(side, outcome)
         sched, blocks = engine.scheduler, engine.blocks
         Gauge("kvengine_requests_running", "Requests admitted and computing",
               registry=r).set_function(lambda: len(sched.running))

@@ -22,6 +22,7 @@ from engine.errors import EngineInputError
 from engine.model.generation_config import NO_DEFAULTS, SamplingDefaults
 from engine.server.chat_request import ChatPrompt, parse_chat
 from engine.server.errors import APIError, bad_request, unsupported
+from engine.server.kv_transfer import KVTransfer, parse_kv_transfer
 from engine.server.request_sampling import boolean, integer, sampling_fields
 from engine.server.structured_request import parse_constraint
 
@@ -124,6 +125,12 @@ PARAMETERS: dict[str, Param] = {
                             "(`root ::= …`) or Lark (`start: …`) grammar"),
     "guided_choice": Param("honoured", BOTH, "extension (vLLM's older form): one of the "
                            "strings"),
+    "kv_transfer_params": Param("honoured", BOTH, "extension (as vLLM's PD mode): "
+                                "`do_remote_decode` (a `--kv-role prefill` replica commits the "
+                                "prompt's blocks to the store before it answers, and returns "
+                                "the params for the decode replica), `do_remote_prefill` (a "
+                                "`--kv-role decode` replica waits for those blocks and loads "
+                                "them); other fields ignored"),
     "user": Param("ignored", BOTH, "no effect"),
     "metadata": Param("ignored", ("chat",), "no effect"),
     "store": Param("ignored", ("chat",), "nothing is stored for later retrieval"),
@@ -151,6 +158,11 @@ PARAMETERS: dict[str, Param] = {
                                            "tokenizer decodes it", _is_default(True)),
     "return_hidden_states": Param("default only", BOTH, "vLLM extra: no hidden states",
                                   _is_default(False)),
+    "min_tokens": Param("default only", BOTH, "vLLM extra: no floor on the answer's length "
+                        "(end-of-sequence and stop tokens end it at once); on a prefill "
+                        "request (`kv_transfer_params.do_remote_decode`), to which vllm-router "
+                        "adds `min_tokens: 1`, it is ignored: that request's one token is "
+                        "discarded, only its KV is used", _is_default(0)),
     "separate_reasoning": Param("ignored", ("chat",), "router extra: the served models "
                                 "write no reasoning section to separate"),
     "stream_reasoning": Param("ignored", ("chat",), "router extra: no reasoning section"),
@@ -174,6 +186,7 @@ class GenerationRequest:
     cache_salt: str | None
     parallel_tool_calls: bool = True
     constraint_param: str | None = None  # where params.constraint came from
+    kv_transfer: KVTransfer | None = None  # prefill/decode hand-off (engine.server.kv_transfer)
 
     def choice_params(self, index: int) -> SamplingParams:
         p = self.params
@@ -231,6 +244,11 @@ def parse_request(body: Any, kind: Kind, vocab_size: int,
     parameters the body leaves out (as vLLM's server does)."""
     if not isinstance(body, dict):
         raise bad_request("the request body must be a JSON object")
+    kv_transfer = parse_kv_transfer(body.get("kv_transfer_params"))
+    if kv_transfer is not None and kv_transfer.remote_decode and "min_tokens" in body:
+        # The router's prefill request: its answer is thrown away, only its KV is used.
+        log.debug("min_tokens=%r ignored on a prefill request", body["min_tokens"])
+        body = {k: v for k, v in body.items() if k != "min_tokens"}
     _check_parameters(body, kind)
     model = body.get("model")
     if not isinstance(model, str):
@@ -279,6 +297,7 @@ def parse_request(body: Any, kind: Kind, vocab_size: int,
         include_usage=bool(options and options.get("include_usage")), cache_salt=salt,
         parallel_tool_calls=parallel,
         constraint_param=None if constraint is None else constraint.param,
+        kv_transfer=kv_transfer,
     )
 
 

@@ -33,3 +33,6 @@ class ServerState:
     sampling_defaults: SamplingDefaults = NO_DEFAULTS  # generation_config.json's
     tool_parser: str | None = None  # --tool-call-parser
     grammar: GrammarBackend | None = None  # structured outputs (the engine's own)
+    # --kv-role (engine.server.kv_transfer.KV_ROLES): the side of a PD hand-off it plays
+    kv_role: str = "both"
+    kv_transfer_timeout_s: float = 10.0  # --kv-transfer-timeout: a hand-off's longest wait

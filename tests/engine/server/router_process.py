@@ -39,11 +39,21 @@ def _free_port() -> int:
 
 class RouterProcess:
     def __init__(self, workers: list[str], policy: str = "round_robin",
-                 extra: tuple[str, ...] = (), start_timeout_s: float = 60.0) -> None:
+                 extra: tuple[str, ...] = (), start_timeout_s: float = 60.0,
+                 decode: list[str] | None = None) -> None:
+        """``decode`` given: vLLM's PD mode, ``workers`` being the prefill replicas."""
         self.port = _free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
+        if decode is None:
+            targets = ["--worker-urls", *workers]
+        else:
+            targets = ["--vllm-pd-disaggregation"]
+            for url in workers:
+                targets += ["--prefill", url]
+            for url in decode:
+                targets += ["--decode", url]
         cmd = [str(router_python()), "-m", "vllm_router.launch_router", "--host", "127.0.0.1",
-               "--port", str(self.port), "--worker-urls", *workers, "--policy", policy,
+               "--port", str(self.port), *targets, "--policy", policy,
                "--health-check-interval-secs", "1",
                # its metrics exporter binds a fixed port by default: one per router here
                "--prometheus-host", "127.0.0.1", "--prometheus-port", str(_free_port()),
