@@ -33,6 +33,9 @@ MEASURED_FIDELITY: tuple[MeasuredKeep, ...] = (
     MeasuredKeep("bfloat16", 2048, 524, 0.00294, 0.000595),
     MeasuredKeep("bfloat16", 2048, 1036, 0.000847, 0.000595),
     MeasuredKeep("bfloat16", 8192, 524, 0.00378, 0.000395),
+    MeasuredKeep("bfloat16", 16384, 140, 0.0212, 0.000552),
+    MeasuredKeep("bfloat16", 16384, 524, 0.00404, 0.000552),
+    MeasuredKeep("bfloat16", 16384, 1036, 0.000674, 0.000552),
     MeasuredKeep("float32", 2048, 524, 0.00238, 2.56e-12),
     MeasuredKeep("float32", 8192, 524, 0.00293, 2.28e-12),
 )
