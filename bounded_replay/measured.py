@@ -38,6 +38,9 @@ MEASURED_FIDELITY: tuple[MeasuredKeep, ...] = (
     MeasuredKeep("bfloat16", 16384, 140, 0.0212, 0.000552),
     MeasuredKeep("bfloat16", 16384, 524, 0.00404, 0.000552),
     MeasuredKeep("bfloat16", 16384, 1036, 0.000674, 0.000552),
+    MeasuredKeep("bfloat16", 32704, 140, 0.0184, 0.000512),
+    MeasuredKeep("bfloat16", 32704, 524, 0.00300, 0.000512),
+    MeasuredKeep("bfloat16", 32704, 1036, 0.000852, 0.000512),
     MeasuredKeep("float32", 2048, 524, 0.00238, 2.56e-12),
     MeasuredKeep("float32", 8192, 524, 0.00293, 2.28e-12),
 )
