@@ -15,7 +15,9 @@ KL over the ``chunk`` floor's, at each context.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from tqdm import tqdm
 
@@ -28,6 +30,7 @@ from engine.entrypoints.forced_fidelity import (
 )
 from engine.errors import EngineInputError
 from engine.model.loader import LoadedModel
+from kvstore.textfile import read_text
 
 #: The rule: bounded replay stays the default only within this many times the floor.
 RULE_FACTOR = 2.0
@@ -100,8 +103,14 @@ def validate(lm: LoadedModel, contexts: tuple[int, ...], keeps: tuple[int, ...],
             "12); pass --force to measure it")
 
 
+def expected_runs(settings: ForcedSettings) -> frozenset[str]:
+    return frozenset({"chunk", "batch", *(f"keep {k}" for k in settings.keeps_tokens)})
+
+
 def measure(lm: LoadedModel, contexts: tuple[int, ...], settings: ForcedSettings,
-            progress: bool) -> list[ForcedRun]:
+            progress: bool, done: Sequence[ForcedRun] = (),
+            on_row: Callable[[ForcedRun], None] | None = None) -> list[ForcedRun]:
+    """The new rows; ``done``: rows measured before (a results file), not run again."""
     encode = lm.tokenizer.encode
 
     def others(n: int) -> list[list[int]]:
@@ -109,14 +118,51 @@ def measure(lm: LoadedModel, contexts: tuple[int, ...], settings: ForcedSettings
                 for i, t in enumerate(BATCH_OTHERS_TOKENS)]
 
     runner = ForcedRunner(lm, settings, others)
+    want = expected_runs(settings)
+    skips = {c: frozenset(r.run for r in done if r.context_tokens == c) & want
+             for c in contexts}
+    todo = [c for c in contexts if skips[c] != want]
     per_case = 3 + len(settings.keeps_tokens) + max(0, len(settings.keeps_tokens) - 3)
-    bar = tqdm(total=per_case * len(contexts), desc="runs", unit="run", disable=not progress)
+    bar = tqdm(total=per_case * len(todo), desc="runs", unit="run", disable=not progress)
     runs: list[ForcedRun] = []
-    for c in contexts:
+    for c in todo:
         bar.set_postfix_str(f"context {c}")
-        runs += runner.run_case(agent_prompt(encode, c), on_run=lambda _n: bar.update(1))
+        runs += runner.run_case(agent_prompt(encode, c), on_run=lambda _n: bar.update(1),
+                                on_row=on_row, skip=skips[c])
     bar.close()
     return runs
+
+
+def results_header(lm: LoadedModel, settings: ForcedSettings) -> dict[str, object]:
+    """What a results file's rows must share to be read back as one measurement."""
+    return {"model": lm.spec.name, "dtype": str(lm.spec.dtype).removeprefix("torch."),
+            "python": python_version(), "new_tokens": settings.new_tokens,
+            "block_tokens": settings.block_tokens,
+            "reference_chunk_tokens": settings.reference_chunk_tokens,
+            "noise_chunk_tokens": settings.noise_chunk_tokens}
+
+
+def read_results(path: Path, header: dict[str, object]) -> list[ForcedRun]:
+    """The rows of ``path`` (JSON lines) measured under ``header``; others (another dtype,
+    model...) are left alone. A missing file has none."""
+    if not path.exists():
+        return []
+    out = []
+    for i, line in enumerate(read_text(str(path), "--out").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            doc = json.loads(line)
+            if {k: doc.get(k) for k in header} == header:
+                out.append(ForcedRun(**doc["run"]))
+        except (ValueError, TypeError, KeyError):
+            raise EngineInputError(f"--out {path}: line {i} is not a result row") from None
+    return out
+
+
+def append_result(path: Path, header: dict[str, object], run: ForcedRun) -> None:
+    with path.open("a", encoding="utf-8") as f:
+        f.write(json.dumps({**header, "run": run.as_json()}) + "\n")
 
 
 def report(lm: LoadedModel, runs: list[ForcedRun], checks: list[RuleCheck],

@@ -160,15 +160,21 @@ class ForcedRunner:
         return self.config(keep, self.s.block_tokens, 1).replay_policy(
             self.lm.spec.layer_windows).mode.value
 
-    def run_case(self, prompt: list[int],
-                 on_run: Callable[[str], None] | None = None) -> list[ForcedRun]:
+    def run_case(self, prompt: list[int], on_run: Callable[[str], None] | None = None,
+                 on_row: Callable[[ForcedRun], None] | None = None,
+                 skip: frozenset[str] = frozenset()) -> list[ForcedRun]:
+        """The case's rows; each cached run right after the cold run that fills its store,
+        so a case cut short still has the default keep next to the reference. ``skip``:
+        runs already measured (by name): not run again, unless a later keep needs that cold
+        run to fill its store (then it runs, unrecorded). ``on_row`` sees each row as it
+        is made (a results file survives a run stopped halfway)."""
         s = self.s
         n = len(prompt)
         others = self.others(n)
         bt = s.block_tokens
         need = sum(-(-(len(p) + s.new_tokens) // bt) for p in [prompt, *others])
         pool = (need + 64) * bt  # + a replay's reserve of private blocks
-        keeps = list(s.keeps_tokens)
+        keeps = [k for k in s.keeps_tokens if f"keep {k}" not in skip]
         stores = {k: open_embedded(dram_bytes=s.store_dram_bytes) for k in keeps}
         fills = dict(zip(keeps, ("reference", "chunk", "batch"), strict=False))
         step = on_run or (lambda _name: None)
@@ -185,24 +191,39 @@ class ForcedRunner:
 
         def row(run: str, mode: str, keep: int | None, fill: str | None, t: Trace) -> None:
             kl, p99, top1, greedy = compare(ref, t)
-            out.append(ForcedRun(n, run, mode, keep, fill, t.hit_tokens, t.replayed_tokens,
-                                 len(t.logits), kl, p99, top1, greedy))
+            r = ForcedRun(n, run, mode, keep, fill, t.hit_tokens, t.replayed_tokens,
+                          len(t.logits), kl, p99, top1, greedy)
+            out.append(r)
+            if on_row is not None:
+                on_row(r)
+
+        def cached(keep: int) -> None:
+            if keep not in fills:  # a dedicated fill, scheduled as the reference
+                fills[keep] = f"fill {keep}"
+                cold(f"fill {keep}", s.reference_chunk_tokens, forced)
+            cfg = self.config(keep, pool, s.reference_chunk_tokens)
+            with _engine(self.lm, cfg, stores[keep]) as eng:
+                t = run_forced(eng, prompt, s.new_tokens, forced)
+            step(f"keep {keep}")
+            row(f"keep {keep}", self.mode(keep), keep, fills[keep], t)
 
         try:
             ref = cold("reference", s.reference_chunk_tokens, None)
             forced = ref.tokens
-            row("chunk", "cold", None, None, cold("chunk", s.noise_chunk_tokens, forced))
-            row("batch", "cold", None, None,
-                cold("batch", s.reference_chunk_tokens, forced, others))
-            for keep in keeps:
-                if keep not in fills:  # a dedicated fill, scheduled as the reference
-                    fills[keep] = f"fill {keep}"
-                    cold(f"fill {keep}", s.reference_chunk_tokens, forced)
-                cfg = self.config(keep, pool, s.reference_chunk_tokens)
-                with _engine(self.lm, cfg, stores[keep]) as eng:
-                    t = run_forced(eng, prompt, s.new_tokens, forced)
-                step(f"keep {keep}")
-                row(f"keep {keep}", self.mode(keep), keep, fills[keep], t)
+            floors = (("chunk", s.noise_chunk_tokens, ()),
+                      ("batch", s.reference_chunk_tokens, others))
+            if keeps:
+                cached(keeps[0])
+            for i, (name, chunk, extra) in enumerate(floors, start=1):
+                filling = len(keeps) > i
+                if name not in skip or filling:
+                    t = cold(name, chunk, forced, extra)
+                    if name not in skip:
+                        row(name, "cold", None, None, t)
+                if filling:
+                    cached(keeps[i])
+            for keep in keeps[3:]:
+                cached(keep)
         finally:
             for st in stores.values():
                 st.close()

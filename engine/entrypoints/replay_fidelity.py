@@ -22,15 +22,24 @@ from __future__ import annotations
 import argparse
 import json
 from dataclasses import asdict
+from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
 from bounded_replay import default_keep_tokens
 from engine.entrypoints.fidelity import FidelityCase, FidelityRunner, FidelitySettings, summarize
-from engine.entrypoints.fidelity_report import check_rule, measure, report, validate
 from engine.entrypoints.forced_fidelity import ForcedSettings
 from engine.errors import EngineInputError
+from engine.entrypoints.fidelity_report import (
+    append_result,
+    check_rule,
+    measure,
+    read_results,
+    report,
+    results_header,
+    validate,
+)
 from engine.model.loader import load_model
 from kvstore.textfile import read_text
 
@@ -98,6 +107,12 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="weights and KV dtype (default: the checkpoint's); float32 shows "
                         "exact mode at float tolerance, without bfloat16's rounding noise")
     p.add_argument("--seed", type=int, default=0, help="seed of the random tokens")
+    p.add_argument("--out", type=Path, metavar="FILE",
+                   help="with --contexts: a results file (JSON lines, one run each) that "
+                        "each run is appended to as it ends; runs it already holds for the "
+                        "same model, dtype and settings are not measured again (resume a "
+                        "long job, or add contexts one invocation at a time); the report "
+                        "covers the file's rows for --contexts")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -129,7 +144,16 @@ def _run_contexts(args: argparse.Namespace, lm, safe: int) -> int:  # type: igno
              force=args.force, safe=safe)
     settings = ForcedSettings(keeps_tokens=keeps, new_tokens=args.new_tokens,
                               block_tokens=args.block_tokens)
-    runs = measure(lm, contexts, settings, progress=not args.json)
+    if args.out is None:
+        runs = measure(lm, contexts, settings, progress=not args.json)
+    else:  # resumable: what the file holds is not measured again, each new row lands there
+        header = results_header(lm, settings)
+        done = read_results(args.out, header)
+        measure(lm, contexts, settings, progress=not args.json, done=done,
+                on_row=lambda r: append_result(args.out, header, r))
+        order = {c: i for i, c in enumerate(contexts)}
+        runs = sorted((r for r in read_results(args.out, header)
+                       if r.context_tokens in order), key=lambda r: order[r.context_tokens])
     print(report(lm, runs, check_rule(runs, safe), settings, safe, args.json))
     return 0
 

@@ -72,7 +72,8 @@ def test_noise_floor_and_cached_runs_on_the_deep_hybrid(deep: LoadedModel) -> No
     runner = ForcedRunner(deep, settings, lambda n: [tokens(40, seed=7), tokens(70, seed=8)])
     done: list[str] = []
     rows = {r.run: r for r in runner.run_case(tokens(150, seed=5), on_run=done.append)}
-    assert done == ["reference", "chunk", "batch", f"keep {KEEP}", "keep 0", "keep 8",
+    # each cached run right after the cold run that filled its store
+    assert done == ["reference", f"keep {KEEP}", "chunk", "keep 0", "batch", "keep 8",
                     "fill 60", "keep 60"]
     assert set(rows) == {"chunk", "batch", f"keep {KEEP}", "keep 0", "keep 8", "keep 60"}
     hit = 149 // 16 * 16
@@ -90,6 +91,20 @@ def test_noise_floor_and_cached_runs_on_the_deep_hybrid(deep: LoadedModel) -> No
         assert r.mode == "bounded" and r.hit_tokens == hit and r.replayed_tokens == keep
     # The deep checkpoint drifts under a replay far below its window.
     assert rows["keep 8"].kl_mean > rows["keep 0"].kl_mean
+
+
+def test_skipped_runs_are_not_measured_but_still_fill(deep: LoadedModel) -> None:
+    settings = ForcedSettings(keeps_tokens=(KEEP, 8), new_tokens=3, block_tokens=16,
+                              reference_chunk_tokens=64, noise_chunk_tokens=16)
+    runner = ForcedRunner(deep, settings, lambda n: [tokens(40, seed=7)])
+    done: list[str] = []
+    made: list[ForcedRun] = []
+    rows = runner.run_case(tokens(100, seed=5), on_run=done.append, on_row=made.append,
+                           skip=frozenset({"chunk"}))
+    # chunk runs only to fill keep 8's store, unrecorded
+    assert done == ["reference", f"keep {KEEP}", "chunk", "keep 8", "batch"]
+    assert [r.run for r in rows] == [f"keep {KEEP}", "keep 8", "batch"] and made == rows
+    assert rows[1].fill == "chunk" and rows[1].replayed_tokens == 8
 
 
 def run_row(ctx: int, run: str, kl: float) -> ForcedRun:

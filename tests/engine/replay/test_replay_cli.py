@@ -196,6 +196,35 @@ def test_replay_fidelity_on_real_text_table(tiny_hybrid_dir: Path,
     assert "context 150:" in out and "chunk floor" in out
 
 
+def test_replay_fidelity_results_file_resumes(tiny_hybrid_dir: Path, tmp_path: Path,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    out_file = tmp_path / "runs.jsonl"
+    args = ("replay-fidelity", "--model", str(tiny_hybrid_dir), "--keep", "default",
+            "--new-tokens", "2", "--out", str(out_file), "--json")
+    code, out, err = main(capsys, *args, "--contexts", "150")
+    assert code == 0, err
+    first = out_file.read_text().splitlines()
+    assert len(first) == 3  # chunk, batch, keep: one line each
+    assert {json.loads(line)["run"]["run"] for line in first} == {
+        "chunk", "batch", f"keep {SAFE_KEEP}"}
+    code, again, err = main(capsys, *args, "--contexts", "150")
+    assert code == 0, err
+    assert out_file.read_text().splitlines() == first  # nothing measured twice
+    assert json.loads(again)["runs"] == json.loads(out)["runs"]
+    code, out, err = main(capsys, *args, "--contexts", "150,200")
+    assert code == 0, err
+    assert len(out_file.read_text().splitlines()) == 6  # only 200's runs are new
+    doc = json.loads(out)
+    assert [c["context_tokens"] for c in doc["rule"]["checks"]] == [150, 200]
+    # another dtype is another measurement: the file's rows are not its own
+    code, out, err = main(capsys, *args, "--contexts", "150", "--dtype", "bfloat16")
+    assert code == 0, err
+    assert len(out_file.read_text().splitlines()) == 9
+    out_file.write_text("not json\n")
+    code, out, err = main(capsys, *args, "--contexts", "150")
+    assert code == 2 and out == "" and err.count("\n") == 1 and "line 1" in err
+
+
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
