@@ -29,8 +29,6 @@ from tqdm import tqdm
 
 from bounded_replay import default_keep_tokens
 from engine.entrypoints.fidelity import FidelityCase, FidelityRunner, FidelitySettings, summarize
-from engine.entrypoints.forced_fidelity import ForcedSettings
-from engine.errors import EngineInputError
 from engine.entrypoints.fidelity_report import (
     append_result,
     check_rule,
@@ -40,6 +38,8 @@ from engine.entrypoints.fidelity_report import (
     results_header,
     validate,
 )
+from engine.entrypoints.forced_fidelity import ForcedSettings
+from engine.errors import EngineInputError
 from engine.model.loader import load_model
 from kvstore.textfile import read_text
 
