@@ -268,7 +268,7 @@ class Scheduler:
     def _loaded(self, seq: Sequence, job: LoadJob) -> None:
         seq.stats.store_lookup_s += job.lookup_s
         seq.stats.store_load_s += job.load_s
-        hit, flags = self.loads.land(_owner(seq), job)
+        hit, flags = self.loads.land(_owner(seq), job, seq.token_ids)
         plan = self.planner.plan(seq.num_tokens, flags)
         self._note_hit(seq, "hbm", min(hit, plan.hit_blocks))
         for j, tier in enumerate(job.tiers[: max(0, plan.hit_blocks - hit)]):
@@ -292,7 +292,7 @@ class Scheduler:
             if full > seq.num_cached_blocks:
                 keys = seq.block_keys(self.ns)
                 self.blocks.cache(_owner(seq), keys, seq.num_cached_blocks, full,
-                                  self.planner.computed_layers)
+                                  self.planner.computed_layers, seq.token_ids)
                 seq.num_cached_blocks = full
             if seq.num_computed_tokens < seq.num_tokens:
                 continue  # a prefill chunk short of the end: no token yet

@@ -20,6 +20,9 @@ replayed or completed from the store, never read as if it held them.
 Allocation takes empty blocks first, then evicts the least recently freed cached block.
 Sequences free their blocks tail first, so the tail of a chain is evicted first and what
 stays cached of a chain is always a prefix, as in the store's tiers (DESIGN §6).
+
+Every change to the index is told to ``events`` (a listener registry, empty by default):
+indexed, evicted, or the whole index reset (``engine.kv.events``).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from engine.errors import EngineIntegrityError
+from engine.kv.events import BlockEventListeners
 from kvstore.keys import Key
 
 
@@ -58,6 +62,7 @@ class BlockPool:
         self._cached_free: OrderedDict[int, KVBlock] = OrderedDict()  # LRU first
         self._index: dict[Key, KVBlock] = {}
         self.counters: Counter[str] = Counter()
+        self.events = BlockEventListeners()
 
     @property
     def num_blocks(self) -> int:
@@ -87,11 +92,13 @@ class BlockPool:
             hit.append(block)
         return hit
 
-    def cache(self, block: KVBlock, key: Key, layers: frozenset[int]) -> bool:
+    def cache(self, block: KVBlock, key: Key, layers: frozenset[int], *,
+              parent: Key | None, token_ids: Sequence[int]) -> bool:
         """Index a full, in-use block holding the K/V of ``layers`` under its chain key. A
         key already indexed (another sequence computed or loaded the same block meanwhile)
         keeps its block; this one stays unindexed and goes back empty when freed. Returns
-        whether it was indexed."""
+        whether it was indexed. ``parent`` (the previous block's key) and ``token_ids``
+        (this block's tokens) are for the listeners only."""
         if block.ref_cnt < 1:
             raise EngineIntegrityError(f"block {block.block_id} cached while free")
         if not layers:
@@ -105,6 +112,7 @@ class BlockPool:
         block.layers = layers
         self._index[key] = block
         self.counters["cached_blocks_total"] += 1
+        self.events.stored(key, parent, token_ids)
         return True
 
     # -- references -------------------------------------------------------------------
@@ -129,6 +137,7 @@ class BlockPool:
                 _, block = self._cached_free.popitem(last=False)
                 assert block.key is not None  # only keyed blocks enter the cached queue
                 del self._index[block.key]
+                self.events.removed(block.key)
                 block.key = None
                 block.layers = block.stored_layers = frozenset()
                 self.counters["evicted_blocks_total"] += 1
@@ -148,6 +157,21 @@ class BlockPool:
                     self._empty.append(block)
                 else:
                     self._cached_free[block.block_id] = block
+
+    def reset_index(self) -> bool:
+        """Forget every cached block (vLLM's ``reset_prefix_cache``): all blocks become
+        empty. Refused (False, nothing changed) while any block is in use, since an in-use
+        block's key cannot leave the index under its holders."""
+        if self.num_free < self.num_blocks:
+            return False
+        for block in self._cached_free.values():
+            block.key = None
+            block.layers = block.stored_layers = frozenset()
+            self._empty.append(block)
+        self._cached_free.clear()
+        self._index.clear()
+        self.events.cleared()
+        return True
 
     def check_integrity(self) -> None:
         """Every block in exactly one state; index and keys agree."""

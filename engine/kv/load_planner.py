@@ -97,7 +97,8 @@ class LoadPlanner:
         if job.pin_owner is not None:
             self.blocks.release(job.pin_owner)
 
-    def land(self, owner: tuple[str, int], job: LoadJob) -> tuple[int, list[bool]]:
+    def land(self, owner: tuple[str, int], job: LoadJob,
+             token_ids: list[int]) -> tuple[int, list[bool]]:
         """Hand ``job``'s copied blocks to ``owner`` (whose table holds the pool's hit) and
         index them; returns the pool's hit in blocks, and per block of the hit with the
         store's part whether it holds the sliding layers (what the replay plan needs)."""
@@ -105,7 +106,7 @@ class LoadPlanner:
         hit = len(self.blocks.table(owner))
         got = job.loaded_blocks
         self.blocks.hand_over(job.owner, owner)
-        self.blocks.cache(owner, job.keys, hit, hit + got, planner.primary_layers)
+        self.blocks.cache(owner, job.keys, hit, hit + got, planner.primary_layers, token_ids)
         table = self.blocks.table(owner)
         for i in range(min(job.store_blocks, hit + got)):
             if table[i].key == job.keys[i]:
