@@ -6,7 +6,9 @@ blocks it indexes (their chain, their tokens) and those it evicts."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -186,3 +188,16 @@ def _check_announced(got: list[Received], prompts: list[list[int]], bt: int) -> 
     removed = [h for e in evs if isinstance(e, BlockRemoved) for h in e.block_hashes]
     first = [e.block_hashes[0] for e in chains[0]]
     assert removed and removed == first[::-1][: len(removed)]  # the first chain, tail first
+
+
+@pytest.mark.parametrize("flags", [["--kv-events-replay-endpoint", "tcp://127.0.0.1:0"],
+                                   ["--kv-events-endpoint", "ipc:///tmp/kv-events"]])
+def test_serve_refuses_bad_event_flags_in_one_line(tiny_dir: Path, env: dict[str, str],
+                                                   flags: list[str]) -> None:
+    done = subprocess.run([sys.executable, "-m", "engine.cli", "serve", "--model",
+                           str(tiny_dir), "--listen", "127.0.0.1:0", *flags], cwd=REPO,
+                          capture_output=True, text=True, timeout=300,
+                          env={**os.environ, **env})
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "--kv-events" in lines[0], done.stderr
