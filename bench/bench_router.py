@@ -9,10 +9,10 @@ mid-run (the router ejects it; its sessions go on with store hits on the other r
 answer is compared with the same request's in the run without the kill).
 
 The slice: the first ``--requests-per-session`` turns of ``--sessions`` kv-cache-tester
-sessions (bench_serve's slice), at ``--k`` tokens a trace block, sent one at a time (so the
-order, and with it round_robin's choices, is the simulator's), turn by turn across sessions
-(turn 0 of every session, then turn 1, ...), as sessions in flight would interleave. The pool
-of each replica holds about two sessions' prompts, so where a turn lands matters.
+sessions (bench_serve's slice), at ``--k`` tokens a trace block, each session a closed loop
+(its next turn once the last is answered), all sessions in flight (``--concurrency``), as
+``kvengine bench-serve`` sends them; the prediction replays them in the order they were sent.
+The pool of each replica holds about one session's prompt, so where a turn lands matters.
 
 ``kv_aware`` is predicted with the simulator's ``cache_aware`` (the replica whose pool holds
 the longest prefix), which is what the router's KV events let it see; the router's own
@@ -40,6 +40,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -47,7 +48,7 @@ from typing import Any
 from bench.bench_serve import SLICE
 from bench.harness import machine
 from engine.model.make_model import make_model
-from engine.server.bench_serve import TIERS, Replay, Target, report
+from engine.server.bench_serve import TIERS, Replay, Target, report, served_order
 from engine.server.scaled_requests import ScaledRequest, load_sessions
 from kvstore.hitrate.config import ABSENT, SimConfig
 from kvstore.hitrate.fleet import replay as fleet_replay
@@ -58,7 +59,7 @@ from kvstore.units import Capacity, parse_size
 
 REPO = Path(__file__).resolve().parents[1]
 # (label, router policy, shared store, the simulator's routing)
-CONFIGS = (("round_robin, pools alone", "round_robin", False, "round_robin"),
+CONFIGS = (("round_robin (pools alone)", "round_robin", False, "round_robin"),
            ("round_robin", "round_robin", True, "round_robin"),
            ("cache_aware", "cache_aware", True, "cache_aware"),
            ("kv_aware", "kv_aware", True, "cache_aware"))
@@ -144,6 +145,24 @@ class Fleet:
         self.url = f"http://127.0.0.1:{port}"
         wait_health(self.url)
 
+    def requests_per_replica(self) -> list[int | None]:
+        """Requests each replica finished (its /metrics), None for one no longer up."""
+        out: list[int | None] = []
+        for url, proc in zip(self.replica_urls, self.procs, strict=False):
+            if proc.poll() is not None:
+                out.append(None)
+                continue
+            target = Target(url, None)
+            conn = http.client.HTTPConnection(target.host, target.port, timeout=30)
+            try:
+                conn.request("GET", "/metrics")
+                text = conn.getresponse().read().decode()
+            finally:
+                conn.close()
+            out.append(int(sum(float(line.split()[-1]) for line in text.splitlines()
+                               if line.startswith("kvengine_requests_total{"))))
+        return out
+
     def kill_replica(self, i: int) -> None:
         self.procs[i].send_signal(signal.SIGKILL)
         self.procs[i].wait(timeout=30)
@@ -161,31 +180,45 @@ class Fleet:
             self.daemon.stop()
 
 
-def interleaved(sessions: list[list[ScaledRequest]]) -> list[tuple[int, int]]:
-    """Turn 0 of every session, then turn 1, ...: (session, turn) in the order sent."""
-    longest = max(len(s) for s in sessions)
-    return [(s, i) for i in range(longest) for s in range(len(sessions)) if i < len(sessions[s])]
-
-
-def send_all(fleet: Fleet, sessions: list[list[ScaledRequest]], order: list[tuple[int, int]],
+def send_all(fleet: Fleet, sessions: list[list[ScaledRequest]], concurrency: int,
              max_tokens: int, kill_at: int | None) -> Replay:
+    """Closed loop per session (a session's next turn once its last is answered), at most
+    ``concurrency`` sessions in flight; with ``kill_at``, replica 1 is SIGKILLed once that
+    many requests are answered."""
     target = Target(fleet.url, None)
     rep = Replay(sessions)
-    conn = http.client.HTTPConnection(target.host, target.port, timeout=600)
+    lock = threading.Lock()
+    todo = iter(range(len(sessions)))
+
+    def worker() -> None:
+        conn = http.client.HTTPConnection(target.host, target.port, timeout=600)
+        while (s := next_session()) is not None:
+            for i, req in enumerate(sessions[s]):
+                try:
+                    out = target.complete(conn, fleet.info["id"], req.prompt, max_tokens)
+                except (OSError, RuntimeError, http.client.HTTPException) as e:
+                    conn.close()
+                    conn = http.client.HTTPConnection(target.host, target.port, timeout=600)
+                    with lock:
+                        rep.errors.append(f"session {s} turn {i}: {e}")
+                    continue
+                out.session, out.index = s, i
+                with lock:
+                    rep.outcomes.append(out)
+                    if len(rep.outcomes) == kill_at:
+                        fleet.kill_replica(1)
+        conn.close()
+
+    def next_session() -> int | None:
+        with lock:
+            return next(todo, None)
+
     start = time.perf_counter()
-    for n, (s, i) in enumerate(order):
-        if n == kill_at:
-            fleet.kill_replica(1)
-        try:
-            out = target.complete(conn, fleet.info["id"], sessions[s][i].prompt, max_tokens)
-        except (OSError, RuntimeError, http.client.HTTPException) as e:
-            conn.close()
-            conn = http.client.HTTPConnection(target.host, target.port, timeout=600)
-            rep.errors.append(f"request {n} (session {s} turn {i}): {e}")
-            continue
-        out.session, out.index = s, i
-        rep.outcomes.append(out)
-    conn.close()
+    threads = [threading.Thread(target=worker, daemon=True) for _ in range(concurrency)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
     rep.wall_s = time.perf_counter() - start
     return rep
 
@@ -214,14 +247,16 @@ def one(model: Path, a: argparse.Namespace, work: Path, label: str, policy: str,
         meta = fleet.info["kvengine"]
         sessions = load_sessions(a.paths, a.k, meta["vocab_size"], 16, None,
                                  a.requests_per_session)
-        order = interleaved(sessions)
-        rep = send_all(fleet, sessions, order, a.max_tokens, kill_at)
+        rep = send_all(fleet, sessions, a.concurrency or len(sessions), a.max_tokens, kill_at)
+        served_by = fleet.requests_per_replica()
     finally:
         fleet.close()
     dram = parse_size(a.dram) // meta["block_bytes"] if store else 0
+    order = served_order(rep)
     pred = fleet_prediction(sessions, order, a.k, meta["pool_tokens"], dram, routing)
     out = report(rep, pred)
     out["label"], out["predicted"] = label, pred
+    out["requests_per_replica"] = served_by
     out["texts"] = {f"{o.session}/{o.index}": o.text for o in rep.outcomes}
     out["first_errors"] = rep.errors[:3]
     if kill_at is not None:
@@ -239,7 +274,9 @@ def row(r: dict[str, Any]) -> str:
     return (f"| {r['label']} | {r['token_hit_rate']:.3f} ({m['hbm']:.3f} / {m['dram']:.3f}) | "
             f"{r['predicted']['token_hit_rate']:.3f} ({p['hbm']:.3f} / {p['dram']:.3f}) | "
             f"{delta:+.1f} | {r['ttft_s']['p50'] * 1e3:.0f} ms | "
-            f"{r['ttft_s']['p90'] * 1e3:.0f} ms | {r['errors']} |")
+            f"{r['ttft_s']['p90'] * 1e3:.0f} ms | {r['errors']} | "
+            f"{' / '.join('-' if n is None else str(n) for n in r['requests_per_replica'])} "
+            f"({' / '.join(str(n) for n in r['predicted']['requests_per_replica'])}) |")
 
 
 def main() -> None:
@@ -247,15 +284,19 @@ def main() -> None:
     p.add_argument("--traces", default=os.environ.get("KVSTORE_TRACES_DIR",
                                                       str(REPO.parent / "shared" / "traces")))
     p.add_argument("--sessions", type=int, default=3,
-                   help="sessions of bench_serve's slice (odd: round_robin then moves each "
-                        "session between the replicas; even, it would pin them)")
+                   help="sessions of bench_serve's slice (odd: round_robin then moves "
+                        "sessions between the replicas rather than pinning each to one)")
     p.add_argument("--requests-per-session", type=int, default=4)
     p.add_argument("--k", type=int, default=4, help="tokens per trace block")
     p.add_argument("--pool-tokens", type=int, default=8192, help="per replica")
     p.add_argument("--max-batched-tokens", type=int, default=2048)
     p.add_argument("--max-tokens", type=int, default=2)
+    p.add_argument("--concurrency", type=int, default=None,
+                   help="sessions in flight (default: all of them)")
     p.add_argument("--dram", default="1GiB", help="the shared daemon's DRAM tier")
     p.add_argument("--rounds", type=int, default=1)
+    p.add_argument("--configs", default=",".join(c[0] for c in CONFIGS),
+                   help="which runs (comma-separated labels; default: all)")
     p.add_argument("--no-kill", action="store_true", help="skip the SIGKILL run")
     p.add_argument("--preset", default="small", choices=("tiny", "small"))
     p.add_argument("--model", default=None, help="an existing checkpoint instead")
@@ -272,19 +313,20 @@ def main() -> None:
         raise SystemExit(f"no kv-cache-tester traces under {a.traces} (--traces or "
                          "$KVSTORE_TRACES_DIR)")
     a.paths = [str(traces / n) for n in SLICE[: a.sessions]]
-    runs: dict[str, list[dict[str, Any]]] = {c[0]: [] for c in CONFIGS}
+    configs = [c for c in CONFIGS if c[0] in a.configs.split(",")]
+    runs: dict[str, list[dict[str, Any]]] = {c[0]: [] for c in configs}
     kills: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         model = (Path(a.model) if a.model
                  else make_model("qwen3", a.preset, work / f"{a.preset}-qwen3").path)
         for _ in range(a.rounds):  # rounds interleave the configurations
-            for label, policy, store, routing in CONFIGS:
+            for label, policy, store, routing in configs:
                 runs[label].append(one(model, a, work, label, policy, store, routing))
                 print(row(runs[label][-1]), flush=True)
-            if not a.no_kill:
+            if not a.no_kill and "round_robin" in runs:
                 n = len(runs["round_robin"][-1]["texts"])
-                kills.append(one(model, a, work, "round_robin, replica 1 SIGKILLed",
+                kills.append(one(model, a, work, "round_robin (replica 1 SIGKILLed)",
                                  "round_robin", True, "round_robin", kill_at=n // 2))
                 print(row(kills[-1]), flush=True)
     print_table(runs, kills, a)
@@ -297,8 +339,8 @@ def print_table(runs: dict[str, list[dict[str, Any]]], kills: list[dict[str, Any
     print(f"\n{machine()}; {a.sessions} sessions x {a.requests_per_session} turns, k={a.k}, "
           f"pool {a.pool_tokens} tokens per replica, {a.rounds} round(s), medians of TTFT")
     print("| routing | measured hit (hbm / dram) | predicted (hbm / dram) | Δ points | "
-          "TTFT p50 | p90 | errors |")
-    print("|---|---|---|---|---|---|---|")
+          "TTFT p50 | p90 | errors | requests per replica (predicted) |")
+    print("|---|---|---|---|---|---|---|---|")
     for rs in runs.values():
         med = dict(rs[-1])
         med["ttft_s"] = {q: statistics.median(r["ttft_s"][q] for r in rs)
