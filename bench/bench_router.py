@@ -181,10 +181,10 @@ class Fleet:
 
 
 def send_all(fleet: Fleet, sessions: list[list[ScaledRequest]], concurrency: int,
-             max_tokens: int, kill_at: int | None) -> Replay:
-    """Closed loop per session (a session's next turn once its last is answered), at most
-    ``concurrency`` sessions in flight; with ``kill_at``, replica 1 is SIGKILLed once that
-    many requests are answered."""
+             max_tokens: int, kill_at: int | None, think_s: float = 0.0) -> Replay:
+    """Closed loop per session (a session's next turn ``think_s`` after its last is
+    answered), at most ``concurrency`` sessions in flight; with ``kill_at``, replica 1 is
+    SIGKILLed once that many requests are answered."""
     target = Target(fleet.url, None)
     rep = Replay(sessions)
     lock = threading.Lock()
@@ -194,6 +194,8 @@ def send_all(fleet: Fleet, sessions: list[list[ScaledRequest]], concurrency: int
         conn = http.client.HTTPConnection(target.host, target.port, timeout=600)
         while (s := next_session()) is not None:
             for i, req in enumerate(sessions[s]):
+                if i:
+                    time.sleep(think_s)
                 try:
                     out = target.complete(conn, fleet.info["id"], req.prompt, max_tokens)
                 except (OSError, RuntimeError, http.client.HTTPException) as e:
@@ -247,7 +249,8 @@ def one(model: Path, a: argparse.Namespace, work: Path, label: str, policy: str,
         meta = fleet.info["kvengine"]
         sessions = load_sessions(a.paths, a.k, meta["vocab_size"], 16, None,
                                  a.requests_per_session)
-        rep = send_all(fleet, sessions, a.concurrency or len(sessions), a.max_tokens, kill_at)
+        rep = send_all(fleet, sessions, a.concurrency or len(sessions), a.max_tokens, kill_at,
+                       a.think_s)
         served_by = fleet.requests_per_replica()
     finally:
         fleet.close()
@@ -293,6 +296,9 @@ def main() -> None:
     p.add_argument("--max-tokens", type=int, default=2)
     p.add_argument("--concurrency", type=int, default=None,
                    help="sessions in flight (default: all of them)")
+    p.add_argument("--think-s", type=float, default=0.0,
+                   help="pause between a session's answer and its next turn (a commit runs "
+                        "after its response: a pause lets it land before the next turn)")
     p.add_argument("--dram", default="1GiB", help="the shared daemon's DRAM tier")
     p.add_argument("--rounds", type=int, default=1)
     p.add_argument("--configs", default=",".join(c[0] for c in CONFIGS),
