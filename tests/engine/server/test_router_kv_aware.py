@@ -64,4 +64,5 @@ def test_the_next_turn_goes_where_the_blocks_are(
         second = via_router.completions.create(model=MODEL, prompt=turn, max_tokens=4,
                                                temperature=0)
         # The replica that served the first turn holds every full block of its prompt.
+        assert first.usage is not None
         assert cached(second.usage) >= first.usage.prompt_tokens // BLOCK * BLOCK - BLOCK

@@ -19,12 +19,13 @@ def test_tokenize_gives_the_ids_generation_uses(plain: ServeProcess, tiny_dir: P
     assert got["tokens"] == Tokenizer.from_dir(tiny_dir).encode(prompt)
     assert got["count"] == len(got["tokens"]) and got["max_model_len"] > got["count"]
     done = client(plain).completions.create(model=MODEL, prompt=prompt, max_tokens=1)
-    assert done.usage.prompt_tokens == got["count"]
+    assert done.usage is not None and done.usage.prompt_tokens == got["count"]
     messages = [{"role": "user", "content": prompt}]
     chat = httpx.post(plain.base_url + "/tokenize", json={"messages": messages}).json()
-    done = client(plain).chat.completions.create(model=MODEL, messages=messages,  # type: ignore[arg-type]
-                                                 max_tokens=1)
-    assert done.usage.prompt_tokens == chat["count"] > got["count"]  # the template's tokens
+    answer = client(plain).chat.completions.create(model=MODEL, messages=messages,  # type: ignore[arg-type]
+                                                   max_tokens=1)
+    assert answer.usage is not None
+    assert answer.usage.prompt_tokens == chat["count"] > got["count"]  # the template's tokens
 
 
 def test_tokenize_refuses_bad_bodies(plain: ServeProcess) -> None:
