@@ -260,6 +260,7 @@ def one(model: Path, a: argparse.Namespace, work: Path, label: str, policy: str,
     out = report(rep, pred)
     out["label"], out["predicted"] = label, pred
     out["requests_per_replica"] = served_by
+    out["order"] = order  # (session, turn) in the order sent: to re-run the prediction
     out["texts"] = {f"{o.session}/{o.index}": o.text for o in rep.outcomes}
     out["first_errors"] = rep.errors[:3]
     if kill_at is not None:
