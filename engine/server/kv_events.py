@@ -117,16 +117,13 @@ class ZmqKvEventPublisher(KvEventPublisher):
 
     # -- the listener (engine thread): queue and return -------------------------------
     def stored(self, key: Key, parent: Key | None, token_ids: Sequence[int]) -> None:
-        self._queue.put({"type": "BlockStored", "block_hashes": [key],
-                         "parent_block_hash": parent, "token_ids": list(token_ids),
-                         "block_size": self.config.block_tokens, "lora_id": None,
-                         "medium": MEDIUM_GPU, "lora_name": None})
+        self._queue.put(stored_event(key, parent, token_ids, self.config.block_tokens))
 
     def removed(self, key: Key) -> None:
-        self._queue.put({"type": "BlockRemoved", "block_hashes": [key], "medium": MEDIUM_GPU})
+        self._queue.put(removed_event(key))
 
     def cleared(self) -> None:
-        self._queue.put({"type": "AllBlocksCleared"})
+        self._queue.put(cleared_event())
 
     # -- the publisher thread ----------------------------------------------------------
     def _run(self) -> None:
@@ -156,8 +153,7 @@ class ZmqKvEventPublisher(KvEventPublisher):
                 self._publish(events)
 
     def _publish(self, events: list[dict[str, Any]]) -> None:
-        # data_parallel_rank 0, as vLLM's publisher fills it in for a single engine.
-        payload = msgpack.packb([time.time(), events, 0], use_bin_type=True)
+        payload = encode_batch(events, time.time())
         seq = self._seq
         self._seq += 1
         self._pub.send_multipart((self._topic, seq.to_bytes(8, "big"), payload))
@@ -185,6 +181,30 @@ class ZmqKvEventPublisher(KvEventPublisher):
         self._queue.put(None)  # after whatever is queued: it is published first
         self._thread.join(timeout=5)
         self._ctx.destroy(linger=0)
+
+
+# -- the wire format (vLLM's msgspec structs: tagged maps in a positional batch) -----------
+
+def stored_event(key: Key, parent: Key | None, token_ids: Sequence[int],
+                 block_tokens: int) -> dict[str, Any]:
+    # lora_id, medium and lora_name have no default in vLLM's schema: always present.
+    return {"type": "BlockStored", "block_hashes": [key], "parent_block_hash": parent,
+            "token_ids": list(token_ids), "block_size": block_tokens, "lora_id": None,
+            "medium": MEDIUM_GPU, "lora_name": None}
+
+
+def removed_event(key: Key) -> dict[str, Any]:
+    return {"type": "BlockRemoved", "block_hashes": [key], "medium": MEDIUM_GPU}
+
+
+def cleared_event() -> dict[str, Any]:
+    return {"type": "AllBlocksCleared"}
+
+
+def encode_batch(events: list[dict[str, Any]], ts: float) -> bytes:
+    """A ``KVEventBatch`` payload; data_parallel_rank 0, as vLLM's publisher fills it in for
+    a single engine."""
+    return msgpack.packb([ts, events, 0], use_bin_type=True)
 
 
 def open_kv_event_publisher(config: KvEventsConfig | None) -> KvEventPublisher:

@@ -15,13 +15,23 @@ from pathlib import Path
 
 import openai
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from engine.errors import EngineInputError
 from engine.model.tokenizer import Tokenizer
-from engine.server.kv_events import KvEventsConfig, ZmqKvEventPublisher
+from engine.server.kv_events import (
+    KvEventsConfig,
+    ZmqKvEventPublisher,
+    cleared_event,
+    encode_batch,
+    removed_event,
+    stored_event,
+)
 from tests.clients.vllm_connector.vllm_procs import vllm_python
 from tests.engine.server.conftest import MODEL, words
 from tests.engine.server.kv_event_subscriber import (
+    DECODER,
     AllBlocksCleared,
     BlockRemoved,
     BlockStored,
@@ -201,3 +211,31 @@ def test_serve_refuses_bad_event_flags_in_one_line(tiny_dir: Path, env: dict[str
     assert done.returncode == 2
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and "--kv-events" in lines[0], done.stderr
+
+
+_keys = st.binary(min_size=1, max_size=40)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.one_of(
+    st.tuples(st.just("stored"), _keys, st.none() | _keys,
+              st.lists(st.integers(0, 2**32 - 1), max_size=80), st.integers(1, 1024)),
+    st.tuples(st.just("removed"), _keys),
+    st.just(("cleared",))), max_size=20), st.floats(0, 2e9))
+def test_every_batch_decodes_to_what_was_encoded(ops: list[tuple], ts: float) -> None:
+    events, want = [], []
+    for op in ops:
+        if op[0] == "stored":
+            _, key, parent, tokens, size = op
+            events.append(stored_event(key, parent, tokens, size))
+            want.append(BlockStored(block_hashes=[key], parent_block_hash=parent,
+                                    token_ids=tokens, block_size=size, lora_id=None,
+                                    medium="GPU", lora_name=None))
+        elif op[0] == "removed":
+            events.append(removed_event(op[1]))
+            want.append(BlockRemoved(block_hashes=[op[1]], medium="GPU"))
+        else:
+            events.append(cleared_event())
+            want.append(AllBlocksCleared())
+    batch = DECODER.decode(encode_batch(events, ts))
+    assert batch.events == want and batch.ts == ts and batch.data_parallel_rank == 0
