@@ -23,9 +23,13 @@ venv (``$KVENGINE_ROUTER_VENV``, else ``.venv-router``). Run alone (a few minute
 
     .venv/bin/python -m bench.bench_router
 
-TODO(pd): ``--pd`` (co-located vs prefill/decode disaggregation through the store: TTFT and
-time per output token) needs ``kvengine serve --kv-role`` from the ``pd`` branch; the flag is
-here and refuses to run until that lands.
+``--pd`` runs instead co-located against prefill/decode disaggregation through the store, on
+the same slice and shared daemon: two ``--kv-role both`` replicas behind ``round_robin``
+against a ``--kv-role prefill`` and a ``--kv-role decode`` replica behind the router's vLLM PD
+mode (``--vllm-pd-disaggregation``), ``--pd-max-tokens`` generated per turn; TTFT and time
+per output token (the stream's time after its first chunk over the tokens after the first)
+p50/p90, PD over co-located, rounds interleaved, and whether PD's answers are co-located's
+(``bench/router_pd.py``).
 """
 
 from __future__ import annotations
@@ -99,28 +103,31 @@ class Fleet:
     """A daemon (or none), two replicas publishing KV events, the router in front."""
 
     def __init__(self, model: Path, a: argparse.Namespace, work: Path, policy: str,
-                 store: bool) -> None:
+                 store: bool, pd: bool = False) -> None:
+        """``pd``: replica 0 is ``--kv-role prefill``, replica 1 ``decode``, behind the
+        router's vLLM PD mode (which needs the shared store)."""
         self.procs: list[subprocess.Popen[str]] = []
         self.daemon = DaemonProcess(["--dram", a.dram]) if store else None
         try:
-            self._start(model, a, work, policy)
+            self._start(model, a, work, policy, pd)
         except BaseException:
             self.close()
             raise
 
-    def _start(self, model: Path, a: argparse.Namespace, work: Path, policy: str) -> None:
+    def _start(self, model: Path, a: argparse.Namespace, work: Path, policy: str,
+               pd: bool) -> None:
         kv = self.daemon.url if self.daemon is not None else "none"
         self.replica_urls: list[str] = []
         sources: list[str] = []
-        for _ in range(2):
+        for role in ("prefill", "decode") if pd else ("both", "both"):
             events = f"tcp://127.0.0.1:{free_port()}"
             proc = subprocess.Popen(
                 [sys.executable, "-m", "engine.cli", "serve", "--listen", "127.0.0.1:0",
                  "--model", str(model), "--kv-store", kv, "--block-tokens", str(a.k),
                  "--pool-tokens", str(a.pool_tokens), "--no-cache-generated",
                  "--max-batched-tokens", str(a.max_batched_tokens),
-                 "--kv-events-endpoint", events], cwd=REPO, stdout=subprocess.PIPE,
-                stderr=subprocess.DEVNULL, text=True,
+                 "--kv-events-endpoint", events, "--kv-role", role], cwd=REPO,
+                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
                 env={**os.environ, "KVENGINE_CACHE_DIR": str(work / "cache")})
             self.procs.append(proc)
             assert proc.stdout is not None
@@ -136,9 +143,12 @@ class Fleet:
         port = free_port()
         extra = [*sources, "--kv-event-block-size", str(a.k), "--kv-event-model",
                  self.info["id"]] if policy == "kv_aware" else []
+        workers = (["--vllm-pd-disaggregation", "--prefill", self.replica_urls[0],
+                    "--decode", self.replica_urls[1]] if pd
+                   else ["--worker-urls", *self.replica_urls])
         self.procs.append(subprocess.Popen(
             [str(router_python()), "-m", "vllm_router.launch_router", "--host", "127.0.0.1",
-             "--port", str(port), "--worker-urls", *self.replica_urls, "--policy", policy,
+             "--port", str(port), *workers, "--policy", policy,
              "--health-check-interval-secs", "1", "--prometheus-host", "127.0.0.1",
              "--prometheus-port", str(free_port()), *extra],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True))
@@ -308,18 +318,27 @@ def main() -> None:
     p.add_argument("--preset", default="small", choices=("tiny", "small"))
     p.add_argument("--model", default=None, help="an existing checkpoint instead")
     p.add_argument("--pd", action="store_true",
-                   help="co-located vs PD disaggregation (needs the pd branch: TODO)")
+                   help="instead: co-located (2 --kv-role both replicas, round_robin) vs "
+                        "PD (a prefill and a decode replica behind the router's PD mode): "
+                        "TTFT and time per output token")
+    p.add_argument("--pd-max-tokens", type=int, default=16,
+                   help="with --pd: tokens generated per turn (time per output token is "
+                        "measured over all but the first)")
     p.add_argument("--json", default=None, metavar="FILE", help="write every run to FILE")
     a = p.parse_args()
-    if a.pd:  # TODO(pd): prefill/decode replicas (kvengine serve --kv-role) behind
-        # vllm-router --vllm-pd-disaggregation; TTFT and time per output token against the
-        # co-located runs above, same slice.
-        raise SystemExit("--pd needs kvengine serve --kv-role (branch pd): not merged yet")
+    if a.pd and a.pd_max_tokens < 2:
+        raise SystemExit("--pd-max-tokens must be at least 2 (time per output token is "
+                         "measured after the first)")
     traces = Path(a.traces) / "kv-cache-tester"
     if not traces.is_dir():
         raise SystemExit(f"no kv-cache-tester traces under {a.traces} (--traces or "
                          "$KVSTORE_TRACES_DIR)")
     a.paths = [str(traces / n) for n in SLICE[: a.sessions]]
+    if a.pd:
+        from bench.router_pd import pd_main  # it builds on this module's fleet
+
+        pd_main(a)
+        return
     configs = [c for c in CONFIGS if c[0] in a.configs.split(",")]
     runs: dict[str, list[dict[str, Any]]] = {c[0]: [] for c in configs}
     kills: list[dict[str, Any]] = []

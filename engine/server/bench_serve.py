@@ -59,6 +59,7 @@ class Outcome:
     parts: dict[str, float]
     total_s: float
     text: str = ""  # what was generated (a replay through replicas checks it is the same)
+    completion_tokens: int = 0  # the usage's (0: the server sent no usage)
 
 
 @dataclass
@@ -174,6 +175,7 @@ class Target:
             parts={p: float(ext.get(p, 0.0)) for p in PARTS},
             total_s=end - start,
             text="".join(text),
+            completion_tokens=int(usage.get("completion_tokens", 0)),
         )
 
 
