@@ -105,12 +105,18 @@ class BlockManager:
         self._tables[dst].extend(blocks)
 
     def cache(self, owner: Owner, keys: Sequence[Key], start: int, end: int,
-              layers: frozenset[int]) -> None:
+              layers: frozenset[int], token_ids: Sequence[int]) -> None:
         """Index blocks ``[start, end)`` of ``owner``'s table (full, holding the K/V of
-        ``layers``) under their chain keys, so later requests hit them."""
+        ``layers``) under their chain keys, so later requests hit them. ``token_ids``: the
+        owner's tokens from token 0 (at least ``end`` blocks' worth), for the pool's event
+        listeners."""
         table = self._tables[owner]
+        bt = self.block_tokens
+        if len(token_ids) < end * bt:
+            raise EngineIntegrityError(f"caching {end} blocks of {len(token_ids)} tokens")
         for i in range(start, end):
-            self.pool.cache(table[i], keys[i], layers)
+            self.pool.cache(table[i], keys[i], layers, parent=keys[i - 1] if i else None,
+                            token_ids=token_ids[i * bt:(i + 1) * bt])
 
     def privatize(self, owner: Owner, start: int, end: int) -> list[tuple[int, int]]:
         """Give ``owner`` blocks of its own for table entries ``[start, end)``: each is

@@ -93,11 +93,14 @@ class BlockPool:
             hit.append(block)
         return hit
 
-    def cache(self, block: KVBlock, key: Key, layers: frozenset[int]) -> bool:
+    def cache(self, block: KVBlock, key: Key, layers: frozenset[int], *,
+              parent: Key | None, token_ids: Sequence[int]) -> bool:
         """Index a full, in-use block holding the K/V of ``layers`` under its chain key. A
         key already indexed (another sequence computed or loaded the same block meanwhile)
         keeps its block; this one stays unindexed and goes back empty when freed. Returns
-        whether it was indexed."""
+        whether it was indexed. ``parent`` (the chain key of the block before it, None for
+        a chain's first) and ``token_ids`` (this block's own tokens) are for the event
+        listeners only: the pool keeps neither."""
         if block.ref_cnt < 1:
             raise EngineIntegrityError(f"block {block.block_id} cached while free")
         if not layers:
@@ -111,7 +114,7 @@ class BlockPool:
         block.layers = layers
         self._index[key] = block
         self.counters["cached_blocks_total"] += 1
-        self.events.block_stored(block.block_id, key, layers)
+        self.events.block_stored(block.block_id, key, layers, parent, token_ids)
         return True
 
     def reset_prefix_cache(self) -> bool:

@@ -15,6 +15,7 @@ that raises breaks the step that fired it, as any engine bug does.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 
 from kvstore.keys import Key
 
@@ -24,9 +25,14 @@ class KVEventListener(ABC):
     (DESIGN §3: the same key the store uses for that block)."""
 
     @abstractmethod
-    def block_stored(self, block_id: int, key: Key, layers: frozenset[int]) -> None:
+    def block_stored(self, block_id: int, key: Key, layers: frozenset[int],
+                     parent: Key | None, token_ids: Sequence[int]) -> None:
         """Block ``block_id`` is now indexed under ``key``, holding the K/V of ``layers``
-        (every layer when this engine computed it; the stored layers when it was loaded)."""
+        (every layer when this engine computed it; the stored layers when it was loaded).
+        ``parent`` is the chain key of the block before it (None for a chain's first block)
+        and ``token_ids`` the block's own tokens (exactly one block's worth): a router
+        matches prompts on tokens and chains blocks by their parent, never on the keys
+        alone."""
 
     @abstractmethod
     def block_removed(self, block_id: int, key: Key) -> None:
@@ -40,7 +46,8 @@ class KVEventListener(ABC):
 class NullKVEventListener(KVEventListener):
     """The default: nobody watches."""
 
-    def block_stored(self, block_id: int, key: Key, layers: frozenset[int]) -> None:
+    def block_stored(self, block_id: int, key: Key, layers: frozenset[int],
+                     parent: Key | None, token_ids: Sequence[int]) -> None:
         pass
 
     def block_removed(self, block_id: int, key: Key) -> None:
@@ -58,6 +65,9 @@ class KVEventListeners(KVEventListener):
         self._listeners: list[KVEventListener] = []
 
     def add(self, listener: KVEventListener) -> None:
+        """Register ``listener``; twice would tell it every event twice, so it is refused."""
+        if listener in self._listeners:
+            raise ValueError(f"{listener!r} is already registered")
         self._listeners.append(listener)
 
     def remove(self, listener: KVEventListener) -> None:
@@ -66,9 +76,10 @@ class KVEventListeners(KVEventListener):
     def __len__(self) -> int:
         return len(self._listeners)
 
-    def block_stored(self, block_id: int, key: Key, layers: frozenset[int]) -> None:
+    def block_stored(self, block_id: int, key: Key, layers: frozenset[int],
+                     parent: Key | None, token_ids: Sequence[int]) -> None:
         for listener in self._listeners:
-            listener.block_stored(block_id, key, layers)
+            listener.block_stored(block_id, key, layers, parent, token_ids)
 
     def block_removed(self, block_id: int, key: Key) -> None:
         for listener in self._listeners:

@@ -219,7 +219,7 @@ class KVManager:
         done = self._num_cached.get(seq.seq_id, 0)
         if full > done:
             self.blocks.cache(_owner(seq), self.keys(seq), done, full,
-                              self.planner.computed_layers)
+                              self.planner.computed_layers, seq.token_ids)
             self._num_cached[seq.seq_id] = full
 
     def layers_of(self, seq: Request, full: int) -> BlockLayers:
@@ -289,7 +289,8 @@ class KVManager:
         owner = _owner(seq)
         hit = len(self.blocks.table(owner))
         self.blocks.hand_over(job_owner, owner)
-        self.blocks.cache(owner, keys, hit, hit + loaded, planner.primary_layers)
+        self.blocks.cache(owner, keys, hit, hit + loaded, planner.primary_layers,
+                          seq.token_ids)
         table = self.blocks.table(owner)
         for i in range(min(store_blocks, hit + loaded)):
             if table[i].key == keys[i]:

@@ -1,7 +1,9 @@
 """The OpenAI-compatible HTTP API over the engine loop (FastAPI).
 
 Routes: ``POST /v1/completions``, ``POST /v1/chat/completions`` (streamed as server-sent
-events when ``stream`` is true), ``GET /v1/models``, ``GET /health`` and ``GET /metrics``
+events when ``stream`` is true), ``POST /tokenize`` (vLLM's: the token ids a completion or
+chat request's prompt becomes here, which is what a router's ``kv_aware`` policy matches
+against the pool's KV events), ``GET /v1/models``, ``GET /health`` and ``GET /metrics``
 (these two need no token). Handlers only parse, tokenize and wait on their request's event
 queue; the engine runs on its own thread (``engine.server.engine_loop``). A client that goes
 away (noticed while waiting, streamed or not) has its sequence aborted at once.
@@ -70,7 +72,34 @@ def create_app(state: ServerState) -> FastAPI:
     async def chat(request: Request) -> Response:
         return await _generate(state, request, "chat")
 
+    @app.post("/tokenize")
+    async def tokenize(request: Request) -> dict[str, Any]:
+        state.tenants.authenticate(request.headers.get("authorization"))
+        return _tokenize(state, await _read_json(request))
+
     return app
+
+
+# vLLM's /tokenize fields that shape the prompt; the rest (return_token_strs, ...) change
+# nothing here. add_special_tokens is not among them: the ids are those a generation
+# request with the same prompt is served from, whatever the caller asks.
+_TOKENIZE_FIELDS = ("model", "prompt", "messages", "add_generation_prompt",
+                    "continue_final_message", "chat_template_kwargs", "tools")
+
+
+def _tokenize(state: ServerState, body: Any) -> dict[str, Any]:
+    if not isinstance(body, dict):
+        raise bad_request("the request body must be a JSON object")
+    kind: Kind = "chat" if "messages" in body else "completion"
+    fields = {k: v for k, v in body.items() if k in _TOKENIZE_FIELDS}
+    fields.setdefault("model", state.model_name)
+    req = parse_request(fields, kind, state.vocab_size, state.sampling_defaults)
+    if req.model != state.model_name:
+        raise not_found(f"model {req.model!r} is not served here (it serves "
+                        f"{state.model_name!r})", param="model")
+    ids = _prompt_ids(state, req)
+    return {"count": len(ids), "max_model_len": state.max_context_tokens, "tokens": ids,
+            "token_strs": None}
 
 
 async def _read_json(request: Request) -> Any:

@@ -58,6 +58,8 @@ class Outcome:
     ttft_s: float  # client side: send to first chunk
     parts: dict[str, float]
     total_s: float
+    text: str = ""  # what was generated (a replay through replicas checks it is the same)
+    completion_tokens: int = 0  # the usage's (0: the server sent no usage)
 
 
 @dataclass
@@ -145,6 +147,7 @@ class Target:
             raise RuntimeError(f"HTTP {resp.status}: {resp.read()[:300]!r}")
         first: float | None = None
         last: dict[str, Any] = {}
+        text: list[str] = []
         for raw in resp:
             line = raw.strip()
             if not line.startswith(b"data: "):
@@ -158,6 +161,7 @@ class Target:
             chunk = json.loads(data)
             if "error" in chunk:
                 raise RuntimeError(f"stream error: {chunk['error']}")
+            text.extend(c.get("text") or "" for c in chunk.get("choices") or ())
             if chunk.get("usage"):
                 last = chunk
         end = time.perf_counter()
@@ -170,6 +174,8 @@ class Target:
             ttft_s=(first or end) - start,
             parts={p: float(ext.get(p, 0.0)) for p in PARTS},
             total_s=end - start,
+            text="".join(text),
+            completion_tokens=int(usage.get("completion_tokens", 0)),
         )
 
 

@@ -25,6 +25,7 @@ from engine.kv.namespace import engine_namespace
 from engine.model.chat_template import ChatTemplate
 from engine.model.loader import load_model
 from engine.server.engine_loop import EngineLoop
+from engine.server.kv_events import KvEventsConfig, open_kv_event_publisher
 from engine.server.kv_transfer import KV_ROLES
 from engine.server.metrics import ServerMetrics
 from engine.server.prefix_keys import add_prefix_key_flags, http_users, prefix_hash
@@ -88,6 +89,16 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="longest wait of a hand-off: a prefill for its commit, a decode for "
                         "the prefill's blocks to be visible (then it computes them) "
                         "(default 10s)")
+    p.add_argument("--kv-events-endpoint", metavar="tcp://HOST:PORT", default=None,
+                   help="publish the pool's block stored/removed/cleared events in vLLM's "
+                        "KV-events format (msgpack over ZMQ PUB, bound here) for a router's "
+                        "kv_aware policy (vllm-router --kv-event-source URL=ENDPOINT)")
+    p.add_argument("--kv-events-replay-endpoint", metavar="tcp://HOST:PORT", default=None,
+                   help="with --kv-events-endpoint: the ROUTER socket that resends missed "
+                        "batches by sequence number (vllm-router --kv-event-replay-source)")
+    p.add_argument("--kv-events-topic", default="", metavar="TOPIC",
+                   help="with --kv-events-endpoint: the topic frame of every batch (vLLM's "
+                        "default: empty)")
     add_engine_flags(p)
     p.add_argument("--log-level", default="warning",
                    choices=("debug", "info", "warning", "error"), help="server log level")
@@ -134,8 +145,10 @@ def run(args: argparse.Namespace) -> int:
     store_opts = StoreOptions(dram_bytes=parse_size(args.dram),
                               ssd_capacity_bytes=parse_size(args.ssd_capacity),
                               auth_token_file=args.store_token_file)
-    # Before the model loads: a missing or bad key file is one line at once.
+    # Before the model loads: a missing or bad key file, or a bad events flag, is one
+    # line at once.
     keyed = prefix_hash(args.prefix_hash, args.prefix_key_file, http_users(args.auth_token_file))
+    events = kv_events_config(args, config.block_tokens)
     loaded = load_model(args.model, dtype=args.dtype, device=args.device, progress=False)
     if args.chat_template is not None:
         tok = loaded.tokenizer
@@ -160,6 +173,12 @@ def run(args: argparse.Namespace) -> int:
         print(f"kvengine serve: warning: listening on {host} without --auth-token-file: "
               "anyone who can reach it can use the engine", file=sys.stderr, flush=True)
     engine = LLMEngine(loaded.model, config, link)
+    try:
+        publisher = open_kv_event_publisher(events)
+    except BaseException:
+        engine.close()  # its threads, then the store link
+        raise
+    engine.kv.events.add(publisher)
     engine.grammar = GrammarBackend(loaded.tokenizer.backend.to_str(), loaded.spec.vocab_size,
                                     loaded.spec.eos_token_ids[0])
     metrics = ServerMetrics(engine)
@@ -187,8 +206,13 @@ def run(args: argparse.Namespace) -> int:
         sock.bind((host, port))
     except OSError as e:
         loop.close()
+        publisher.close()
         raise EngineInputError(f"--listen {args.listen}: {e.strerror}") from None
     bound = sock.getsockname()
+    if publisher.endpoint is not None:
+        print(f"kv events on {publisher.endpoint}"
+              + (f", replay on {publisher.replay_endpoint}" if publisher.replay_endpoint
+                 else ""), flush=True)
     print(f"listening on {host}:{bound[1]}", flush=True)
     server = uvicorn.Server(uvicorn.Config(create_app(state), log_level=args.log_level,
                                            access_log=args.log_level in ("debug", "info"),
@@ -197,5 +221,17 @@ def run(args: argparse.Namespace) -> int:
         server.run(sockets=[sock])
     finally:
         loop.close()
+        publisher.close()
         sock.close()
     return 0
+
+
+def kv_events_config(args: argparse.Namespace, block_tokens: int) -> KvEventsConfig | None:
+    """The --kv-events-* flags, checked before the model loads."""
+    if args.kv_events_endpoint is None:
+        if args.kv_events_replay_endpoint is not None:
+            raise EngineInputError("--kv-events-replay-endpoint needs --kv-events-endpoint")
+        return None
+    return KvEventsConfig(endpoint=args.kv_events_endpoint,
+                          replay_endpoint=args.kv_events_replay_endpoint,
+                          block_tokens=block_tokens, topic=args.kv_events_topic)

@@ -13,8 +13,9 @@ import pytest
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 MODULES = sorted(p.stem for p in BENCH.glob("*.py") if p.stem != "__init__")
 # No command line of their own: the runner of all benchmarks, a worker driven over a pipe,
-# and the shared helpers.
-NO_CLI = {"run_all", "daemon_bench_worker", "harness", "engine_args", "fio", "ssd_store"}
+# the shared helpers, and bench_router's --pd half.
+NO_CLI = {"run_all", "daemon_bench_worker", "harness", "engine_args", "fio", "ssd_store",
+          "router_pd"}
 
 
 @pytest.mark.parametrize("name", MODULES)

@@ -8,6 +8,7 @@ from engine.errors import EngineIntegrityError
 from engine.kv.block_manager import BlockManager
 
 ALL = frozenset({0})
+TOKENS = list(range(64))  # token ids for up to 16 blocks of 4
 
 
 def chain(n: int) -> list[bytes]:
@@ -18,7 +19,7 @@ def test_full_hit_is_capped_so_the_last_token_is_computed() -> None:
     bm = BlockManager(8, block_tokens=4, bytes_per_block=64)
     bm.open("a", [])
     assert bm.grow("a", 8)
-    bm.cache("a", chain(2), 0, 2, ALL)
+    bm.cache("a", chain(2), 0, 2, ALL, TOKENS)
     bm.release("a")
     # 8 tokens = 2 full blocks, but a hit may cover at most (8 - 1) // 4 = 1 of them.
     assert len(bm.longest_prefix(chain(2), 8)) == 1
@@ -73,7 +74,7 @@ def test_stats_report_tier_hbm() -> None:
     bm = BlockManager(4, block_tokens=4, bytes_per_block=100)
     bm.open("a", [])
     bm.grow("a", 8)
-    bm.cache("a", chain(2), 0, 2, ALL)
+    bm.cache("a", chain(2), 0, 2, ALL, TOKENS)
     bm.release("a")
     bm.open("b", bm.longest_prefix(chain(2), 9), lookup_blocks=2)
     s = bm.stats()
@@ -85,7 +86,7 @@ def test_privatize_swaps_in_fresh_blocks_and_keeps_the_shared_ones_cached() -> N
     bm = BlockManager(6, block_tokens=4, bytes_per_block=64)
     bm.open("a", [])
     bm.grow("a", 12)
-    bm.cache("a", chain(3), 0, 3, ALL)
+    bm.cache("a", chain(3), 0, 3, ALL, TOKENS)
     shared = list(bm.table("a"))
     bm.open("b", bm.longest_prefix(chain(3), 13))
     pairs = bm.privatize("b", 1, 3)
@@ -105,7 +106,7 @@ def test_truncate_drops_the_tail() -> None:
     bm = BlockManager(4, block_tokens=4, bytes_per_block=64)
     bm.open("a", [])
     bm.grow("a", 16)
-    bm.cache("a", chain(4), 0, 4, ALL)
+    bm.cache("a", chain(4), 0, 4, ALL, TOKENS)
     bm.truncate("a", 1)
     assert len(bm.table("a")) == 1 and bm.num_free == 3
     assert len(bm.longest_prefix(chain(4), 17)) == 4  # still cached, free

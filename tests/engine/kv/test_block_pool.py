@@ -19,7 +19,7 @@ def keys(n: int, tag: str = "a") -> list[bytes]:
 def cached_chain(pool: BlockPool, chain: list[bytes]) -> list:
     blocks = pool.allocate(len(chain))
     for b, k in zip(blocks, chain, strict=True):
-        assert pool.cache(b, k, ALL)
+        assert pool.cache(b, k, ALL, parent=None, token_ids=[])
     return blocks
 
 
@@ -61,8 +61,8 @@ def test_allocate_too_many_takes_nothing() -> None:
 def test_duplicate_key_keeps_the_first_block() -> None:
     pool = BlockPool(2)
     a, b = pool.allocate(2)
-    assert pool.cache(a, b"k" * 16, ALL)
-    assert not pool.cache(b, b"k" * 16, ALL)
+    assert pool.cache(a, b"k" * 16, ALL, parent=None, token_ids=[])
+    assert not pool.cache(b, b"k" * 16, ALL, parent=None, token_ids=[])
     pool.free([a, b])
     assert pool.longest_prefix([b"k" * 16]) == [a]
     assert pool.num_empty == 1  # b went back empty: nothing points at it
@@ -83,7 +83,7 @@ def test_double_free_and_stale_refs_are_caught() -> None:
 def test_eviction_forgets_layers_and_stored_layers() -> None:
     pool = BlockPool(1)
     (a,) = pool.allocate(1)
-    pool.cache(a, b"k" * 16, ALL)
+    pool.cache(a, b"k" * 16, ALL, parent=None, token_ids=[])
     a.stored_layers = ALL
     pool.free([a])
     (again,) = pool.allocate(1)
@@ -95,8 +95,8 @@ def test_a_block_records_the_layers_it_holds() -> None:
     pool = BlockPool(2)
     a, b = pool.allocate(2)
     with pytest.raises(EngineIntegrityError, match="no layer"):
-        pool.cache(a, b"k" * 16, frozenset())
-    assert pool.cache(a, b"k" * 16, frozenset({1}))
+        pool.cache(a, b"k" * 16, frozenset(), parent=None, token_ids=[])
+    assert pool.cache(a, b"k" * 16, frozenset({1}), parent=None, token_ids=[])
     assert a.layers == {1}
     a.stored_layers = frozenset({0, 1})  # the store cannot hold what the block lacks
     with pytest.raises(EngineIntegrityError, match="lacks"):
@@ -119,7 +119,7 @@ def test_random_operations_keep_the_pool_consistent(ops: list[tuple[str, int]]) 
             new = pool.allocate(arg)
             for b in new:
                 if counter % 2 == 0:
-                    pool.cache(b, counter.to_bytes(16, "big"), ALL)
+                    pool.cache(b, counter.to_bytes(16, "big"), ALL, parent=None, token_ids=[])
                 counter += 1
             held.extend(new)
         elif op == "f" and held:

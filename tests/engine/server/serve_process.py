@@ -22,6 +22,7 @@ class ServeProcess:
         cmd = [sys.executable, "-m", "engine.cli", "serve", "--listen", f"{listen_host}:0",
                *args]
         self.stderr_lines: list[str] = []
+        self.stdout_lines: list[str] = []  # what it printed up to "listening on"
         self.proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, text=True,
                                      env={**os.environ, **(env or {})})
@@ -36,6 +37,7 @@ class ServeProcess:
                 self.proc.wait(timeout=10)
                 raise RuntimeError(f"kvengine serve exited with {self.proc.returncode}: "
                                    f"{' | '.join(self.stderr_lines[-5:])}")
+            self.stdout_lines.append(line.rstrip())
             if line.startswith("listening on "):
                 self.port = int(line.rsplit(":", 1)[1])
                 break

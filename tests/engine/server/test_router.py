@@ -87,6 +87,16 @@ def test_a_killed_replica_is_ejected_and_requests_go_on(fleet: Fleet) -> None:
     prompt = words(30, seed=4)
     want = fleet.client.completions.create(model=MODEL, prompt=prompt, max_tokens=6,
                                            temperature=0).choices[0].text
+    # A session only the doomed replica served: its blocks are in that replica's pool and,
+    # once its commit has landed, in the daemon; never in the survivor's pool.
+    session = words(400, seed=6)
+    doomed = openai.OpenAI(base_url=fleet.replicas[1].base_url + "/v1", api_key="none",
+                           max_retries=0, timeout=60)
+    first = doomed.completions.create(model=MODEL, prompt=session, max_tokens=6, temperature=0)
+    deadline = time.monotonic() + 30
+    while fleet.replicas[1].metric("kvengine_store_jobs_pending") > 0:
+        assert time.monotonic() < deadline, "the commit never reached the daemon"
+        time.sleep(0.1)
     fleet.replicas[1].proc.send_signal(signal.SIGKILL)
     fleet.replicas[1].proc.wait(timeout=10)
     # The router retries a failed worker's request on another and ejects it after its
@@ -95,3 +105,9 @@ def test_a_killed_replica_is_ejected_and_requests_go_on(fleet: Fleet) -> None:
         got = fleet.client.completions.create(model=MODEL, prompt=prompt, max_tokens=6,
                                               temperature=0)
         assert got.choices[0].text == want
+    # The session goes on on the survivor, from the store: the same answer, its prompt's
+    # blocks (all but the last partial one) loaded rather than computed.
+    again = fleet.client.completions.create(model=MODEL, prompt=session, max_tokens=6,
+                                            temperature=0)
+    assert again.choices[0].text == first.choices[0].text
+    assert cached(again.usage) >= (first.usage.prompt_tokens - 1) // BLOCK * BLOCK - BLOCK
