@@ -28,7 +28,6 @@ from engine.core.sampling_params import SamplingParams
 from engine.core.scheduler import Scheduler
 from engine.core.sequence import Sequence
 from engine.errors import EngineInputError
-from engine.kv.block_manager import BlockManager
 from engine.kv.cache import KVCache, KVCacheShape
 from engine.kv.kv_manager import KVManager
 from engine.kv.namespace import engine_namespaces
@@ -83,14 +82,8 @@ class LLMEngine:
             device,
         )
         self.backend = kernels.resolve_backend(config.attention_backend, device)
-        self.kv = KVManager(
-            BlockManager(config.num_blocks, config.block_tokens,
-                         self.cache.shape.bytes_per_block),
-            ReplayPlanner(self.policy, config.block_tokens),
-            self.ns,
-            self.cache.copy_blocks,
-            cache_generated_tokens=config.cache_generated_tokens,
-        )
+        self.kv = KVManager(self.cache, ReplayPlanner(self.policy, config.block_tokens),
+                            self.ns, cache_generated_tokens=config.cache_generated_tokens)
         self._progress = threading.Event()
         self.connector = StoreConnector(link, self.sliding_link, self.kv, self.cache,
                                         self.backend, config, self._progress)

@@ -24,7 +24,7 @@ runs on the engine thread; requests are ``Sequence`` objects, whose ``key_memo``
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -32,6 +32,7 @@ from bounded_replay import ReplayPlan
 from engine.errors import EngineIntegrityError
 from engine.kv.block_manager import BlockManager
 from engine.kv.block_pool import KVBlock
+from engine.kv.cache import KVCache
 from engine.kv.kv_events import KVEventListeners
 from engine.kv.replay_planner import ReplayPlanner
 from kvstore.keys import Key, Namespace, chain_keys
@@ -73,23 +74,23 @@ def _reserve(seq: Request) -> Owner:
 class KVManager:
     def __init__(
         self,
-        blocks: BlockManager,
+        cache: KVCache,
         planner: ReplayPlanner,
         ns: Namespace,
-        copy_blocks: Callable[[list[tuple[int, int]]], None],
         *,
         cache_generated_tokens: bool = True,
     ) -> None:
-        """``ns``: the engine's primary namespace (the pool's keys). ``copy_blocks``: copies
-        pool blocks (old, new) on the engine thread. ``cache_generated_tokens``: whether an
-        answer's full blocks are indexed and committed, or the prompt's only."""
-        self.blocks = blocks
+        """Tables over ``cache``'s blocks (whose rows a replay's private copies copy).
+        ``ns``: the engine's primary namespace (the pool's keys). ``cache_generated_tokens``:
+        whether an answer's full blocks are indexed and committed, or the prompt's only."""
+        shape = cache.shape
+        self.events = KVEventListeners()
+        self.blocks = BlockManager(shape.num_blocks, shape.block_tokens,
+                                   shape.bytes_per_block, self.events)
         self.planner = planner
         self.ns = ns
-        self.copy_blocks = copy_blocks
+        self.copy_blocks = cache.copy_blocks
         self.cache_generated_tokens = cache_generated_tokens
-        self.events = KVEventListeners()
-        blocks.pool.events = self.events
         self._job_ids = itertools.count()
         # Per running request (by seq_id): leading table blocks in the pool's index (or,
         # for the hit blocks a replay writes into, held as private copies) ...
