@@ -17,6 +17,7 @@ import torch
 
 import kernels
 from engine.config import EngineConfig
+from engine.deterministic import numerics_for
 from engine.errors import EngineInputError
 from engine.kv.block_manager import BlockManager
 from engine.kv.cache import KVCache, KVCacheShape
@@ -75,7 +76,9 @@ class LLMEngine:
             ),
             device,
         )
-        self.backend = kernels.resolve_backend(config.attention_backend, device)
+        self.numerics = numerics_for(config.deterministic)
+        self.backend = kernels.resolve_backend(
+            self.numerics.backend_name(config.attention_backend), device)
         self.blocks = BlockManager(
             config.num_blocks, config.block_tokens, self.cache.shape.bytes_per_block
         )
@@ -104,7 +107,8 @@ class LLMEngine:
             copy_blocks=self.cache.copy_blocks,
             sliding_link=self.sliding_link,
         )
-        self.runner = ModelRunner(model, self.cache, self.blocks, self.backend)
+        self.runner = ModelRunner(self.numerics.prepare(model), self.cache, self.blocks,
+                                  self.backend)
         # Structured outputs (engine.structured.backend.GrammarBackend), set by a server
         # that offers them: a request with ``params.constraint`` gets a matcher from it.
         self.grammar: GrammarBackend | None = None
