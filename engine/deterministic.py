@@ -129,7 +129,7 @@ def numerics_for(deterministic: bool) -> Numerics:
 _PROBE_ROWS = (1, 3, 8, 21, 64)
 
 
-def check_linears(model: CausalLM) -> None:
+def check_linears(model: nn.Module) -> None:
     """Raise ``DeterminismUnavailable`` unless every distinct (in, out, dtype) shape of the
     model's linear layers (and its logits) gives a row the same bits alone and in a batch."""
     shapes: dict[tuple[int, int, torch.dtype, torch.device], torch.Tensor] = {}

@@ -57,17 +57,13 @@ def attend_segments(
     nseg = len(seq_lens)
     lp = max(ROW_TILE, -(-max(q_lens) // ROW_TILE) * ROW_TILE)
     dev = q.device
-    # [S, Lp, H, D] zero-padded query rows, float32; padded rows copy their segment's last
-    # position (so they see keys and stay finite) and are dropped at the end.
-    qs = torch.zeros(nseg, lp, heads, d, dtype=torch.float32, device=dev)
-    pos = torch.empty(nseg, lp, dtype=torch.int64)
-    offset = 0
-    for s, (n, length) in enumerate(zip(q_lens, seq_lens, strict=True)):
-        qs[s, :n] = q[offset : offset + n].float()
-        offset += n
-        pos[s, :n] = torch.arange(length - n, length)
-        pos[s, n:] = length - 1
-    pos = pos.to(dev)
+    # [S, Lp] row r of segment s is query row cu[s] + r; padded rows repeat the segment's
+    # last row (its query and position: they see keys, stay finite, and are dropped).
+    n = torch.tensor(q_lens, dtype=torch.int64, device=dev)[:, None]
+    cu = torch.cumsum(n, 0) - n
+    r = torch.minimum(torch.arange(lp, device=dev)[None, :], n - 1)
+    qs = q.index_select(0, (cu + r).flatten()).float().view(nseg, lp, heads, d)
+    pos = torch.tensor(seq_lens, dtype=torch.int64, device=dev)[:, None] - n + r
     qf = (qs.view(nseg, lp, kvh, group, d).permute(0, 2, 3, 1, 4)
           .reshape(nseg * kvh, group * lp, d))
     lo = torch.tensor(kv_starts, dtype=torch.int64, device=dev)[:, None]  # [S, 1]
@@ -82,24 +78,26 @@ def attend_segments(
     m = torch.full((nseg * kvh, rows, 1), float("-inf"), device=dev)
     den = torch.zeros(nseg * kvh, rows, 1, device=dev)
     acc = torch.zeros(nseg * kvh, rows, d, device=dev)
-    offsets = torch.arange(KEY_BLOCK_TOKENS, device=dev)
+    # Every key the walk reads, gathered once in the pool's dtype: [S, blocks × KB].
+    # Positions past a sequence's end read its first slot (any valid one) and are masked.
+    kb = KEY_BLOCK_TOKENS
+    all_keys = torch.arange(first * kb, (last + 1) * kb, device=dev)
+    safe = torch.where(all_keys[None, :] < lens, all_keys[None, :], 0)
+    slots = (tables.gather(1, safe // bt) * bt + safe % bt).flatten()
+    k_all = flat_k.index_select(0, slots).view(nseg, -1, kvh, d)
+    v_all = flat_v.index_select(0, slots).view(nseg, -1, kvh, d)
     for j in range(first, last + 1):
-        keys = j * KEY_BLOCK_TOKENS + offsets  # [KB] absolute positions
-        inside = keys[None, :] < lens  # [S, KB]
-        # Positions past a sequence's end read its first slot (any valid one) and are masked.
-        safe = torch.where(inside, keys[None, :], 0)
-        slots = tables.gather(1, safe // bt) * bt + safe % bt
-        k = flat_k.index_select(0, slots.flatten()).view(nseg, KEY_BLOCK_TOKENS, kvh, d)
-        v = flat_v.index_select(0, slots.flatten()).view(nseg, KEY_BLOCK_TOKENS, kvh, d)
-        kf = k.permute(0, 2, 3, 1).float().reshape(nseg * kvh, d, KEY_BLOCK_TOKENS)
-        vf = v.permute(0, 2, 1, 3).float().reshape(nseg * kvh, KEY_BLOCK_TOKENS, d)
+        c = (j - first) * kb
+        keys = all_keys[c : c + kb]  # [KB] absolute positions
+        kf = k_all[:, c : c + kb].permute(0, 2, 3, 1).float().reshape(nseg * kvh, d, kb)
+        vf = v_all[:, c : c + kb].permute(0, 2, 1, 3).float().reshape(nseg * kvh, kb, d)
         visible = (keys[None, None, :] <= pos[:, :, None]) & (keys[None, None, :]
                                                                >= low[:, :, None])
         if window is not None:
             visible &= pos[:, :, None] - keys[None, None, :] < window
         scores = invariant_bmm(qf, kf).mul_(scale)
-        scores = scores.view(nseg, kvh, group, lp, KEY_BLOCK_TOKENS).masked_fill_(
-            ~visible[:, None, None], float("-inf")).view(nseg * kvh, rows, KEY_BLOCK_TOKENS)
+        scores = scores.view(nseg, kvh, group, lp, kb).masked_fill_(
+            ~visible[:, None, None], float("-inf")).view(nseg * kvh, rows, kb)
         m_new = torch.maximum(m, scores.amax(dim=-1, keepdim=True))
         # Nothing seen yet (max still -inf): subtract 0, so exp gives 0 for masked keys
         # rather than NaN.
