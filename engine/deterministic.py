@@ -7,7 +7,7 @@ Three things decide a token's numbers beyond its own data, and each is made fixe
   number of rows, so the model's ``F.linear`` calls go through
   ``kernels.invariant.matmul.invariant_linear`` (rows zero-padded to a multiple of 16);
 - **attention**: the ``invariant`` backend (``kernels.invariant``) walks keys in fixed
-  64-token blocks from position 0 with an online softmax;
+  128-token blocks from position 0 with an online softmax;
 - the rest is already per row: RMSNorm, RoPE, activations and the residual adds are
   row-wise (their reductions run along one row of fixed length), and the sampler draws
   from each request's own generator (``engine.sampler``).

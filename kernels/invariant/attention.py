@@ -22,7 +22,7 @@ by the token's position alone:
   step's sequences, so a token's logits do not depend on whether it ran as a decode or as
   the last row of a prefill (a recompute after preemption).
 
-Slower than the reference (a Python iteration per 64 keys, no flash kernel): the price of
+Slower than the reference (a Python iteration per 128 keys, no flash kernel): the price of
 ``--deterministic``, measured in bench/RESULTS.md.
 """
 
@@ -34,7 +34,9 @@ from kernels.invariant.matmul import ROW_TILE, invariant_bmm
 
 #: Keys per online-softmax step; fixed, so a row's reduction order never depends on the
 #: pool's block size or on the chunking.
-KEY_BLOCK_TOKENS = 64
+KEY_BLOCK_TOKENS = 128
+#: The running max's start: below any real score, finite so a masked block cannot make NaN.
+_FLOOR = -1e30
 
 
 def attend_segments(
@@ -55,61 +57,63 @@ def attend_segments(
     heads = q.shape[1]
     group = heads // kvh
     nseg = len(seq_lens)
-    lp = max(ROW_TILE, -(-max(q_lens) // ROW_TILE) * ROW_TILE)
+    lq = max(q_lens)
     dev = q.device
-    # [S, Lp] row r of segment s is query row cu[s] + r; padded rows repeat the segment's
-    # last row (its query and position: they see keys, stay finite, and are dropped).
+    # Row (g, i) of segment s, KV head h is query row cu[s] + i, head h × group + g. Rows
+    # past a segment's length repeat its last one (its query and position: they see keys,
+    # stay finite, and are dropped); the rows are then zero-padded to the row tile (those
+    # see their segment's last position too).
     n = torch.tensor(q_lens, dtype=torch.int64, device=dev)[:, None]
     cu = torch.cumsum(n, 0) - n
-    r = torch.minimum(torch.arange(lp, device=dev)[None, :], n - 1)
-    qs = q.index_select(0, (cu + r).flatten()).float().view(nseg, lp, heads, d)
-    pos = torch.tensor(seq_lens, dtype=torch.int64, device=dev)[:, None] - n + r
-    qf = (qs.view(nseg, lp, kvh, group, d).permute(0, 2, 3, 1, 4)
-          .reshape(nseg * kvh, group * lp, d))
+    r = torch.minimum(torch.arange(lq, device=dev)[None, :], n - 1)  # [S, Lq]
+    qs = q.index_select(0, (cu + r).flatten()).view(nseg, lq, kvh, group, d)
+    real = group * lq
+    rows = max(ROW_TILE, -(-real // ROW_TILE) * ROW_TILE)
+    qf = torch.zeros(nseg, kvh, rows, d, dtype=torch.float32, device=dev)
+    qf[:, :, :real] = qs.permute(0, 2, 3, 1, 4).reshape(nseg, kvh, real, d)
+    qf = qf.mul_(scale).view(nseg * kvh, rows, d)
+    pos = torch.tensor(seq_lens, dtype=torch.int64, device=dev)[:, None] - n + r  # [S, Lq]
+    pos_rows = torch.cat([pos.repeat(1, group), pos[:, -1:].expand(nseg, rows - real)], 1)
     lo = torch.tensor(kv_starts, dtype=torch.int64, device=dev)[:, None]  # [S, 1]
-    low = lo.expand(nseg, lp) if window is None else torch.maximum(lo, pos - window + 1)
-    first = int(low.min()) // KEY_BLOCK_TOKENS
-    last = (max(seq_lens) - 1) // KEY_BLOCK_TOKENS
-    tables = block_tables.to(torch.int64)
+    low = lo.expand(nseg, rows) if window is None else torch.maximum(
+        lo, pos_rows - window + 1)
+    kb = KEY_BLOCK_TOKENS
+    first = int(low.min()) // kb
+    nblk = (max(seq_lens) - 1) // kb + 1 - first
+    # Every key the walk reads, gathered once, laid out one contiguous block after the
+    # other: [blocks, S × kv_heads, D, KB] (K) and [blocks, S × kv_heads, KB, D] (V).
+    # Positions past a sequence's end read its first slot (any valid one) and are masked.
+    keys = torch.arange(first * kb, (first + nblk) * kb, device=dev)
     lens = torch.tensor(seq_lens, dtype=torch.int64, device=dev)[:, None]
-    flat_k = k_pool.view(-1, kvh, d)
-    flat_v = v_pool.view(-1, kvh, d)
-    rows = group * lp
-    m = torch.full((nseg * kvh, rows, 1), float("-inf"), device=dev)
+    safe = torch.where(keys[None, :] < lens, keys[None, :], 0)
+    slots = (block_tables.to(torch.int64).gather(1, safe // bt) * bt + safe % bt).flatten()
+    k_all = k_pool.view(-1, kvh, d).index_select(0, slots).view(nseg, nblk, kb, kvh, d)
+    v_all = v_pool.view(-1, kvh, d).index_select(0, slots).view(nseg, nblk, kb, kvh, d)
+    kf_all = k_all.permute(1, 0, 3, 4, 2).float().reshape(nblk, nseg * kvh, d, kb)
+    vf_all = v_all.permute(1, 0, 3, 2, 4).float().reshape(nblk, nseg * kvh, kb, d)
+    # The running max starts at a finite floor rather than -inf: a fully masked block then
+    # leaves it unchanged (rescale exp(0) = 1, p = exp(-inf) = 0) with no NaN to guard.
+    m = torch.full((nseg * kvh, rows, 1), _FLOOR, device=dev)
     den = torch.zeros(nseg * kvh, rows, 1, device=dev)
     acc = torch.zeros(nseg * kvh, rows, d, device=dev)
-    # Every key the walk reads, gathered once in the pool's dtype: [S, blocks × KB].
-    # Positions past a sequence's end read its first slot (any valid one) and are masked.
-    kb = KEY_BLOCK_TOKENS
-    all_keys = torch.arange(first * kb, (last + 1) * kb, device=dev)
-    safe = torch.where(all_keys[None, :] < lens, all_keys[None, :], 0)
-    slots = (tables.gather(1, safe // bt) * bt + safe % bt).flatten()
-    k_all = flat_k.index_select(0, slots).view(nseg, -1, kvh, d)
-    v_all = flat_v.index_select(0, slots).view(nseg, -1, kvh, d)
-    for j in range(first, last + 1):
-        c = (j - first) * kb
-        keys = all_keys[c : c + kb]  # [KB] absolute positions
-        kf = k_all[:, c : c + kb].permute(0, 2, 3, 1).float().reshape(nseg * kvh, d, kb)
-        vf = v_all[:, c : c + kb].permute(0, 2, 1, 3).float().reshape(nseg * kvh, kb, d)
-        visible = (keys[None, None, :] <= pos[:, :, None]) & (keys[None, None, :]
-                                                               >= low[:, :, None])
+    pos_b, low_b = pos_rows[:, None, :, None], low[:, None, :, None]
+    for j in range(nblk):
+        key = keys[j * kb : (j + 1) * kb]
+        hidden = (key > pos_b) | (key < low_b)  # [S, 1, rows, KB]
         if window is not None:
-            visible &= pos[:, :, None] - keys[None, None, :] < window
-        scores = invariant_bmm(qf, kf).mul_(scale)
-        scores = scores.view(nseg, kvh, group, lp, kb).masked_fill_(
-            ~visible[:, None, None], float("-inf")).view(nseg * kvh, rows, kb)
+            hidden |= pos_b - key >= window
+        scores = invariant_bmm(qf, kf_all[j]).view(nseg, kvh, rows, kb).masked_fill_(
+            hidden, float("-inf")).view(nseg * kvh, rows, kb)
         m_new = torch.maximum(m, scores.amax(dim=-1, keepdim=True))
-        # Nothing seen yet (max still -inf): subtract 0, so exp gives 0 for masked keys
-        # rather than NaN.
-        m_safe = torch.where(torch.isneginf(m_new), 0.0, m_new)
-        p = torch.exp(scores - m_safe)
-        alpha = torch.exp(m - m_safe)
-        den = den * alpha + p.sum(dim=-1, keepdim=True)
-        acc = acc * alpha + invariant_bmm(p, vf)
+        p = scores.sub_(m_new).exp_()
+        alpha = (m - m_new).exp_()
+        den = den.mul_(alpha).add_(p.sum(dim=-1, keepdim=True))
+        acc = acc.mul_(alpha).add_(invariant_bmm(p, vf_all[j]))
         m = m_new
-    out = (acc / den).view(nseg, kvh, group, lp, d).permute(0, 3, 1, 2, 4)
-    out = out.reshape(nseg, lp, heads, d).to(q.dtype)
-    return [out[s, :n] for s, n in enumerate(q_lens)]
+    out = acc.div_(den).view(nseg, kvh, rows, d)[:, :, :real]
+    out = out.reshape(nseg, kvh, group, lq, d).permute(0, 3, 1, 2, 4)
+    out = out.reshape(nseg, lq, heads, d).to(q.dtype)
+    return [out[s, :length] for s, length in enumerate(q_lens)]
 
 
 def paged_prefill(
