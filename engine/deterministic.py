@@ -134,10 +134,8 @@ def check_linears(model: nn.Module) -> None:
     model's linear layers (and its logits) gives a row the same bits alone and in a batch."""
     shapes: dict[tuple[int, int, torch.dtype, torch.device], torch.Tensor] = {}
     for mod in model.modules():
-        if isinstance(mod, nn.Linear):
-            w = mod.weight
-            shapes.setdefault((w.shape[1], w.shape[0], w.dtype, w.device), w)
-        elif isinstance(mod, nn.Embedding):  # tied embeddings make the logits from it
+        # Tied embeddings make the logits from the embedding matrix.
+        if isinstance(mod, (nn.Linear, nn.Embedding)):
             w = mod.weight
             shapes.setdefault((w.shape[1], w.shape[0], w.dtype, w.device), w)
     if any(dev.type != "cpu" for *_, dev in shapes):

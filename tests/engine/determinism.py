@@ -4,6 +4,7 @@ prefix from a store another engine filled (exact mode: every layer stored)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -12,7 +13,7 @@ from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.model.loader import LoadedModel
 from engine.sampling_params import SamplingParams
-from engine.sequence import Sequence
+from engine.sequence import Sequence as Request
 from kvstore.embedded import open_embedded
 from tests.engine.replay.harness import engine, tokens
 
@@ -31,14 +32,15 @@ def config(deterministic: bool, budget: int = 2048) -> EngineConfig:
 class Outcome:
     logits: torch.Tensor  # [new tokens, vocab] float32
     token_ids: tuple[int, ...]
+    hit_tokens: dict[str, int]  # by tier
 
 
 def run(eng: LLMEngine, prompt: list[int], params: SamplingParams,
-        others: list[list[int]] = ()) -> Outcome:  # type: ignore[assignment]
+        others: Sequence[list[int]] = ()) -> Outcome:
     """``prompt`` (first) with ``others`` in one continuous batch; its rows only."""
     rows: dict[int, list[torch.Tensor]] = {}
 
-    def observe(seqs: list[Sequence], logits: torch.Tensor) -> None:
+    def observe(seqs: list[Request], logits: torch.Tensor) -> None:
         for seq, row in zip(seqs, logits, strict=True):
             rows.setdefault(seq.seq_id, []).append(row.clone())
 
@@ -49,7 +51,8 @@ def run(eng: LLMEngine, prompt: list[int], params: SamplingParams,
         eng.runner.logits_observers.remove(observe)
     eng.check_integrity()
     mine = seqs[0]
-    return Outcome(torch.stack(rows[mine.seq_id]), tuple(mine.output_ids))
+    return Outcome(torch.stack(rows[mine.seq_id]), tuple(mine.output_ids),
+                   dict(mine.stats.hit_tokens))
 
 
 def others_for(prompt_tokens: int, vocab: int) -> list[list[int]]:
@@ -72,16 +75,15 @@ def outcomes(lm: LoadedModel, prompt: list[int], params: SamplingParams,
     with engine(lm, config(deterministic)) as eng:
         run(eng, prompt[:hit], SamplingParams(max_new_tokens=1, ignore_eos=True))
         out["prefix from the pool"] = run(eng, prompt, params)
-        assert eng.runner.counters["forward_tokens_total"] < 2 * len(prompt)
+        assert out["prefix from the pool"].hit_tokens["hbm"] == hit
     store = open_embedded(dram_bytes=256 << 20)
     try:
         with engine(lm, config(deterministic), store) as eng:  # another engine fills it
             run(eng, prompt[:hit], SamplingParams(max_new_tokens=1, ignore_eos=True))
             eng.drain()
         with engine(lm, config(deterministic), store) as eng:
-            got = run(eng, prompt, params)
-            assert eng.store_counters().get("loaded_blocks_total", 0) == hit // BT
-            out["prefix from the store"] = got
+            out["prefix from the store"] = run(eng, prompt, params)
+        assert out["prefix from the store"].hit_tokens["dram"] == hit
     finally:
         store.close()
     return out

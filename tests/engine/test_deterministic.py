@@ -15,6 +15,7 @@ from torch import nn
 from engine import cli
 from engine.deterministic import BatchInvariantNumerics, DeterminismUnavailable, check_linears
 from engine.model.loader import LoadedModel, load_model
+from engine.model.make_model import make_model
 from engine.sampling_params import SamplingParams
 from tests.engine.determinism import differing, outcomes
 from tests.engine.model.real_models import real_model, real_text
@@ -34,6 +35,17 @@ def tiny_lm(request: pytest.FixtureRequest, tiny_dir: Path,
 def test_tiny_logits_are_bitwise_the_same_in_every_condition(tiny_lm: LoadedModel) -> None:
     prompt = tokens(300, 5, tiny_lm.spec.vocab_size)
     assert differing(outcomes(tiny_lm, prompt, GREEDY, deterministic=True)) == []
+
+
+def test_a_hybrid_model_in_exact_mode(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Sliding-window layers (their own store namespace in exact mode) as well."""
+    path = make_model("qwen3", "tiny", tmp_path_factory.mktemp("models") / "hybrid",
+                      hybrid=True).path
+    lm = load_model(path, dtype="bfloat16", revision_cache_dir=tmp_path_factory.mktemp("rev"))
+    assert any(w is not None for w in lm.spec.layer_windows)
+    prompt = tokens(300, 7, lm.spec.vocab_size)
+    assert max(w or 0 for w in lm.spec.layer_windows) < 300
+    assert differing(outcomes(lm, prompt, GREEDY, deterministic=True)) == []
 
 
 def test_without_the_flag_the_conditions_differ(tiny_lm: LoadedModel) -> None:
