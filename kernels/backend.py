@@ -113,6 +113,8 @@ class BackendEntry:
 
 _REGISTRY: dict[str, BackendEntry] = {
     "torch": BackendEntry("kernels.torch_ref", "TorchBackend", ("cpu", "cuda", "npu", "mps")),
+    # Batch-invariant attention (a fixed key order per query row): deterministic mode's.
+    "invariant": BackendEntry("kernels.invariant", "InvariantBackend", ("cpu",)),
     # CPU tensors run only under Triton's interpreter; the backend refuses them otherwise.
     "triton": BackendEntry(
         "kernels.triton_backend.backend", "TritonBackend", ("cuda", "npu", "cpu")

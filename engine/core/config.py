@@ -34,6 +34,9 @@ class EngineConfig:
     # The context the engine serves (prompt and answer), below the model's own
     # (max_position_embeddings); None: the model's.
     max_model_len: int | None = None
+    # Batch-invariant numerics (engine.core.numerics): a request's logits bitwise the same
+    # whatever shares its steps, however it was chunked, wherever its prefix came from.
+    deterministic: bool = False
 
     def __post_init__(self) -> None:
         if self.block_tokens < 1:

@@ -24,6 +24,7 @@ from engine.connector.store_connector import StoreConnector
 from engine.connector.store_link import StoreLink
 from engine.core.config import EngineConfig
 from engine.core.model_runner import ModelRunner
+from engine.core.numerics import numerics_for
 from engine.core.sampling_params import SamplingParams
 from engine.core.scheduler import Scheduler
 from engine.core.sequence import Sequence
@@ -81,7 +82,9 @@ class LLMEngine:
             ),
             device,
         )
-        self.backend = kernels.resolve_backend(config.attention_backend, device)
+        self.numerics = numerics_for(config.deterministic)
+        self.backend = kernels.resolve_backend(
+            self.numerics.backend_name(config.attention_backend), device)
         self.kv = KVManager(self.cache, ReplayPlanner(self.policy, config.block_tokens),
                             self.ns, cache_generated_tokens=config.cache_generated_tokens)
         self._progress = threading.Event()
@@ -96,7 +99,8 @@ class LLMEngine:
         self.planner = self.kv.planner
         self.loader = self.connector.loader
         self.committer = self.connector.committer
-        self.runner = ModelRunner(model, self.cache, self.kv, self.backend)
+        self.runner = ModelRunner(self.numerics.prepare(model), self.cache, self.kv,
+                                  self.backend)
         # Structured outputs (engine.structured.backend.GrammarBackend), set by a server
         # that offers them: a request with ``params.constraint`` gets a matcher from it.
         self.grammar: GrammarBackend | None = None

@@ -166,6 +166,11 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
                    help="accept a --replay-keep below the safe default (more drift)")
     p.add_argument("--cache-all-layers", action="store_true",
                    help="exact mode: the store keeps every layer; a hit recomputes nothing")
+    p.add_argument("--deterministic", action="store_true",
+                   help="batch-invariant numerics (CPU): a request's logits are bitwise the "
+                        "same whatever shares its batch, however its prefill is chunked and, "
+                        "in exact mode, wherever its prefix's KV came from; seeded sampling "
+                        "then repeats its text. Slower (the cost: bench/RESULTS.md)")
     p.add_argument("--dram", default="1GiB", metavar="SIZE",
                    help="embedded: DRAM tier size (like 512MiB or 2GiB)")
     p.add_argument("--ssd-capacity", default="8GiB", metavar="SIZE",
@@ -193,7 +198,7 @@ def run(args: argparse.Namespace) -> int:
                           attention_backend=args.attention_backend,
                           replay_keep_tokens=args.replay_keep, replay_force=args.force,
                           cache_all_layers=args.cache_all_layers,
-                          max_model_len=args.max_model_len)
+                          max_model_len=args.max_model_len, deterministic=args.deterministic)
     turns = (read_session_file(args.session_file) if args.session_file
              else [SessionTurn("", read_text(args.prompt_file, "--prompt-file"))])
     loaded = load_model(args.model, dtype=args.dtype, device=args.device,
