@@ -16,6 +16,7 @@ from torch import nn
 import kernels
 from engine.forward_batch import ForwardBatch
 from engine.model.config import ModelConfig
+from engine.model.linear import Linear
 from engine.model.norm import RMSNorm
 from engine.model.rope import apply_rotary
 
@@ -31,9 +32,9 @@ class Attention(nn.Module):
         self.scale = cfg.attention_scale
         # transformers' sliding_window: key j is visible to query i iff i - j < window.
         self.window = cfg.layer_windows[layer]
-        self.qkv_proj = nn.Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size,
+        self.qkv_proj = Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size,
                                   bias=cfg.qkv_bias)
-        self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=cfg.o_bias)
+        self.o_proj = Linear(self.q_size, cfg.hidden_size, bias=cfg.o_bias)
         self.q_norm: RMSNorm | None = None
         self.k_norm: RMSNorm | None = None
         if cfg.qk_norm:
