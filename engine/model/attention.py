@@ -5,7 +5,9 @@ Gemma 3 then normalise each head of q and k; RoPE rotates both. The scale is
 ``head_dim ** -0.5``, or Gemma 3's ``query_pre_attn_scalar ** -0.5``. The step's K/V go into
 the pool at ``slot_mapping`` first, so the kernels read every key of a sequence, this
 chunk's included, from where it lies (``kernels.paged_prefill_attention`` for the prefill rows,
-``kernels.paged_decode_attention`` for the decode rows that follow them).
+``kernels.paged_decode_attention`` for the decode rows that follow them). The step's
+metadata was validated once (``ForwardBatch.validate``), so each call passes
+``validated=True``.
 """
 
 from __future__ import annotations
@@ -63,7 +65,7 @@ class Attention(nn.Module):
         slots = batch.slot_mapping
         if self.window is None and batch.full_slot_mapping is not None:
             slots = batch.full_slot_mapping  # a replay keeps the cached full-layer KV
-        kernels.write_kv_slots(k, v, k_pool, v_pool, slots, backend=backend)
+        kernels.write_kv_slots(k, v, k_pool, v_pool, slots, backend=backend, validated=True)
         parts = []
         n_pre = batch.num_prefill_tokens
         if batch.prefill is not None:
@@ -72,13 +74,14 @@ class Attention(nn.Module):
                 q[:n_pre], k_pool, v_pool, pre.cu_seqlens_q, pre.block_tables, pre.seq_lens,
                 self.scale, self.window,
                 pre.sliding_kv_start if self.window is not None else None, backend=backend,
+                validated=True,
             ))
         if batch.decode is not None:
             dec = batch.decode
             parts.append(kernels.paged_decode_attention(
                 q[n_pre:], k_pool, v_pool, dec.block_tables, dec.seq_lens, self.scale,
                 self.window, dec.sliding_kv_start if self.window is not None else None,
-                backend=backend,
+                backend=backend, validated=True,
             ))
         if not parts:
             raise ValueError("a ForwardBatch needs prefill or decode metadata")

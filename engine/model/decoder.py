@@ -104,6 +104,7 @@ class DecoderLM(CausalLM):
         if len(kv.k) != self.cfg.num_layers:
             raise ValueError(f"the KV cache has {len(kv.k)} layers, the model "
                              f"{self.cfg.num_layers}")
+        batch.validate(kv.k[0], kv.v[0])  # once for every layer's kernel calls
         embed = self.model.embed_tokens
         h = embed(batch.input_ids)
         if self.cfg.embed_scale:
