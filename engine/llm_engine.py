@@ -31,6 +31,7 @@ from engine.model_runner import ModelRunner
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
 from engine.sequence import Sequence
+from kernels.threads import pin_compute_threads, thread_plan
 from kvstore.tier import TierStats
 
 if TYPE_CHECKING:
@@ -108,6 +109,7 @@ class LLMEngine:
         # Structured outputs (engine.structured.backend.GrammarBackend), set by a server
         # that offers them: a request with ``params.constraint`` gets a matcher from it.
         self.grammar: GrammarBackend | None = None
+        self.threads = thread_plan()
         self._closed = False
 
     # -- requests ---------------------------------------------------------------------
@@ -137,6 +139,7 @@ class LLMEngine:
         """Run one batch (or, when every admitted request waits on the store, wait for the
         store briefly). Returns the requests that finished in this step."""
         self._progress.clear()
+        pin_compute_threads(self.threads)  # whichever thread steps: the server's loop too
         batch = self.scheduler.schedule()
         if batch.is_empty:
             if self.scheduler.has_unfinished:

@@ -22,6 +22,7 @@ from typing import Generic, Protocol, TypeVar
 import torch
 
 import kernels
+from kernels.threads import pin_helper_thread, thread_plan
 from engine.kv.cache import KVCache
 from engine.kv.store_link import StoreLink
 from kvstore.buffers import io_buffer
@@ -144,6 +145,7 @@ class TransferThread(ABC, Generic[J]):
         self._progress.set()
 
     def _run(self) -> None:
+        pin_helper_thread(thread_plan())  # its copies must not compete with the step's
         while True:
             job = self._jobs.get()
             if job is None:
