@@ -6,7 +6,13 @@ thread to itself: the step thread to the cores it may run on (``pin_compute_thre
 enough to call every step, which also repairs a value inherited from a helper), every
 transfer thread (store loader, committer) to one (``pin_helper_thread``), so its block
 copies never fork a team that competes with the step's matmuls for the same two cores.
-``KVENGINE_THREADS=N`` overrides the compute count.
+``KVENGINE_THREADS=N`` sets the compute count, else ``OMP_NUM_THREADS`` (the usual knob),
+else the usable cores.
+
+Measured here (bench/RESULTS.md): on a machine oversubscribed by other processes, a
+two-thread OpenMP team pays a wait at every op's barrier for a thread that is not
+scheduled, and one thread can be several times faster; ``KVENGINE_THREADS=1`` is the remedy
+on a shared host.
 """
 
 from __future__ import annotations
@@ -32,9 +38,10 @@ def usable_cores() -> int:
 
 
 def thread_plan() -> ThreadPlan:
-    forced = os.environ.get("KVENGINE_THREADS", "")
-    if forced.isdigit() and int(forced) > 0:
-        return ThreadPlan(compute_threads=int(forced))
+    for name in ("KVENGINE_THREADS", "OMP_NUM_THREADS"):
+        forced = os.environ.get(name, "")
+        if forced.isdigit() and int(forced) > 0:
+            return ThreadPlan(compute_threads=int(forced))
     return ThreadPlan(compute_threads=usable_cores())
 
 

@@ -53,14 +53,21 @@ class Attention(nn.Module):
         v_pool: torch.Tensor,
     ) -> torch.Tensor:
         tokens = x.shape[0]
-        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = q.view(tokens, self.num_heads, self.head_dim)
-        k = k.view(tokens, self.num_kv_heads, self.head_dim)
+        qkv = self.qkv_proj(x)
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         v = v.view(tokens, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None and self.k_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q = apply_rotary(q, cos, sin)
-        k = apply_rotary(k, cos, sin)
+            q = self.q_norm(q.view(tokens, self.num_heads, self.head_dim))
+            k = self.k_norm(k.view(tokens, self.num_kv_heads, self.head_dim))
+            q = apply_rotary(q, cos, sin)
+            k = apply_rotary(k, cos, sin)
+        else:
+            # q's heads and k's are adjacent columns: one rotation covers both (the same
+            # elementwise ops on the same values, so the same bits as two).
+            heads = self.num_heads + self.num_kv_heads
+            qk = apply_rotary(qkv[:, : self.q_size + self.kv_size].view(
+                tokens, heads, self.head_dim), cos, sin)
+            q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]
         backend = batch.backend
         slots = batch.slot_mapping
         if self.window is None and batch.full_slot_mapping is not None:

@@ -45,8 +45,11 @@ def test_the_plan_follows_affinity_unless_overridden(monkeypatch: pytest.MonkeyP
     import os
 
     monkeypatch.delenv("KVENGINE_THREADS", raising=False)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     assert thread_plan().compute_threads == len(os.sched_getaffinity(0))
+    monkeypatch.setenv("OMP_NUM_THREADS", "5")
+    assert thread_plan().compute_threads == 5
     monkeypatch.setenv("KVENGINE_THREADS", "3")
     assert thread_plan() == ThreadPlan(compute_threads=3, helper_threads=1)
     monkeypatch.setenv("KVENGINE_THREADS", "zero")
-    assert thread_plan().compute_threads == len(os.sched_getaffinity(0))
+    assert thread_plan().compute_threads == 5
