@@ -47,8 +47,9 @@ class VllmPeer:
         env = dict(os.environ, PYTHONPATH=str(REPO), VLLM_ENABLE_V1_MULTIPROCESSING="0",
                    VLLM_CPU_KVCACHE_SPACE="2", OMP_NUM_THREADS=str(os.cpu_count() or 1),
                    VLLM_LOGGING_LEVEL="WARNING")
+        mode = "eager" if eager else "compiled"
         proc = subprocess.Popen(
-            [str(python), "-m", "bench.vllm_peer", str(model_dir), "eager" if eager else "compiled"],
+            [str(python), "-m", "bench.vllm_peer", str(model_dir), mode],
             cwd=REPO, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL, text=True)
         peer = VllmPeer(proc)
@@ -112,7 +113,7 @@ def _child(model: str, mode: str) -> None:
             if any(len(o.outputs[0].token_ids) != cmd["max_tokens"] for o in outs):
                 raise RuntimeError("vLLM stopped a request early")
             print("RESULT " + json.dumps({"seconds": seconds}), flush=True)
-        except Exception as e:  # noqa: BLE001 - reported to the parent, which says so
+        except Exception as e:
             print("RESULT " + json.dumps({"error": f"{type(e).__name__}: {e}"}), flush=True)
 
 

@@ -22,9 +22,9 @@ from typing import Generic, Protocol, TypeVar
 import torch
 
 import kernels
-from kernels.threads import pin_helper_thread, thread_plan
 from engine.kv.cache import KVCache
 from engine.kv.store_link import StoreLink
+from kernels.threads import pin_helper_thread, thread_plan
 from kvstore.buffers import io_buffer
 
 log = logging.getLogger("engine.store")
