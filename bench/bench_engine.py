@@ -281,8 +281,12 @@ def cmd_vllm(b: Bench, rounds: int, new: int, python: Path, eager: bool) -> dict
     print(f"vLLM ({'eager' if eager else 'compiled'}) started in {started.startup_s:.1f} s",
           flush=True)
     try:
+        runs = []
         with b.engine() as eng:
-            runs = [vllm_round(b, eng, peer, new, seed=r) for r in range(rounds)]
+            for r in range(rounds):
+                runs.append(vllm_round(b, eng, peer, new, seed=r))
+                # Each round as it ends: a long run interrupted still leaves figures.
+                print(f"  round {r + 1}: {json.dumps(runs[-1])}", file=sys.stderr, flush=True)
     finally:
         peer.close()
     rows = {}
