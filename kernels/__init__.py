@@ -6,6 +6,8 @@ kv_heads, head_dim]`` per block. This package imports nothing else of the projec
 """
 
 from kernels.api import (
+    check_step_metadata,
+    debug_checks,
     paged_decode_attention,
     paged_prefill_attention,
     read_kv_blocks,
@@ -31,6 +33,8 @@ __all__ = [
     "KernelArgumentError",
     "KernelError",
     "backend_names",
+    "check_step_metadata",
+    "debug_checks",
     "default_backend_name",
     "get_backend",
     "paged_decode_attention",

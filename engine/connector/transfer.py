@@ -24,6 +24,7 @@ import torch
 import kernels
 from engine.connector.store_link import StoreLink
 from engine.kv.cache import KVCache
+from kernels.threads import pin_helper_thread, thread_plan
 from kvstore.buffers import io_buffer
 
 log = logging.getLogger("engine.store")
@@ -144,6 +145,7 @@ class TransferThread(ABC, Generic[J]):
         self._progress.set()
 
     def _run(self) -> None:
+        pin_helper_thread(thread_plan())  # its copies must not compete with the step's
         while True:
             job = self._jobs.get()
             if job is None:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
+import kernels
 from kernels import AttentionBackend
 
 
@@ -56,3 +57,14 @@ class ForwardBatch:
     @property
     def num_tokens(self) -> int:
         return int(self.input_ids.shape[0])
+
+    def validate(self, k_pool: torch.Tensor, v_pool: torch.Tensor) -> None:
+        """Check the step's metadata against a layer's pools (every layer's are alike),
+        once per step: each layer then calls the kernels with ``validated=True``."""
+        pre, dec = self.prefill, self.decode
+        kernels.check_step_metadata(
+            k_pool, v_pool, self.num_tokens, self.slot_mapping,
+            None if pre is None else (pre.cu_seqlens_q, pre.block_tables, pre.seq_lens,
+                                      pre.sliding_kv_start),
+            None if dec is None else (dec.block_tables, dec.seq_lens, dec.sliding_kv_start),
+            self.full_slot_mapping)

@@ -35,6 +35,7 @@ from engine.kv.namespace import engine_namespaces
 from engine.kv.replay_planner import ReplayPlanner
 from engine.kv.request_scope import IDENTITY, RequestScope
 from engine.model.base import CausalLM
+from kernels.threads import pin_compute_threads, thread_plan
 from kvstore.keys import Key, Namespace, chain_keys
 from kvstore.prefix_key import PrefixHash
 from kvstore.tier import TierStats
@@ -104,6 +105,7 @@ class LLMEngine:
         # Structured outputs (engine.structured.backend.GrammarBackend), set by a server
         # that offers them: a request with ``params.constraint`` gets a matcher from it.
         self.grammar: GrammarBackend | None = None
+        self.threads = thread_plan()
         self._closed = False
 
     # -- requests ---------------------------------------------------------------------
@@ -137,6 +139,7 @@ class LLMEngine:
         """Run one batch (or, when every admitted request waits on the store, wait for the
         store briefly). Returns the requests that finished in this step."""
         self._progress.clear()
+        pin_compute_threads(self.threads)  # whichever thread steps: the server's loop too
         batch = self.scheduler.schedule()
         if batch.is_empty:
             if self.scheduler.has_unfinished:

@@ -2,7 +2,8 @@
 
 Every step is a tensor operation over the batch's rows: the logits adjusted (penalties,
 ``logit_bias``, the grammar's mask: ``engine.core.sampler_adjust``), argmax for every row, and
-for the sampled rows temperature, ``min_p``, ``top_k``/``top_p`` and one inverse-CDF draw.
+for the sampled rows temperature, ``min_p``, ``top_k``/``top_p`` (a partial ``topk`` when
+every row has a ``top_k``, one batched sort otherwise) and one inverse-CDF draw.
 The only per-row Python is one uniform draw from each sampled request's own generator, so a
 request's draws never depend on its batch (the same seed gives the same output alone or
 among others) — a batched generator would tie them together."""
@@ -53,13 +54,7 @@ def _draw(logits: torch.Tensor, seqs: Seq[Sequence]) -> torch.Tensor:
         floor = _column(params, "min_p", probs) * probs.amax(dim=-1, keepdim=True)
         probs = probs.masked_fill(probs < floor, 0.0)
     if any(p.truncates for p in params):
-        sorted_p, order = probs.sort(dim=-1, descending=True)
-        ranks = torch.arange(vocab, device=probs.device).unsqueeze(0)
-        k = torch.tensor([p.top_k if p.top_k > 0 else vocab for p in params],
-                         device=probs.device).unsqueeze(1)
-        before = sorted_p.cumsum(dim=-1) - sorted_p  # mass ranked above each token
-        drop = (ranks >= k) | (before >= _column(params, "top_p", probs))
-        probs = torch.zeros_like(probs).scatter_(-1, order, sorted_p.masked_fill(drop, 0.0))
+        probs = truncate(probs, params)
     # Inverse CDF: the first token whose cumulative mass exceeds u × the row's total (the
     # rows are not renormalised; float64 so that a tail of tiny masses stays ordered).
     cdf = probs.double().cumsum(dim=-1)
@@ -67,6 +62,24 @@ def _draw(logits: torch.Tensor, seqs: Seq[Sequence]) -> torch.Tensor:
                    for s in seqs]).to(cdf.device)
     target = (u * cdf[:, -1]).unsqueeze(1)
     return torch.searchsorted(cdf, target, right=True).squeeze(1).clamp_(max=vocab - 1)
+
+
+def truncate(probs: torch.Tensor, params: Seq[SamplingParams]) -> torch.Tensor:
+    """``probs`` with each row's mass outside its ``top_k`` and ``top_p`` set to 0."""
+    vocab = probs.shape[1]
+    ks = [p.top_k if 0 < p.top_k < vocab else vocab for p in params]
+    # Every row capped by a top-k: rank only its largest k (a partial top-k, not a sort of
+    # the whole vocabulary); top-p then cuts inside them.
+    width = max(ks)
+    if width < vocab:
+        sorted_p, order = probs.topk(width, dim=-1)
+    else:
+        sorted_p, order = probs.sort(dim=-1, descending=True)
+    ranks = torch.arange(width, device=probs.device).unsqueeze(0)
+    k = torch.tensor(ks, device=probs.device).unsqueeze(1)
+    before = sorted_p.cumsum(dim=-1) - sorted_p  # mass ranked above each token
+    drop = (ranks >= k) | (before >= _column(params, "top_p", probs))
+    return torch.zeros_like(probs).scatter_(-1, order, sorted_p.masked_fill(drop, 0.0))
 
 
 def _record_logprobs(raw: torch.Tensor, tokens: torch.Tensor, seqs: Seq[Sequence],

@@ -5,7 +5,9 @@ Gemma 3 then normalise each head of q and k; RoPE rotates both. The scale is
 ``head_dim ** -0.5``, or Gemma 3's ``query_pre_attn_scalar ** -0.5``. The step's K/V go into
 the pool at ``slot_mapping`` first, so the kernels read every key of a sequence, this
 chunk's included, from where it lies (``kernels.paged_prefill_attention`` for the prefill rows,
-``kernels.paged_decode_attention`` for the decode rows that follow them).
+``kernels.paged_decode_attention`` for the decode rows that follow them). The step's
+metadata was validated once (``ForwardBatch.validate``), so each call passes
+``validated=True``.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from torch import nn
 import kernels
 from engine.core.forward_batch import ForwardBatch
 from engine.model.config import ModelConfig
+from engine.model.linear import Linear
 from engine.model.norm import RMSNorm
 from engine.model.rope import apply_rotary
 
@@ -31,9 +34,9 @@ class Attention(nn.Module):
         self.scale = cfg.attention_scale
         # transformers' sliding_window: key j is visible to query i iff i - j < window.
         self.window = cfg.layer_windows[layer]
-        self.qkv_proj = nn.Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size,
+        self.qkv_proj = Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size,
                                   bias=cfg.qkv_bias)
-        self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=cfg.o_bias)
+        self.o_proj = Linear(self.q_size, cfg.hidden_size, bias=cfg.o_bias)
         self.q_norm: RMSNorm | None = None
         self.k_norm: RMSNorm | None = None
         if cfg.qk_norm:
@@ -50,19 +53,26 @@ class Attention(nn.Module):
         v_pool: torch.Tensor,
     ) -> torch.Tensor:
         tokens = x.shape[0]
-        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = q.view(tokens, self.num_heads, self.head_dim)
-        k = k.view(tokens, self.num_kv_heads, self.head_dim)
+        qkv = self.qkv_proj(x)
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         v = v.view(tokens, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None and self.k_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q = apply_rotary(q, cos, sin)
-        k = apply_rotary(k, cos, sin)
+            q = self.q_norm(q.view(tokens, self.num_heads, self.head_dim))
+            k = self.k_norm(k.view(tokens, self.num_kv_heads, self.head_dim))
+            q = apply_rotary(q, cos, sin)
+            k = apply_rotary(k, cos, sin)
+        else:
+            # q's heads and k's are adjacent columns: one rotation covers both (the same
+            # elementwise ops on the same values, so the same bits as two).
+            heads = self.num_heads + self.num_kv_heads
+            qk = apply_rotary(qkv[:, : self.q_size + self.kv_size].view(
+                tokens, heads, self.head_dim), cos, sin)
+            q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]
         backend = batch.backend
         slots = batch.slot_mapping
         if self.window is None and batch.full_slot_mapping is not None:
             slots = batch.full_slot_mapping  # a replay keeps the cached full-layer KV
-        kernels.write_kv_slots(k, v, k_pool, v_pool, slots, backend=backend)
+        kernels.write_kv_slots(k, v, k_pool, v_pool, slots, backend=backend, validated=True)
         parts = []
         n_pre = batch.num_prefill_tokens
         if batch.prefill is not None:
@@ -71,13 +81,14 @@ class Attention(nn.Module):
                 q[:n_pre], k_pool, v_pool, pre.cu_seqlens_q, pre.block_tables, pre.seq_lens,
                 self.scale, self.window,
                 pre.sliding_kv_start if self.window is not None else None, backend=backend,
+                validated=True,
             ))
         if batch.decode is not None:
             dec = batch.decode
             parts.append(kernels.paged_decode_attention(
                 q[n_pre:], k_pool, v_pool, dec.block_tables, dec.seq_lens, self.scale,
                 self.window, dec.sliding_kv_start if self.window is not None else None,
-                backend=backend,
+                backend=backend, validated=True,
             ))
         if not parts:
             raise ValueError("a ForwardBatch needs prefill or decode metadata")

@@ -14,17 +14,18 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from torch.nn import functional as F
 
 from engine.core.forward_batch import ForwardBatch
 from engine.kv.cache import KVCache
 from engine.model.attention import Attention
 from engine.model.base import CausalLM
 from engine.model.config import ModelConfig
+from engine.model.linear import Linear
 from engine.model.mlp import GatedMLP
 from engine.model.norm import RMSNorm
 from engine.model.rope import RopeConfig, RotaryEmbedding, inverse_frequencies
 from engine.model.spec import ModelSpec
+from kernels.linear import PreparedWeight
 
 
 class DecoderLayer(nn.Module):
@@ -80,9 +81,11 @@ class DecoderLM(CausalLM):
         self.cfg = cfg
         self.spec = spec
         self.model = DecoderStack(cfg)
-        self.lm_head: nn.Linear | None = None
+        self.lm_head: Linear | None = None
         if not cfg.tie_word_embeddings:
-            self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+            self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        # Tied logits reuse the embedding matrix: its prepared copy for the logits' matmul.
+        self.tied_logits = PreparedWeight()
         # One rotary per distinct RoPE (Gemma 3: sliding and full layers differ); each layer
         # reads its own's cos/sin, computed once per step.
         self.ropes: list[RopeConfig] = list(dict.fromkeys(
@@ -101,6 +104,7 @@ class DecoderLM(CausalLM):
         if len(kv.k) != self.cfg.num_layers:
             raise ValueError(f"the KV cache has {len(kv.k)} layers, the model "
                              f"{self.cfg.num_layers}")
+        batch.validate(kv.k[0], kv.v[0])  # once for every layer's kernel calls
         embed = self.model.embed_tokens
         h = embed(batch.input_ids)
         if self.cfg.embed_scale:
@@ -111,8 +115,10 @@ class DecoderLM(CausalLM):
             h = layer(h, cos, sin, batch, kv.k[i], kv.v[i])
         # Norm and logits only for the rows the runner asked for.
         h = self.model.norm(h.index_select(0, batch.logits_indices))
-        weight = embed.weight if self.lm_head is None else self.lm_head.weight
-        logits = F.linear(h, weight)
+        if self.lm_head is None:
+            logits = self.tied_logits.linear(h, embed.weight, None)
+        else:
+            logits = self.lm_head(h)
         cap = self.cfg.final_logit_softcap
         if cap is not None:
             logits = torch.tanh(logits / cap) * cap  # in the model's dtype, as transformers

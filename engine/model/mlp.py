@@ -6,6 +6,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from engine.model.linear import Linear
+
 
 class GatedMLP(nn.Module):
     """``down(act(gate(x)) * up(x))``; ``gate_up_proj`` holds gate's rows then up's.
@@ -18,8 +20,8 @@ class GatedMLP(nn.Module):
         super().__init__()
         if act not in ("silu", "gelu_pytorch_tanh"):
             raise ValueError(f"unknown activation {act!r}")
-        self.gate_up_proj = nn.Linear(hidden_size, 2 * intermediate_size, bias=bias)
-        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=bias)
+        self.gate_up_proj = Linear(hidden_size, 2 * intermediate_size, bias=bias)
+        self.down_proj = Linear(intermediate_size, hidden_size, bias=bias)
         self.gelu = act == "gelu_pytorch_tanh"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -144,30 +144,44 @@ def attend_keys(
     head's query heads as rows), ``k``/``v`` are ``[B, Tk, kv_heads, D]``, ``valid`` is
     ``None`` or a bool ``[B, Tk]`` shared by every row of a sequence. Returns float32
     ``out [B, kv_heads, group, D]`` and ``lse [B, kv_heads, group]``."""
+    bias = empty = None
+    if valid is not None:
+        bias = torch.zeros(valid.shape, dtype=q.dtype, device=q.device)
+        bias = bias.masked_fill_(~valid, float("-inf"))[:, None, None, :]
+        none_seen = ~valid.any(dim=1)
+        empty = none_seen if bool(none_seen.any()) else None
+    return attend_keys_biased(q, k, v, scale, bias, empty)
+
+
+def attend_keys_biased(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    scale: float,
+    bias: torch.Tensor | None,
+    empty: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``attend_keys`` with its mask already made: ``bias`` is ``None`` or the additive
+    ``[B, 1, 1, Tk]`` mask in ``q``'s dtype (``-inf`` where a key is hidden), ``empty`` is
+    ``None`` or the bool ``[B]`` of sequences that see no key at all."""
     kh, vh = k.permute(0, 2, 1, 3), v.permute(0, 2, 1, 3)  # [B, kv_heads, Tk, D] views
     if _use_flash(q) and _flash_cpu is not None:
-        bias = None
-        if valid is not None:
-            bias = torch.zeros(valid.shape, dtype=q.dtype, device=q.device)
-            bias = bias.masked_fill_(~valid, float("-inf"))[:, None, None, :]
         out, lse = _flash_cpu(q, kh, vh, 0.0, False, attn_mask=bias, scale=scale)[:2]
         out, lse = out.float(), lse.float()
     else:
         s = torch.matmul(q.float(), kh.float().transpose(-1, -2)).mul_(scale)
-        if valid is not None:
-            s.masked_fill_(~valid[:, None, None, :], float("-inf"))
+        if bias is not None:
+            s = s + bias.float()
         m = s.amax(dim=-1, keepdim=True)
         m = torch.where(torch.isneginf(m), torch.zeros_like(m), m)
         p = torch.exp(s - m)
         denom = p.sum(dim=-1, keepdim=True)
         out = torch.matmul(p, vh.float()) / torch.where(denom == 0, 1.0, denom)
         lse = (m + torch.log(denom)).squeeze(-1)
-    if valid is not None:
+    if empty is not None:
         # A sequence with no valid key in this chunk gets no weight in the merge.
-        empty = ~valid.any(dim=1)
-        if bool(empty.any()):
-            lse[empty] = float("-inf")
-            out[empty] = 0.0
+        lse[empty] = float("-inf")
+        out[empty] = 0.0
     return out, lse
 
 

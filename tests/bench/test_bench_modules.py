@@ -13,9 +13,9 @@ import pytest
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 MODULES = sorted(p.stem for p in BENCH.glob("*.py") if p.stem != "__init__")
 # No command line of their own: the runner of all benchmarks, a worker driven over a pipe,
-# the shared helpers, and bench_router's --pd half.
+# the shared helpers, bench_router's --pd half and the vLLM peer bench_engine drives.
 NO_CLI = {"run_all", "daemon_bench_worker", "harness", "engine_args", "fio", "ssd_store",
-          "router_pd"}
+          "router_pd", "vllm_peer"}
 
 
 @pytest.mark.parametrize("name", MODULES)
@@ -42,3 +42,10 @@ def test_fio_runs_as_long_as_ours() -> None:
     assert runtime_arg(1.5) == "1500ms"
     assert runtime_arg(0.5) == "500ms"
     assert runtime_arg(2) == "2000ms"
+
+
+def test_the_vllm_peer_is_skipped_saying_why_without_its_venv(tmp_path: Path) -> None:
+    from bench.vllm_peer import VllmPeer
+
+    started = VllmPeer.start(tmp_path, tmp_path / "no-venv" / "bin" / "python")
+    assert started.peer is None and "no vLLM venv" in started.reason

@@ -7,6 +7,8 @@ import math
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from engine.core.sampler import sample
 from engine.core.sampling_params import SamplingParams
@@ -123,3 +125,30 @@ def test_logprobs_are_the_models_and_top_is_best_first() -> None:
 def test_out_of_range_parameters_are_refused(bad: dict) -> None:
     with pytest.raises(EngineInputError):
         SamplingParams(**bad)
+
+
+def _truncate_by_full_sort(probs: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+    """The definition: rank the whole vocabulary, keep rank < top_k and mass above < top_p."""
+    out = torch.zeros_like(probs)
+    for i, p in enumerate(params):
+        sorted_p, order = probs[i].sort(descending=True)
+        k = p.top_k if p.top_k > 0 else probs.shape[1]
+        before = sorted_p.cumsum(0) - sorted_p
+        keep = (torch.arange(probs.shape[1]) < k) & (before < p.top_p)
+        out[i, order[keep]] = sorted_p[keep]
+    return out
+
+
+@settings(max_examples=60, deadline=None)
+@given(rows=st.lists(st.tuples(st.integers(0, 40), st.sampled_from([1.0, 0.9, 0.5, 0.05])),
+                     min_size=1, max_size=5),
+       seed=st.integers(0, 2**16))
+def test_truncation_equals_a_full_sort(rows: list[tuple[int, float]], seed: int) -> None:
+    from engine.core.sampler import truncate
+
+    vocab = 32
+    g = torch.Generator().manual_seed(seed)
+    probs = torch.softmax(torch.randn(len(rows), vocab, generator=g) * 3, dim=-1)
+    params = [SamplingParams(temperature=1.0, top_k=k, top_p=p) for k, p in rows]
+    torch.testing.assert_close(truncate(probs, params), _truncate_by_full_sort(probs, params),
+                               rtol=1e-6, atol=1e-7)

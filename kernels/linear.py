@@ -1,0 +1,131 @@
+"""Matmuls with weights that do not change: ``y = x @ W.T (+ b)``, as ``F.linear``.
+
+Decode multiplies one row (or a few) by every weight matrix of the model, so its time is
+the weights' bytes read once per step. ``F.linear`` on a CPU hands oneDNN a plain
+row-major weight, which oneDNN re-lays out (or reads with a slow GEMV) on every call; a
+weight reordered once into oneDNN's blocked layout (``mkldnn._reorder_linear_weight``,
+what inductor's weight freezing and vLLM-CPU's oneDNN GEMM do) halves a bf16 GEMV on this
+machine class and computes the same bits (``tests/kernels/test_linear.py``).
+
+``LinearKernel`` is the contract; ``DenseLinear`` (plain ``F.linear``) is the null object
+that every device and dtype can use; ``select_linear_kernel`` picks. ``KERNELS_LINEAR=dense``
+forces the null object (to compare, or if oneDNN misbehaves somewhere).
+"""
+
+from __future__ import annotations
+
+import os
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import torch
+from torch.nn import functional as F
+
+#: Row count the blocked layout is tuned for: decode's (one row per sequence).
+PACK_HINT_ROWS = 1
+
+
+class LinearKernel(ABC):
+    """Contract: ``apply(x, prepare(w), b)`` equals ``F.linear(x, w, b)`` for a 2-D ``x``
+    on ``w``'s device and dtype; ``prepare`` runs once per weight version and may return any
+    object (kept beside the weight by ``PreparedWeight``)."""
+
+    name: str
+
+    @abstractmethod
+    def prepare(self, weight: torch.Tensor) -> object: ...
+
+    @abstractmethod
+    def apply(self, x: torch.Tensor, prepared: object, bias: torch.Tensor | None
+              ) -> torch.Tensor: ...
+
+
+class DenseLinear(LinearKernel):
+    name = "dense"
+
+    def prepare(self, weight: torch.Tensor) -> object:
+        return weight
+
+    def apply(self, x: torch.Tensor, prepared: object, bias: torch.Tensor | None
+              ) -> torch.Tensor:
+        assert isinstance(prepared, torch.Tensor)
+        return F.linear(x, prepared, bias)
+
+
+class OneDnnPackedLinear(LinearKernel):
+    """bf16 on a CPU with oneDNN: the weight reordered once into oneDNN's blocked layout."""
+
+    name = "onednn"
+
+    def prepare(self, weight: torch.Tensor) -> object:
+        return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), PACK_HINT_ROWS)
+
+    def apply(self, x: torch.Tensor, prepared: object, bias: torch.Tensor | None
+              ) -> torch.Tensor:
+        return torch.ops.mkldnn._linear_pointwise(x, prepared, bias, "none", [None], "")
+
+
+_DENSE = DenseLinear()
+_ONEDNN = OneDnnPackedLinear()
+LINEAR_KERNELS: dict[str, LinearKernel] = {k.name: k for k in (_DENSE, _ONEDNN)}
+
+
+def _onednn_bf16() -> bool:
+    try:
+        return bool(torch.backends.mkldnn.is_available()
+                    and torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):
+        return False
+
+
+def select_linear_kernel(weight: torch.Tensor) -> LinearKernel:
+    """The kernel for this weight: oneDNN's packed GEMM for bf16 on a CPU that has it
+    (unless ``KERNELS_LINEAR=dense``), else ``F.linear``."""
+    forced = os.environ.get("KERNELS_LINEAR")
+    if forced in LINEAR_KERNELS:
+        return LINEAR_KERNELS[forced] if forced == "dense" or _usable(weight) else _DENSE
+    return _ONEDNN if _usable(weight) else _DENSE
+
+
+def _usable(weight: torch.Tensor) -> bool:
+    return (weight.device.type == "cpu" and weight.dtype == torch.bfloat16
+            and weight.dim() == 2 and _onednn_bf16())
+
+
+@dataclass(frozen=True, slots=True)
+class _Prepared:
+    key: tuple[int, int, torch.dtype, torch.device]
+    kernel: LinearKernel
+    value: object
+
+
+def _version(t: torch.Tensor) -> int:
+    try:
+        return int(t._version)
+    except RuntimeError:  # an inference tensor has no version counter: it cannot change
+        return -1
+
+
+class PreparedWeight:
+    """A weight's prepared form, rebuilt when the weight changes (a new tensor, an in-place
+    write: ``_version``), so loading new weights into a module needs no extra call."""
+
+    __slots__ = ("_cached",)
+
+    def __init__(self) -> None:
+        self._cached: _Prepared | None = None
+
+    def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
+               ) -> torch.Tensor:
+        if x.dim() != 2 or x.dtype != weight.dtype:
+            return F.linear(x, weight, bias)
+        key = (weight.data_ptr(), _version(weight), weight.dtype, weight.device)
+        cached = self._cached
+        if cached is None or cached.key != key:
+            kernel = select_linear_kernel(weight)
+            cached = _Prepared(key, kernel, kernel.prepare(weight))
+            self._cached = cached
+        return cached.kernel.apply(x, cached.value, bias)
+
+    def clear(self) -> None:
+        self._cached = None
