@@ -15,7 +15,10 @@ forces the null object (to compare, or if oneDNN misbehaves somewhere).
 from __future__ import annotations
 
 import os
+import threading
 from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -106,6 +109,23 @@ def _version(t: torch.Tensor) -> int:
         return -1
 
 
+_local = threading.local()
+
+
+@contextmanager
+def plain_linears() -> Iterator[None]:
+    """While active on this thread, every ``PreparedWeight`` computes with ``F.linear`` on
+    the weight as given. For a caller that intercepts ``F.linear``: batch-invariant
+    numerics pads the rows of each product so a row's bits never depend on its batch, and a
+    prepared oneDNN weight would bypass it (its GEMM's blocking follows the row count)."""
+    before = getattr(_local, "plain", False)
+    _local.plain = True
+    try:
+        yield
+    finally:
+        _local.plain = before
+
+
 class PreparedWeight:
     """A weight's prepared form, rebuilt when the weight changes (a new tensor, an in-place
     write: ``_version``), so loading new weights into a module needs no extra call."""
@@ -117,7 +137,7 @@ class PreparedWeight:
 
     def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
                ) -> torch.Tensor:
-        if x.dim() != 2 or x.dtype != weight.dtype:
+        if x.dim() != 2 or x.dtype != weight.dtype or getattr(_local, "plain", False):
             return F.linear(x, weight, bias)
         key = (weight.data_ptr(), _version(weight), weight.dtype, weight.device)
         cached = self._cached

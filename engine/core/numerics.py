@@ -41,6 +41,7 @@ from engine.errors import EngineInputError
 from engine.kv.cache import KVCache
 from engine.model.base import CausalLM
 from kernels.invariant.matmul import invariant_linear
+from kernels.linear import plain_linears
 
 INVARIANT_BACKEND = "invariant"
 
@@ -69,7 +70,8 @@ class BatchInvariantModel(CausalLM):
         self.spec = model.spec
 
     def forward(self, batch: ForwardBatch, kv: KVCache) -> torch.Tensor:
-        with BatchInvariantMode():
+        # Plain F.linear calls, so that the mode sees (and pads) every product.
+        with plain_linears(), BatchInvariantMode():
             return self.inner(batch, kv)
 
 

@@ -7,11 +7,13 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.nn import functional as F
+from torch.overrides import TorchFunctionMode
 
 from kernels.linear import (
     DenseLinear,
     OneDnnPackedLinear,
     PreparedWeight,
+    plain_linears,
     select_linear_kernel,
 )
 
@@ -53,3 +55,35 @@ def test_float32_and_forced_dense_use_f_linear(monkeypatch: pytest.MonkeyPatch) 
                       DenseLinear)
     w, x = torch.randn(4, 6), torch.randn(2, 6)
     assert torch.equal(PreparedWeight().linear(x, w, None), F.linear(x, w))
+
+
+class _SeesLinear(TorchFunctionMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        if func is F.linear:
+            self.calls += 1
+        return func(*args, **(kwargs or {}))
+
+
+def test_plain_linears_hands_every_product_to_f_linear() -> None:
+    """Batch-invariant numerics intercepts ``F.linear``; a prepared oneDNN weight would
+    bypass it (and a row's bits would follow its batch) unless ``plain_linears`` is on."""
+    w = torch.randn(64, 32).bfloat16()
+    x = torch.randn(3, 32).bfloat16()
+    prepared = PreparedWeight()
+    prepared.linear(x, w, None)  # prepared for the fast kernel first
+    outside = _SeesLinear()
+    with outside:
+        prepared.linear(x, w, None)
+    inside = _SeesLinear()
+    with plain_linears(), inside:
+        out = prepared.linear(x, w, None)
+    assert inside.calls == 1 and torch.equal(out, F.linear(x, w))
+    if isinstance(select_linear_kernel(w), OneDnnPackedLinear):
+        assert outside.calls == 0  # the packed kernel is no F.linear call
+    with _SeesLinear() as after:  # the switch is scoped
+        prepared.linear(x, w, None)
+    assert after.calls == outside.calls
