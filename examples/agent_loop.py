@@ -26,6 +26,9 @@ import openai
 
 REPO = Path(__file__).resolve().parents[1]
 RESULT_CHARS = 400  # a tool result's size: the per-turn growth of the history
+# The system prompt's size (~4.5 K tokens): a stable prefix that does not grow with the
+# README it quotes, so ten turns keep fitting SmolLM2's 8 K context.
+SYSTEM_CHARS = 18_000
 FILES = ["README.md", "pyproject.toml", "engine/server/README.md", "engine/core/sampler.py",
          "engine/core/sampling_params.py", "engine/server/tool_parsers.py",
          "engine/core/scheduler.py", "engine/core/llm_engine.py", "engine/server/app.py",
@@ -76,7 +79,7 @@ def system_prompt(root: Path, chars: int | None = None) -> str:
 
 def run_agent(client: openai.OpenAI, model: str, turns: int, root: Path = REPO,
               tool_choice: str = "required", max_tokens: int = 160,
-              system_chars: int | None = None, result_chars: int = RESULT_CHARS
+              system_chars: int | None = SYSTEM_CHARS, result_chars: int = RESULT_CHARS
               ) -> list[Turn]:
     """``system_chars`` and ``result_chars`` bound the system prompt and each tool result
     (a small model's context)."""
