@@ -42,6 +42,19 @@ def native():  # type: ignore[no-untyped-def]
     return _hitrate
 
 
+def builds_for(built_block_tokens: int, batch: AccessBatch) -> bool:
+    """Whether a native replay built for ``built_block_tokens`` (0: not built yet) must be
+    built for ``batch``; one replay takes one block size, a second one is refused."""
+    if batch.block_tokens == built_block_tokens:
+        return False
+    if built_block_tokens:
+        raise ConfigError(
+            f"requests with block sizes {built_block_tokens} and {batch.block_tokens} "
+            "in one replay; replay each block size separately"
+        )
+    return True
+
+
 def feed_on_thread(
     batches: Iterable[AccessBatch], feed_batch: Callable[[AccessBatch], None]
 ) -> None:
@@ -137,12 +150,7 @@ class OnePass:
         feed_on_thread(batches, self.feed_batch)
 
     def feed_batch(self, batch: AccessBatch) -> None:
-        if batch.block_tokens != self._block_tokens:
-            if self._block_tokens:
-                raise ConfigError(
-                    f"requests with block sizes {self._block_tokens} and {batch.block_tokens} "
-                    "in one replay; replay each block size separately"
-                )
+        if builds_for(self._block_tokens, batch):
             self._build(batch.block_tokens)
         try:
             self._stack.feed(

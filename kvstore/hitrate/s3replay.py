@@ -22,7 +22,7 @@ import numpy as np
 from kvstore.hitrate.batches import AccessBatch
 from kvstore.hitrate.config import TIER_NAMES, SimConfig, is_absent
 from kvstore.hitrate.errors import ConfigError
-from kvstore.hitrate.onepass import feed_on_thread
+from kvstore.hitrate.onepass import builds_for, feed_on_thread
 from kvstore.hitrate.readers import TraceReader
 from kvstore.hitrate.request import Request
 from kvstore.hitrate.result import SimResult, TierResult
@@ -84,12 +84,7 @@ class S3FifoReplay:
         feed_on_thread(batches, self.feed_batch)
 
     def feed_batch(self, batch: AccessBatch) -> None:
-        if batch.block_tokens != self._block_tokens:
-            if self._block_tokens:
-                raise ConfigError(
-                    f"requests with block sizes {self._block_tokens} and {batch.block_tokens} "
-                    "in one replay; replay each block size separately"
-                )
+        if builds_for(self._block_tokens, batch):
             self._build(batch.block_tokens)
         self._sim.feed(batch.keys, batch.offsets, batch.times_s, batch.lengths, batch.block_tokens)
 
