@@ -15,6 +15,34 @@ int hitrate_get_buffer(PyObject *o, Py_buffer *v, Py_ssize_t itemsize, const cha
     return 0;
 }
 
+int hitrate_batch_get(HitrateBatch *h, PyObject *ko, PyObject *oo, PyObject *to, PyObject *lo) {
+    if (hitrate_get_buffer(ko, &h->kb, 8, "keys") < 0) return -1;
+    if (hitrate_get_buffer(oo, &h->ob, 8, "offsets") < 0) goto rel_k;
+    if (hitrate_get_buffer(to, &h->tb, 8, "times") < 0) goto rel_o;
+    if (hitrate_get_buffer(lo, &h->lb, 8, "lengths") < 0) goto rel_t;
+    Py_ssize_t r = h->tb.len / 8, nk = h->kb.len / 8;
+    const int64_t *off = h->ob.buf, *len = h->lb.buf;
+    int ok = h->ob.len / 8 == r + 1 && h->lb.len / 8 == r && (r == 0 || (off[0] >= 0 && off[r] <= nk));
+    for (Py_ssize_t i = 0; ok && i < r; i++) ok = off[i] <= off[i + 1] && len[i] >= 0;
+    if (ok) {
+        h->requests = r, h->keys = h->kb.buf, h->offsets = off, h->lengths = len, h->times = h->tb.buf;
+        return 0;
+    }
+    PyErr_SetString(PyExc_ValueError, "feed: inconsistent offsets, times or lengths");
+    PyBuffer_Release(&h->lb);
+rel_t:
+    PyBuffer_Release(&h->tb);
+rel_o:
+    PyBuffer_Release(&h->ob);
+rel_k:
+    PyBuffer_Release(&h->kb);
+    return -1;
+}
+
+void hitrate_batch_release(HitrateBatch *h) {
+    PyBuffer_Release(&h->lb), PyBuffer_Release(&h->tb), PyBuffer_Release(&h->ob), PyBuffer_Release(&h->kb);
+}
+
 static void Stack_dealloc(Stack *s) {
     free(s->tab), free(s->direct), free(s->fen), free(s->owner), free(s->tpos), free(s->alive), free(s->caps);
     free(s->tier_tokens), free(s->tier_blocks), free(s->ratio_sum), free(s->replay_tokens);
@@ -101,44 +129,23 @@ static PyObject *Stack_feed(Stack *s, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "block_tokens must be positive");
         return NULL;
     }
-    Py_buffer kb, ob, tb, lb;
-    if (hitrate_get_buffer(ko, &kb, 8, "keys") < 0) return NULL;
-    if (hitrate_get_buffer(oo, &ob, 8, "offsets") < 0) goto rel_k;
-    if (hitrate_get_buffer(to, &tb, 8, "times") < 0) goto rel_o;
-    if (hitrate_get_buffer(lo, &lb, 8, "lengths") < 0) goto rel_t;
-    Py_ssize_t r = tb.len / 8, nk = kb.len / 8;
-    const int64_t *off = ob.buf, *len = lb.buf;
-    const double *t = tb.buf;
-    const uint64_t *keys = kb.buf;
-    int ok = ob.len / 8 == r + 1 && lb.len / 8 == r && (r == 0 || (off[0] >= 0 && off[r] <= nk));
-    for (Py_ssize_t i = 0; ok && i < r; i++) ok = off[i] <= off[i + 1] && len[i] >= 0;
-    if (!ok) {
-        PyErr_SetString(PyExc_ValueError, "feed: inconsistent offsets, times or lengths");
-        goto rel_l;
-    }
+    HitrateBatch h;
+    if (hitrate_batch_get(&h, ko, oo, to, lo) < 0) return NULL;
     int rc = 0;
     s->error[0] = 0;
     /* The GIL is released: a reader thread parses the next batch meanwhile. The caller
      * must not use this Stack from another thread during a feed (OnePass never does). */
     Py_BEGIN_ALLOW_THREADS
-    for (Py_ssize_t i = 0; i < r && rc == 0; i++)
-        rc = one_request(s, keys + off[i], (Py_ssize_t)(off[i + 1] - off[i]), t[i], len[i], b);
+    for (Py_ssize_t i = 0; i < h.requests && rc == 0; i++)
+        rc = one_request(s, h.keys + h.offsets[i], (Py_ssize_t)(h.offsets[i + 1] - h.offsets[i]),
+                         h.times[i], h.lengths[i], b);
     Py_END_ALLOW_THREADS
-    PyBuffer_Release(&lb), PyBuffer_Release(&tb), PyBuffer_Release(&ob), PyBuffer_Release(&kb);
+    hitrate_batch_release(&h);
     if (rc < 0) {
         PyErr_SetString(PyExc_MemoryError, s->error[0] ? s->error : "out of memory");
         return NULL;
     }
     Py_RETURN_NONE;
-rel_l:
-    PyBuffer_Release(&lb);
-rel_t:
-    PyBuffer_Release(&tb);
-rel_o:
-    PyBuffer_Release(&ob);
-rel_k:
-    PyBuffer_Release(&kb);
-    return NULL;
 }
 
 /* totals() -> (requests, input_tokens, ratio_requests, accesses, tracked_accesses,

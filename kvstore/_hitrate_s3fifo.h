@@ -81,6 +81,18 @@ const char *s3_check(const S3Fifo *s);
 
 /* _hitrate.c */
 int hitrate_get_buffer(PyObject *o, Py_buffer *v, Py_ssize_t itemsize, const char *what);
+/* One feed's batch (keys u64[], offsets i64[R+1], times f64[R], lengths i64[R]): the four
+ * buffers held and checked consistent by hitrate_batch_get (-1 with the error set, nothing
+ * held), given back by hitrate_batch_release. Shared by both replays' feed. */
+typedef struct {
+    Py_buffer kb, ob, tb, lb;
+    Py_ssize_t requests;
+    const uint64_t *keys;
+    const int64_t *offsets, *lengths;
+    const double *times;
+} HitrateBatch;
+int hitrate_batch_get(HitrateBatch *h, PyObject *ko, PyObject *oo, PyObject *to, PyObject *lo);
+void hitrate_batch_release(HitrateBatch *h);
 /* _hitrate_s3fifo_type.c */
 int hitrate_add_s3fifo(PyObject *m);
 

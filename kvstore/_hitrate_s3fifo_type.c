@@ -159,40 +159,22 @@ static PyObject *S3Fifo_feed(S3Fifo *s, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "block_tokens must be positive");
         return NULL;
     }
-    Py_buffer kb, ob, tb, lb;
-    PyObject *out = NULL;
-    if (hitrate_get_buffer(ko, &kb, 8, "keys") < 0) return NULL;
-    if (hitrate_get_buffer(oo, &ob, 8, "offsets") < 0) goto rel_k;
-    if (hitrate_get_buffer(to, &tb, 8, "times") < 0) goto rel_o;
-    if (hitrate_get_buffer(lo, &lb, 8, "lengths") < 0) goto rel_t;
-    Py_ssize_t r = tb.len / 8, nk = kb.len / 8;
-    const int64_t *off = ob.buf, *len = lb.buf;
-    const double *t = tb.buf;
-    const uint64_t *keys = kb.buf;
-    int ok = ob.len / 8 == r + 1 && lb.len / 8 == r && (r == 0 || (off[0] >= 0 && off[r] <= nk));
-    for (Py_ssize_t i = 0; ok && i < r; i++) ok = off[i] <= off[i + 1] && len[i] >= 0;
-    if (!ok) {
-        PyErr_SetString(PyExc_ValueError, "feed: inconsistent offsets, times or lengths");
-        goto rel_l;
-    }
+    HitrateBatch h;
+    if (hitrate_batch_get(&h, ko, oo, to, lo) < 0) return NULL;
     int rc = 0;
     s->error[0] = 0;
     /* Without the GIL: the reader thread parses the next batch meanwhile. */
     Py_BEGIN_ALLOW_THREADS
-    for (Py_ssize_t i = 0; i < r && rc == 0; i++)
-        rc = s3_request(s, keys + off[i], (Py_ssize_t)(off[i + 1] - off[i]), t[i], len[i], b);
+    for (Py_ssize_t i = 0; i < h.requests && rc == 0; i++)
+        rc = s3_request(s, h.keys + h.offsets[i], (Py_ssize_t)(h.offsets[i + 1] - h.offsets[i]),
+                        h.times[i], h.lengths[i], b);
     Py_END_ALLOW_THREADS
-    if (rc < 0) PyErr_SetString(PyExc_MemoryError, s->error[0] ? s->error : "out of memory");
-    else out = Py_NewRef(Py_None);
-rel_l:
-    PyBuffer_Release(&lb);
-rel_t:
-    PyBuffer_Release(&tb);
-rel_o:
-    PyBuffer_Release(&ob);
-rel_k:
-    PyBuffer_Release(&kb);
-    return out;
+    hitrate_batch_release(&h);
+    if (rc < 0) {
+        PyErr_SetString(PyExc_MemoryError, s->error[0] ? s->error : "out of memory");
+        return NULL;
+    }
+    Py_RETURN_NONE;
 }
 
 /* totals() -> (requests, input_tokens, ratio_requests, accesses,
