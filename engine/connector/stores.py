@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from clients.errors import CircuitOpen
 from engine.connector.store_link import KVStoreLink, NullStoreLink, StoreLink
 from engine.errors import EngineInputError
 from kvstore.errors import KVStoreError, StoreUnavailable
@@ -26,6 +27,10 @@ from kvstore.keys import Namespace
 from kvstore.tier import KVStore
 
 log = logging.getLogger("engine.store")
+
+#: past the identity wait's deadline, how often a call the client's breaker skipped is
+#: retried until one goes through (a skip costs no I/O)
+_SKIP_POLL_S = 0.1
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,7 +142,14 @@ def link_for_store(store: KVStore, name: str, make_ns: Callable[[str], Namespace
 
 def ask_tenant(store: KVStore, name: str, opts: StoreOptions) -> str:
     """``store_tenant``, asked again (backing off) for up to ``opts.identity_wait_s`` while
-    the store is unreachable; raises its last ``StoreUnavailable`` after that."""
+    the store is unreachable; raises its last ``StoreUnavailable`` after that.
+
+    The window ends with a real attempt: a client whose circuit breaker is open skips
+    the call (``CircuitOpen``, nothing sent), and its last real failure inside the
+    window opens the breaker past the window's end (a 2 s cool-down: the ask at the
+    deadline was always a skip, so a daemon up in the window's last ~2 s was never
+    asked). Past the deadline, skips are therefore retried (every ``_SKIP_POLL_S``) until
+    the breaker lets one call through, for at most ``opts.call_timeout_s``."""
     deadline = time.monotonic() + opts.identity_wait_s
     delay = 0.2
     while True:
@@ -146,7 +158,10 @@ def ask_tenant(store: KVStore, name: str, opts: StoreOptions) -> str:
         except StoreUnavailable as e:
             left = deadline - time.monotonic()
             if left <= 0:
-                raise
+                if not isinstance(e, CircuitOpen) or -left >= opts.call_timeout_s:
+                    raise
+                time.sleep(_SKIP_POLL_S)
+                continue
             if delay == 0.2:  # the outage's one warning (the link adds none)
                 log.warning("kv store %s is unreachable (%s: %s); asking it for its tenant "
                             "again for up to %.0f s, then before each call; its blocks count "

@@ -6,6 +6,7 @@ what a test cannot produce on demand — losing the page cache, or a disk that f
 
 from __future__ import annotations
 
+import bisect
 import errno
 import mmap
 import threading
@@ -18,10 +19,15 @@ from storage_nodes.ssd.io_backend import Between, IOBackend, IORequest, OnDone
 class CrashSimBackend(IOBackend):
     """Holds every write in memory until a ``sync`` of its fd, then applies and syncs it.
 
-    Reads see held writes (as the page cache would). ``crash()`` drops every write not
-    followed by a sync — what a power cut does to a file — and, with ``keep_fraction``,
-    lets a random subset of them reach the file first, modelling a disk that persisted
-    some unsynced writes in any order.
+    Reads see held writes (as the page cache would), also while a sync is landing them.
+    ``crash()`` drops every write not followed by a sync — what a power cut does to a
+    file — and, with ``keep_fraction``, lets a random subset of them reach the file
+    first, modelling a disk that persisted some unsynced writes. A sync lands its writes
+    in the order they were made: the inner backend completes a batch's requests in any
+    order (io_uring does), and two held writes to one slot (a raced put's copy, then the
+    block of the put that reused the slot) must leave the later one on the file, as the
+    engine's sequential writes would. One sync lands at a time, and a cut waits for the
+    one under way (the power goes just after it).
     """
 
     name = "crashsim"
@@ -30,20 +36,28 @@ class CrashSimBackend(IOBackend):
         self.inner = inner
         self.vectored = inner.vectored
         self._held: dict[int, list[tuple[int, bytes]]] = {}
-        self._lock = threading.Lock()
+        # Writes a sync took from ``_held`` and is applying: reads still overlay them, or
+        # a read between the take and the landing would see the file's older bytes (a
+        # false corrupt block, quarantined).
+        self._landing: dict[int, list[tuple[int, bytes]]] = {}
+        self._lock = threading.Lock()  # ``_held``, ``_landing``, ``crashed``
+        self._syncing = threading.Lock()  # one sync (or cut) applies writes at a time
         self.crashed = False
         self.dropped_writes = 0
 
     def _reads(self, reqs: Sequence[IORequest], on_done: OnDone | None) -> list[int]:
-        res = self.inner.read_batch(reqs)
+        # The file read and the overlay under one lock: a sync clears ``_landing`` only
+        # once its writes are on the file, so a read sees them in one place or the other.
         with self._lock:
+            res = self.inner.read_batch(reqs)
             for r, n in zip(reqs, res, strict=True):
                 if n < 0:
                     continue
                 start = r.offset
                 for seg in r.segments():  # held writes overlay what the file returned
                     end = start + len(seg)
-                    for off, data in self._held.get(r.fd, ()):
+                    pending = [*self._landing.get(r.fd, ()), *self._held.get(r.fd, ())]
+                    for off, data in pending:  # oldest first: the last write wins
                         lo, hi = max(off, start), min(off + len(data), end)
                         if lo < hi:
                             seg[lo - start : hi - start] = data[lo - off : hi - off]
@@ -63,31 +77,68 @@ class CrashSimBackend(IOBackend):
         return [r.nbytes for r in reqs]
 
     def sync(self, fds: Sequence[int]) -> list[int]:
-        with self._lock:
-            if self.crashed:
-                return [-errno.EIO] * len(fds)
-            held = [(fd, self._held.pop(fd, [])) for fd in fds]
-        for fd, writes in held:
-            if any(n < 0 for n in self.inner.write_batch(_aligned(fd, writes))):
-                return [-errno.EIO] * len(fds)
-        return self.inner.sync(fds)
+        with self._syncing:
+            with self._lock:
+                if self.crashed:
+                    return [-errno.EIO] * len(fds)
+                held = [(fd, self._held.pop(fd, [])) for fd in fds]
+                self._landing = dict(held)
+            try:
+                for fd, writes in held:
+                    if not self._land(fd, writes):
+                        return [-errno.EIO] * len(fds)
+                return self.inner.sync(fds)
+            finally:
+                with self._lock:
+                    self._landing = {}
 
     def crash(self, *, keep_fraction: float = 0.0, seed: int = 0) -> None:
-        """Simulate a power cut now. Later writes and syncs fail with EIO."""
+        """Simulate a power cut now (after a sync under way). Later writes and syncs fail
+        with EIO."""
         import random
 
         rng = random.Random(seed)
-        with self._lock:
-            self.crashed = True
-            held, self._held = self._held, {}
-        for fd, writes in held.items():
-            survivors = [w for w in writes if rng.random() < keep_fraction]
-            self.dropped_writes += len(writes) - len(survivors)
-            if survivors:
-                self.inner.write_batch(_aligned(fd, survivors))
+        with self._syncing:
+            with self._lock:
+                self.crashed = True
+                held, self._held = self._held, {}
+            for fd, writes in held.items():
+                survivors = [w for w in writes if rng.random() < keep_fraction]
+                self.dropped_writes += len(writes) - len(survivors)
+                self._land(fd, survivors)
+
+    def _land(self, fd: int, writes: list[tuple[int, bytes]]) -> bool:
+        """Apply ``writes`` to the file in their order: in batches of writes that do not
+        overlap, each batch after the one before it completed."""
+        for batch in _in_order(writes):
+            if any(n < 0 for n in self.inner.write_batch(_aligned(fd, batch))):
+                return False
+        return True
 
     def close(self) -> None:
         self.inner.close()
+
+
+def _in_order(writes: list[tuple[int, bytes]]) -> list[list[tuple[int, bytes]]]:
+    """``writes`` cut into runs without two writes to overlapping bytes: a batch's
+    requests complete in any order, so a write that overlaps an earlier one goes in a
+    later batch."""
+    out: list[list[tuple[int, bytes]]] = []
+    run: list[tuple[int, bytes]] = []
+    starts: list[int] = []  # the run's spans, sorted and disjoint: (starts[i], ends[i])
+    ends: list[int] = []
+    for off, data in writes:
+        end = off + len(data)
+        i = bisect.bisect_right(starts, off)
+        if (i and ends[i - 1] > off) or (i < len(starts) and starts[i] < end):
+            out.append(run)
+            run, starts, ends, i = [], [], [], 0
+        run.append((off, data))
+        starts.insert(i, off)
+        ends.insert(i, end)
+    if run:
+        out.append(run)
+    return out
 
 
 def _aligned(fd: int, writes: list[tuple[int, bytes]]) -> list[IORequest]:

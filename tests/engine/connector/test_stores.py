@@ -3,18 +3,20 @@ unreachable at start is asked its tenant again."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import socket
 import threading
-import time
 from pathlib import Path
 
 import pytest
 
+from clients.breaker import BreakerConfig, CircuitBreaker
 from engine.connector.store_link import StoreLink
 from engine.connector.stores import StoreOptions, link_for_store, open_store_link
 from engine.errors import EngineInputError
 from engine.kv.namespace import engine_namespace
+from kvstore.errors import StoreUnavailable
 from kvstore.keys import Namespace, chain_keys
 from kvstore.testing.daemon_process import DaemonProcess
 from tests.engine.engine_harness import BT, WrappedStore, dram_store
@@ -35,14 +37,59 @@ def test_more_dram_than_the_machine_has_is_refused_before_the_store_opens(
     assert not where.exists()
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def fake_ns(tenant: str) -> Namespace:
     return engine_namespace(fake_spec(), BT, tenant)
+
+
+class Doorway:
+    """A loopback port that refuses connections (bound, not listening: what a daemon not
+    up yet looks like) until ``open()``, then forwards each connection to ``target``.
+
+    The daemon behind it is started and ready before the engine asks, so how long a
+    loaded machine takes to start it no longer eats the engine's retry window: the
+    store turns reachable at a moment the test picks."""
+
+    def __init__(self) -> None:
+        self._gate = socket.socket()
+        self._gate.bind(("127.0.0.1", 0))
+        self.port = int(self._gate.getsockname()[1])
+        self._socks: list[socket.socket] = []
+
+    def open(self, target: str) -> None:
+        host, _, port = target.rpartition(":")
+        self._gate.listen()
+        threading.Thread(target=self._accept, args=((host, int(port)),), daemon=True).start()
+
+    def _accept(self, upstream: tuple[str, int]) -> None:
+        while True:
+            try:
+                down, _ = self._gate.accept()
+            except OSError:  # closed
+                return
+            up = socket.create_connection(upstream)
+            self._socks += [down, up]
+            for a, b in ((down, up), (up, down)):
+                threading.Thread(target=_pump, args=(a, b), daemon=True).start()
+
+    def __enter__(self) -> Doorway:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        for s in [self._gate, *self._socks]:
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+            s.close()
+
+
+def _pump(src: socket.socket, dst: socket.socket) -> None:
+    with contextlib.suppress(OSError):
+        while data := src.recv(1 << 16):
+            dst.sendall(data)
+    with contextlib.suppress(OSError):
+        dst.shutdown(socket.SHUT_WR)
 
 
 def test_a_daemon_unreachable_at_start_is_asked_its_tenant_again(
@@ -50,26 +97,35 @@ def test_a_daemon_unreachable_at_start_is_asked_its_tenant_again(
 ) -> None:
     """Issue 33: a daemon with auth that is not up yet when the engine opens its link
     (started by the same script, say). The tenant was silently "" and the daemon then
-    refused every call; now the link asks again, says so, and gets the token's tenant."""
+    refused every call; now the link asks again, says so, and gets the token's tenant.
+
+    The daemon becomes reachable only after the engine said it would ask again (the
+    first refusal), and then at once: the daemon runs already, behind a ``Doorway``."""
     tokens = tmp_path / "tokens"
     tokens.write_text("secret-token-of-team-a team-a\n")
-    port = free_port()
     opened: dict[str, StoreLink] = {}
-
-    def open_link() -> None:
-        opened["link"] = open_store_link(f"grpc://127.0.0.1:{port}", fake_ns,
-                                         StoreOptions(auth_token_file=str(tokens)))
-
     caplog.set_level(logging.WARNING, logger="engine.store")
-    opener = threading.Thread(target=open_link)
-    opener.start()
-    for _ in range(100):  # until the first refusal was said (bounded: the old code never)
-        if "asking it for its tenant again" in caplog.text or not opener.is_alive():
-            break
-        time.sleep(0.1)
-    with DaemonProcess(["--dram", "16MiB", "--auth-token-file", str(tokens),
-                        "--listen", f"127.0.0.1:{port}"]):
-        opener.join(60)
+    with Doorway() as door, DaemonProcess(
+        ["--dram", "16MiB", "--auth-token-file", str(tokens)]
+    ) as daemon:
+
+        def open_link() -> None:
+            opened["link"] = open_store_link(f"grpc://127.0.0.1:{door.port}", fake_ns,
+                                             StoreOptions(auth_token_file=str(tokens)))
+
+        opener = threading.Thread(target=open_link)
+        opener.start()
+        try:
+            said = threading.Event()
+            handler = _OnRecord("asking it for its tenant again", said)
+            logging.getLogger("engine.store").addHandler(handler)
+            try:  # bounded: the old code never said it
+                assert said.wait(60) or not opener.is_alive(), "no refusal was said"
+            finally:
+                logging.getLogger("engine.store").removeHandler(handler)
+            door.open(daemon.target)
+        finally:
+            opener.join(60)
         link = opened["link"]
         try:
             assert "asking it for its tenant again" in caplog.text
@@ -79,6 +135,52 @@ def test_a_daemon_unreachable_at_start_is_asked_its_tenant_again(
             assert res.inserted == 1 and link.counters()["store_errors_total"] == 0
         finally:
             link.close()
+
+
+class _OnRecord(logging.Handler):
+    """Sets ``event`` when a record containing ``text`` is logged."""
+
+    def __init__(self, text: str, event: threading.Event) -> None:
+        super().__init__()
+        self.text, self.event = text, event
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.text in record.getMessage():
+            self.event.set()
+
+
+class SkippingStore(WrappedStore):
+    """A client's view of a daemon that comes up right after the first ask failed: the
+    client's circuit breaker, opened by that failure, skips every ask (``CircuitOpen``)
+    for ``cooldown_s``, longer than the engine's whole identity wait."""
+
+    def __init__(self, cooldown_s: float) -> None:
+        super().__init__(dram_store())
+        self.breaker = CircuitBreaker(BreakerConfig(failure_threshold=1, cooldown_s=cooldown_s))
+        self.asked = 0  # asks the breaker let through
+
+    def tenant(self, *, timeout_s: float | None = None) -> str:
+        self.breaker.before_call()
+        self.asked += 1
+        if self.asked == 1:
+            self.breaker.on_failure()
+            raise StoreUnavailable("test: not up yet")
+        self.breaker.on_success()
+        return "team-a"
+
+
+def test_the_identity_wait_ends_with_a_real_ask_not_a_skipped_one() -> None:
+    """Every ask after the first fell in the breaker's cool-down, the one at the
+    deadline too: the engine used to give up without having asked the daemon since it
+    came up (tenant ""). Now it asks once the breaker lets the call through."""
+    store = SkippingStore(cooldown_s=1.0)
+    link = link_for_store(store, "late", fake_ns, StoreOptions(identity_wait_s=0.3))
+    try:
+        assert link.ns.tenant == "team-a"
+        assert store.asked == 2
+    finally:
+        link.close()
+        store.inner.close()
 
 
 class LateStore(WrappedStore):

@@ -4,7 +4,8 @@ What a power cut keeps of each kind of write the engine makes:
 
 * slab writes: only those followed by a sync of their file — the ``crashsim`` backend
   holds every write until its fd is synced and ``crash()`` drops the rest (or lets a
-  random subset land, in any order);
+  random subset land); what lands, lands in the order it was written (a later write to
+  a slot is never overtaken by an earlier one), and reads see held writes throughout;
 * the LMDB index: its content at its last durable point — the engine calls its crash
   hook with ``index_synced`` after each (every commit in strict mode, an explicit sync
   in fast mode), and the simulator snapshots ``data.mdb`` there — plus a random subset

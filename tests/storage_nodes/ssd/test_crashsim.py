@@ -337,3 +337,55 @@ def test_each_point_with_dropped_writes(
     assert verify_all(t, ns) == kept_a + kept_b
     assert t.stats().counters["corrupt_blocks_total"] == 0
     t.close()
+
+
+@pytest.mark.parametrize(("mode", "data_sync"), MODES)
+def test_a_put_that_lost_the_race_for_its_keys_is_durable_once_synced(
+    tmp_path: Path, mode: str, data_sync: str
+) -> None:
+    """Put A's writes of four keys are held in flight while put B of the same keys looks
+    them up (absent), writes and publishes them; A then finds them published (raced) and
+    acknowledges them on the strength of B's copy. That acknowledgement is kept: once a
+    ``sync`` after A's return completed, a cut dropping every unsynced write leaves them
+    readable. (The CI failure first blamed on this race was the simulator's:
+    ``tests/storage_nodes/testing/test_ssd_backends.py``.)"""
+    ns = small_ns()
+    d = tmp_path / "ssd"
+    power = PowerCut(d)
+    cfg = dict(index_durability=mode, data_sync=data_sync)
+    t = SSDTier(
+        make_config(d, io_backend="crashsim", crash_hook=power.hook, boot_id=lambda: "1", **cfg)
+    )
+    t.register(ns)
+    power.tier = t
+    sim, k = t.io_backend, chain(ns, 4)
+    in_flight, go = threading.Event(), threading.Event()
+    real = sim.write_batch
+
+    def write_batch(reqs):  # type: ignore[no-untyped-def]
+        if threading.current_thread().name == "A":
+            in_flight.set()
+            assert go.wait(30)
+        return real(reqs)
+
+    sim.write_batch = write_batch  # type: ignore[method-assign]
+    out = {}
+    a = threading.Thread(target=lambda: out.update(a=t.put(ns, k, rows(ns, k))), name="A")
+    a.start()
+    try:
+        assert in_flight.wait(30)
+        b = t.put(ns, k, rows(ns, k))
+    finally:
+        go.set()
+        a.join()
+    assert (b.inserted, out["a"].inserted, out["a"].present) == (4, 0, 4)
+    assert t.sync()
+    power.cut()
+    power.settle()
+    t = SSDTier(make_config(d, io_backend="pread", boot_id=lambda: "2", **cfg))
+    t.register(ns)
+    t.check_integrity()
+    assert set(t.iter_keys(ns)) == set(k)
+    assert verify_all(t, ns) == 4
+    assert t.stats().counters["corrupt_blocks_total"] == 0
+    t.close()
