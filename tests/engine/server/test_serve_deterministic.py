@@ -31,7 +31,8 @@ def _mine(c: openai.OpenAI) -> tuple[str, list[Any], list[Any]]:
                              temperature=0.9, seed=5, logprobs=5,
                              extra_body={"ignore_eos": True})
     lp = r.choices[0].logprobs
-    assert lp is not None and len(lp.token_logprobs) == 10
+    assert lp is not None and lp.token_logprobs is not None and lp.top_logprobs is not None
+    assert len(lp.token_logprobs) == 10
     return r.choices[0].text, list(lp.token_logprobs), list(lp.top_logprobs)
 
 
