@@ -56,8 +56,8 @@ set_thread_env_defaults(os.environ)
 import torch  # noqa: E402
 
 from bench.engine_args import (  # noqa: E402
-    default_model_dir,
     add_engine_args,
+    default_model_dir,
     model_and_store_root,
 )
 from bench.harness import machine  # noqa: E402
