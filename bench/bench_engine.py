@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shutil
 import statistics
@@ -276,7 +277,10 @@ def vllm_round(b: Bench, eng: LLMEngine, peer: VllmPeer, new: int, seed: int
         for name, run in (("engine", ours), ("vllm", peer.generate)):
             t_one = run(prompts(n, DECODE_PROMPT_TOKENS), 1)
             t_all = run(prompts(n, DECODE_PROMPT_TOKENS), new + 1)
-            case[name] = n * new / max(1e-9, t_all - t_one)
+            # Under heavy load the 1-token run can take longer than the long one: the
+            # difference then measures the load, not decode; such a round counts as none.
+            gap = t_all - t_one
+            case[name] = n * new / gap if gap > 0 else math.nan
         out[f"decode_{n}"] = case
     cold, cached = {}, {}
     for name, run in (("engine", ours), ("vllm", peer.generate)):
@@ -286,6 +290,11 @@ def vllm_round(b: Bench, eng: LLMEngine, peer: VllmPeer, new: int, seed: int
         cached[name] = run([ids], 1)
     out["cold_ttft"], out["cached_ttft"] = cold, cached
     return out
+
+
+def _median_of_valid(xs: list[float]) -> float:
+    valid = [x for x in xs if not math.isnan(x)]
+    return statistics.median(valid) if valid else math.nan
 
 
 def cmd_vllm(b: Bench, rounds: int, new: int, python: Path, eager: bool) -> dict[str, Any]:
@@ -308,15 +317,17 @@ def cmd_vllm(b: Bench, rounds: int, new: int, python: Path, eager: bool) -> dict
         peer.close()
     rows = {}
     for case in runs[0]:
-        med = {k: statistics.median(run[case][k] for run in runs) for k in ("engine", "vllm")}
+        med = {k: _median_of_valid([run[case][k] for run in runs]) for k in ("engine", "vllm")}
         # Higher is better for tokens/s, lower for seconds: the ratio says how many times
         # the engine's is better.
         ttft = case.endswith("ttft")
         ratio = med["vllm"] / med["engine"] if ttft else med["engine"] / med["vllm"]
         rows[case] = {**med, "ratio": ratio}
         unit = "s" if ttft else "tok/s"
+        kept = min(sum(not math.isnan(run[case][k]) for run in runs) for k in med)
+        note = "" if kept == len(runs) else f" ({kept} of {len(runs)} rounds valid)"
         print(f"| {case} | {med['engine']:.3g} {unit} | {med['vllm']:.3g} {unit} | "
-              f"{ratio:.2f}× |", flush=True)
+              f"{ratio:.2f}×{note} |", flush=True)
     return {"vllm": {"startup_s": started.startup_s, "eager": eager, "rows": rows}}
 
 
