@@ -51,7 +51,7 @@ def gemma3_270m(tmp_path_factory: pytest.TempPathFactory) -> LoadedModel:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(3600)  # three engines; minutes idle, far more at load average 10+
+@pytest.mark.timeout(3600)  # three engines: 166 s measured at load average 13 on 2 cores
 def test_trained_gemma3_270m_bf16_is_bitwise_the_same(gemma3_270m: LoadedModel) -> None:
     prompt = gemma3_270m.tokenizer.encode(real_text(1000))[:160]
     assert len(prompt) == 160  # past one 128-token chunk
