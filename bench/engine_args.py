@@ -35,7 +35,7 @@ def add_engine_args(
 def model_and_store_root(args: argparse.Namespace, *, hybrid: bool) -> tuple[Path, Path]:
     """The model directory (``--model``, else the make-run model, made if missing) and the
     store root (``--store-root``, else ``bench-store`` beside the models), created."""
-    model_dir = args.model or _default_model_dir(hybrid)
+    model_dir = args.model or default_model_dir(hybrid)
     if not (model_dir / "config.json").is_file():
         from engine.model.make_model import make_model
 
@@ -47,7 +47,7 @@ def model_and_store_root(args: argparse.Namespace, *, hybrid: bool) -> tuple[Pat
     return model_dir, store_root
 
 
-def _default_model_dir(hybrid: bool) -> Path:
+def default_model_dir(hybrid: bool) -> Path:
     from engine.model.revision import default_cache_dir
 
     name = "small-qwen3-hybrid" if hybrid else "small-qwen3"

@@ -2,7 +2,9 @@
 
 The parent (``VllmPeer``, in the project's venv) starts one child in vLLM's venv
 (``.vllm-venv``: this module imports no vLLM in the parent) that builds one ``LLM`` —
-bfloat16, vLLM's default ``torch.compile`` unless ``--vllm-eager``, prefix caching on — and
+bfloat16, vLLM's default ``torch.compile`` unless ``--vllm-eager``, prefix caching on, the
+engine's per-step token budget as ``max_num_batched_tokens`` (both chunk a long prompt
+alike), the parent's OpenMP environment (the same wait policy as the engine's) — and
 then answers one JSON command per stdin line with one ``RESULT`` line: ``generate`` runs
 prompts (token ids) together with ``max_tokens`` new tokens each (greedy, EOS ignored) and
 returns the wall seconds. The parent times the same cases on the engine between the
@@ -40,7 +42,8 @@ class VllmPeer:
         self.proc = proc
 
     @staticmethod
-    def start(model_dir: Path, python: Path, eager: bool = False) -> PeerStart:
+    def start(model_dir: Path, python: Path, eager: bool = False,
+              max_batched_tokens: int = MAX_MODEL_TOKENS) -> PeerStart:
         if not python.exists():
             return PeerStart(None, f"no vLLM venv at {python} (make vllm-venv, or "
                              "--vllm-python)", 0.0)
@@ -49,7 +52,8 @@ class VllmPeer:
                    VLLM_LOGGING_LEVEL="WARNING")
         mode = "eager" if eager else "compiled"
         proc = subprocess.Popen(
-            [str(python), "-m", "bench.vllm_peer", str(model_dir), mode],
+            [str(python), "-m", "bench.vllm_peer", str(model_dir), mode,
+             str(max_batched_tokens)],
             cwd=REPO, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL, text=True)
         peer = VllmPeer(proc)
@@ -91,13 +95,13 @@ class VllmPeer:
                 self.proc.wait()
 
 
-def _child(model: str, mode: str) -> None:
+def _child(model: str, mode: str, max_batched_tokens: int) -> None:
     from vllm import LLM, SamplingParams
 
     t0 = time.perf_counter()
     llm = LLM(model=model, dtype="bfloat16", enforce_eager=mode == "eager",
               enable_prefix_caching=True, max_model_len=MAX_MODEL_TOKENS,
-              max_num_batched_tokens=MAX_MODEL_TOKENS, seed=0)
+              max_num_batched_tokens=max_batched_tokens, seed=0)
     warm = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
     llm.generate([{"prompt_token_ids": [1, 2, 3]}], warm, use_tqdm=False)
     print("RESULT " + json.dumps({"startup_s": time.perf_counter() - t0}), flush=True)
@@ -118,4 +122,4 @@ def _child(model: str, mode: str) -> None:
 
 
 if __name__ == "__main__":
-    _child(sys.argv[1], sys.argv[2])
+    _child(sys.argv[1], sys.argv[2], int(sys.argv[3]))
