@@ -18,6 +18,7 @@ from engine.core.sequence import TokenLogprob
 from engine.errors import EngineInputError
 from engine.server.engine_loop import DoneEvent, ErrorEvent, Event, Handle, TokensEvent
 from engine.server.errors import APIError, bad_request, internal
+from engine.server.kv_transfer import prompt_committed
 from engine.server.metrics import cached_tokens, replayed_tokens, ttft_parts
 from engine.server.protocol import GenerationRequest
 from engine.server.responses import chat_logprobs, completion_logprobs
@@ -102,10 +103,12 @@ async def run_choices(state: ServerState, request: Request, choices: list[Choice
             delta = c.stream.add([t for t in event.token_ids if t not in c.stop_ids])
             if c.stream.stopped:
                 state.loop.abort(c.handle, reason="stop")
+                await prompt_committed(state, c.handle)
                 c.finish_reason = "stop"
                 pending.discard(event.choice)
             yield Piece(event.choice, delta, list(event.logprobs))
         elif isinstance(event, DoneEvent):
+            await prompt_committed(state, c.handle)
             c.finish_reason = "length" if event.seq.finish_reason == "length" else "stop"
             pending.discard(event.choice)
             yield Piece(event.choice, c.stream.finish(), [])
