@@ -14,9 +14,11 @@ sessions (bench_serve's slice), at ``--k`` tokens a trace block, each session a 
 ``kvengine bench-serve`` sends them; the prediction replays them in the order they were sent.
 The pool of each replica holds about one session's prompt, so where a turn lands matters.
 
-``kv_aware`` is predicted with the simulator's ``cache_aware`` (the replica whose pool holds
-the longest prefix), which is what the router's KV events let it see; the router's own
-``cache_aware`` guesses pool contents from the prompts it routed (a prefix tree of text).
+Each router policy is predicted by the simulator's routing of the same name: ``kv_aware``
+by its model of the router's KV-event policy (the longest pool prefix of any length, ties to
+the last replica, else the least loaded), ``cache_aware`` by its longest-prefix model with
+the 30 % threshold (the router's own ``cache_aware`` guesses pool contents from the prompts
+it routed, a prefix tree of text).
 
 The model is ``small`` (random weights, made in a temporary directory). Needs vllm-router's
 venv (``$KVENGINE_ROUTER_VENV``, else ``.venv-router``). Run alone (a few minutes)::
@@ -66,7 +68,7 @@ REPO = Path(__file__).resolve().parents[1]
 CONFIGS = (("round_robin (pools alone)", "round_robin", False, "round_robin"),
            ("round_robin", "round_robin", True, "round_robin"),
            ("cache_aware", "cache_aware", True, "cache_aware"),
-           ("kv_aware", "kv_aware", True, "cache_aware"))
+           ("kv_aware", "kv_aware", True, "kv_aware"))
 
 
 def free_port() -> int:
@@ -308,10 +310,13 @@ def main() -> None:
     p.add_argument("--concurrency", type=int, default=None,
                    help="sessions in flight (default: all of them)")
     p.add_argument("--think-s", type=float, default=0.0,
-                   help="pause between a session's answer and its next turn (a commit runs "
-                        "after its response: a pause lets it land before the next turn)")
+                   help="pause between a session's answer and its next turn (a replica "
+                        "answers once its prompt's commit is over, so none is needed for the "
+                        "next turn to find it in the store)")
     p.add_argument("--dram", default="1GiB", help="the shared daemon's DRAM tier")
-    p.add_argument("--rounds", type=int, default=1)
+    p.add_argument("--rounds", type=int, default=1,
+                   help="rounds (fresh fleets, the configurations interleaved); the table "
+                        "gives medians over them")
     p.add_argument("--configs", default=",".join(c[0] for c in CONFIGS),
                    help="which runs (comma-separated labels; default: all)")
     p.add_argument("--no-kill", action="store_true", help="skip the SIGKILL run")
@@ -360,6 +365,24 @@ def main() -> None:
         Path(a.json).write_text(json.dumps({"runs": runs, "kills": kills}, indent=1))
 
 
+def median_run(rs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One row of the rounds ``rs``: every hit rate (measured and predicted, in total and by
+    tier) and TTFT quantile the median over the rounds; the rest the last round's."""
+    med = dict(rs[-1])
+
+    def mid(get: Any) -> float:
+        return statistics.median(get(r) for r in rs)
+
+    med["token_hit_rate"] = mid(lambda r: r["token_hit_rate"])
+    med["hit_rate_by_tier"] = {t: mid(lambda r, t=t: r["hit_rate_by_tier"][t]) for t in TIERS}
+    med["predicted"] = dict(rs[-1]["predicted"])
+    med["predicted"]["token_hit_rate"] = mid(lambda r: r["predicted"]["token_hit_rate"])
+    med["predicted"]["hit_rate_by_tier"] = {
+        t: mid(lambda r, t=t: r["predicted"]["hit_rate_by_tier"][t]) for t in TIERS}
+    med["ttft_s"] = {q: mid(lambda r, q=q: r["ttft_s"][q]) for q in ("p50", "p90")}
+    return med
+
+
 def print_table(runs: dict[str, list[dict[str, Any]]], kills: list[dict[str, Any]],
                 a: argparse.Namespace) -> None:
     print(f"\n{machine()}; {a.sessions} sessions x {a.requests_per_session} turns, k={a.k}, "
@@ -368,10 +391,11 @@ def print_table(runs: dict[str, list[dict[str, Any]]], kills: list[dict[str, Any
           "TTFT p50 | p90 | errors | requests per replica (predicted) |")
     print("|---|---|---|---|---|---|---|---|")
     for rs in runs.values():
-        med = dict(rs[-1])
-        med["ttft_s"] = {q: statistics.median(r["ttft_s"][q] for r in rs)
-                         for q in ("p50", "p90")}
-        print(row(med))
+        print(row(median_run(rs)))
+        if len(rs) > 1:
+            print(f"  per round, measured - predicted: "
+                  + ", ".join(f"{100 * (r['token_hit_rate'] - r['predicted']['token_hit_rate']):+.1f}"
+                              for r in rs) + " points")
     for k in kills:
         ref = runs["round_robin"][kills.index(k)]["texts"]
         wrong = sum(1 for key, text in k["texts"].items() if ref.get(key) != text)
