@@ -58,8 +58,9 @@ from engine.server.bench_serve import TIERS, Replay, Target, report, served_orde
 from engine.server.scaled_requests import ScaledRequest, load_sessions
 from kvstore.hitrate.config import ABSENT, SimConfig
 from kvstore.hitrate.fleet import replay as fleet_replay
-from kvstore.hitrate.replicas import FleetConfig
+from kvstore.hitrate.replicas import FleetConfig, ReplicaSimulator
 from kvstore.hitrate.request import Request
+from kvstore.hitrate.routing import make_router
 from kvstore.testing.daemon_process import DaemonProcess
 from kvstore.units import Capacity, parse_size
 
@@ -128,7 +129,8 @@ class Fleet:
                  "--model", str(model), "--kv-store", kv, "--block-tokens", str(a.k),
                  "--pool-tokens", str(a.pool_tokens), "--no-cache-generated",
                  "--max-batched-tokens", str(a.max_batched_tokens),
-                 "--kv-events-endpoint", events, "--kv-role", role], cwd=REPO,
+                 "--kv-events-endpoint", events, "--kv-role", role,
+                 *(["--deterministic"] if a.deterministic else [])], cwd=REPO,
                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
                 env={**os.environ, "KVENGINE_CACHE_DIR": str(work / "cache")})
             self.procs.append(proc)
@@ -254,6 +256,29 @@ def fleet_prediction(sessions: list[list[ScaledRequest]], order: list[tuple[int,
             "hit_rate_by_tier": {t: hits[t] / prompt for t in TIERS}}
 
 
+def per_request_prediction(sessions: list[list[ScaledRequest]], order: list[tuple[int, int]],
+                           k: int, pool_tokens: int, dram_blocks: int, routing: str
+                           ) -> list[dict[str, Any]]:
+    """``fleet_prediction`` request by request, in the order sent: the replica the simulator
+    routed each to and its hit tokens per tier (to diff against what each request measured)."""
+    config = SimConfig(hbm=Capacity(tokens=pool_tokens // k * k),
+                       dram=ABSENT if dram_blocks <= 0 else Capacity(tokens=dram_blocks * k),
+                       ssd=ABSENT, replay_keep_tokens=0)
+    sim = ReplicaSimulator(config, FleetConfig(2), make_router(routing, 2))
+    out = []
+    for n, (s, i) in enumerate(order):
+        r = sessions[s][i]
+        req = Request(float(n), len(r.keys) * k + r.tail_tokens, r.keys, k)
+        before, loads = list(sim.tally.tier_hit_tokens), list(sim.router.loads)
+        sim.step(req, sim.advance(req))
+        got = [a - b for a, b in zip(sim.tally.tier_hit_tokens, before, strict=True)]
+        replica = next(j for j, (a, b) in enumerate(zip(sim.router.loads, loads, strict=True))
+                       if a != b)
+        out.append({"session": s, "turn": i, "replica": replica,
+                    "hit_tokens": dict(zip(TIERS, got, strict=True))})
+    return out
+
+
 def one(model: Path, a: argparse.Namespace, work: Path, label: str, policy: str, store: bool,
         routing: str, kill_at: int | None = None) -> dict[str, Any]:
     fleet = Fleet(model, a, work, policy, store)
@@ -273,6 +298,13 @@ def one(model: Path, a: argparse.Namespace, work: Path, label: str, policy: str,
     out["label"], out["predicted"] = label, pred
     out["requests_per_replica"] = served_by
     out["order"] = order  # (session, turn) in the order sent: to re-run the prediction
+    by_turn = {(o.session, o.index): o for o in rep.outcomes}
+    out["per_request"] = [
+        {"session": s, "turn": i, "prompt_tokens": by_turn[s, i].prompt_tokens,
+         "measured": by_turn[s, i].hit_tokens, "predicted": p["hit_tokens"],
+         "predicted_replica": p["replica"]}
+        for (s, i), p in zip(order, per_request_prediction(
+            sessions, order, a.k, meta["pool_tokens"], dram, routing), strict=True)]
     out["texts"] = {f"{o.session}/{o.index}": o.text for o in rep.outcomes}
     out["first_errors"] = rep.errors[:3]
     if kill_at is not None:
@@ -329,6 +361,9 @@ def main() -> None:
     p.add_argument("--pd-max-tokens", type=int, default=16,
                    help="with --pd: tokens generated per turn (time per output token is "
                         "measured over all but the first)")
+    p.add_argument("--deterministic", action="store_true",
+                   help="replicas run --deterministic (logits independent of batch and "
+                        "chunking: with --pd, whether PD's answers then match co-located's)")
     p.add_argument("--json", default=None, metavar="FILE", help="write every run to FILE")
     a = p.parse_args()
     if a.pd and a.pd_max_tokens < 2:
