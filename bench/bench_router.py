@@ -57,7 +57,6 @@ from engine.model.make_model import make_model
 from engine.server.bench_serve import TIERS, Replay, Target, report, served_order
 from engine.server.scaled_requests import ScaledRequest, load_sessions
 from kvstore.hitrate.config import ABSENT, SimConfig
-from kvstore.hitrate.fleet import replay as fleet_replay
 from kvstore.hitrate.replicas import FleetConfig, ReplicaSimulator
 from kvstore.hitrate.request import Request
 from kvstore.hitrate.routing import make_router
@@ -239,44 +238,43 @@ def send_all(fleet: Fleet, sessions: list[list[ScaledRequest]], concurrency: int
     return rep
 
 
-def fleet_prediction(sessions: list[list[ScaledRequest]], order: list[tuple[int, int]],
-                     k: int, pool_tokens: int, dram_blocks: int, routing: str) -> dict[str, Any]:
-    """What ``kvstore hitrate --replicas 2 --routing ROUTING`` says for these requests."""
-    config = SimConfig(hbm=Capacity(tokens=pool_tokens // k * k),
-                       dram=ABSENT if dram_blocks <= 0 else Capacity(tokens=dram_blocks * k),
-                       ssd=ABSENT, replay_keep_tokens=0)
-    stream = [sessions[s][i] for s, i in order]
-    result, loads = fleet_replay(
-        lambda: iter(Request(float(n), len(r.keys) * k + r.tail_tokens, r.keys, k)
-                     for n, r in enumerate(stream)), config, FleetConfig(2), routing)
-    prompt = sum(len(r.prompt) for r in stream)
-    hits = {t: result.tier(t).hit_tokens for t in TIERS}
-    return {"token_hit_rate": result.token_hit_rate, "requests_per_replica": list(loads),
-            "hit_tokens": hits, "prompt_tokens": prompt,
-            "hit_rate_by_tier": {t: hits[t] / prompt for t in TIERS}}
-
-
-def per_request_prediction(sessions: list[list[ScaledRequest]], order: list[tuple[int, int]],
-                           k: int, pool_tokens: int, dram_blocks: int, routing: str
-                           ) -> list[dict[str, Any]]:
-    """``fleet_prediction`` request by request, in the order sent: the replica the simulator
-    routed each to and its hit tokens per tier (to diff against what each request measured)."""
+def fleet_prediction(sessions: list[list[ScaledRequest]],
+                     timed: list[tuple[int, int, float, float]], k: int, pool_tokens: int, dram_blocks: int, routing: str,
+                     instant: bool = False) -> dict[str, Any]:
+    """What the replica simulator (``kvstore hitrate --replicas 2 --routing ROUTING``'s
+    ``ReplicaSimulator``) says for these requests, ``timed`` = (session, turn, sent_s,
+    done_s) in the order sent: each request looked up when it was sent and committed when
+    its answer ended (``feed_timed``: what a pool under concurrent requests does), or, with
+    ``instant``, looked up and committed at once in the order sent (a trace's model, as
+    ``feed``). Totals, and each request's replica and hit tokens per tier."""
     config = SimConfig(hbm=Capacity(tokens=pool_tokens // k * k),
                        dram=ABSENT if dram_blocks <= 0 else Capacity(tokens=dram_blocks * k),
                        ssd=ABSENT, replay_keep_tokens=0)
     sim = ReplicaSimulator(config, FleetConfig(2), make_router(routing, 2))
-    out = []
-    for n, (s, i) in enumerate(order):
+    reqs = []
+    for n, (s, i, sent, done) in enumerate(timed):
         r = sessions[s][i]
-        req = Request(float(n), len(r.keys) * k + r.tail_tokens, r.keys, k)
-        before, loads = list(sim.tally.tier_hit_tokens), list(sim.router.loads)
-        sim.step(req, sim.advance(req))
-        got = [a - b for a, b in zip(sim.tally.tier_hit_tokens, before, strict=True)]
-        replica = next(j for j, (a, b) in enumerate(zip(sim.router.loads, loads, strict=True))
-                       if a != b)
-        out.append({"session": s, "turn": i, "replica": replica,
-                    "hit_tokens": dict(zip(TIERS, got, strict=True))})
-    return out
+        at = (float(n), float(n)) if instant else (sent, done)
+        reqs.append((Request(at[0], len(r.keys) * k + r.tail_tokens, r.keys, k), at[1]))
+    per: list[dict[str, int]] = [{} for _ in reqs]
+    last = [0, 0, 0]
+
+    def looked_up(n: int, replica: int) -> None:
+        nonlocal last
+        now = list(sim.tally.tier_hit_tokens)
+        per[n] = dict(zip(TIERS, (a - b for a, b in zip(now, last, strict=True)), strict=True))
+        last = now
+
+    replicas = sim.feed_timed(reqs, looked_up)
+    result = sim.result()
+    prompt = sum(len(sessions[s][i].prompt) for s, i, _, _ in timed)
+    hits = {t: result.tier(t).hit_tokens for t in TIERS}
+    return {"token_hit_rate": result.token_hit_rate,
+            "requests_per_replica": list(sim.router.loads),
+            "hit_tokens": hits, "prompt_tokens": prompt,
+            "hit_rate_by_tier": {t: hits[t] / prompt for t in TIERS},
+            "per_request": [{"replica": r, "hit_tokens": h}
+                            for r, h in zip(replicas, per, strict=True)]}
 
 
 def one(model: Path, a: argparse.Namespace, work: Path, label: str, policy: str, store: bool,
@@ -293,18 +291,25 @@ def one(model: Path, a: argparse.Namespace, work: Path, label: str, policy: str,
         fleet.close()
     dram = parse_size(a.dram) // meta["block_bytes"] if store else 0
     order = served_order(rep)
-    pred = fleet_prediction(sessions, order, a.k, meta["pool_tokens"], dram, routing)
+    by_turn = {(o.session, o.index): o for o in rep.outcomes}
+    t0 = min((o.sent_s for o in rep.outcomes), default=0.0)
+    timed = [(s, i, by_turn[s, i].sent_s - t0, by_turn[s, i].sent_s + by_turn[s, i].total_s - t0)
+             for s, i in order]
+    pred = fleet_prediction(sessions, timed, a.k, meta["pool_tokens"], dram, routing)
+    instant = fleet_prediction(sessions, timed, a.k, meta["pool_tokens"], dram, routing,
+                               instant=True)
     out = report(rep, pred)
     out["label"], out["predicted"] = label, pred
+    out["predicted_instant"] = {key: v for key, v in instant.items() if key != "per_request"}
     out["requests_per_replica"] = served_by
     out["order"] = order  # (session, turn) in the order sent: to re-run the prediction
-    by_turn = {(o.session, o.index): o for o in rep.outcomes}
+    out["timed"] = timed  # and when each was sent and answered (s from the first send)
     out["per_request"] = [
         {"session": s, "turn": i, "prompt_tokens": by_turn[s, i].prompt_tokens,
          "measured": by_turn[s, i].hit_tokens, "predicted": p["hit_tokens"],
-         "predicted_replica": p["replica"]}
-        for (s, i), p in zip(order, per_request_prediction(
-            sessions, order, a.k, meta["pool_tokens"], dram, routing), strict=True)]
+         "predicted_replica": p["replica"], "predicted_instant": q["hit_tokens"]}
+        for (s, i), p, q in zip(order, pred["per_request"], instant["per_request"],
+                                strict=True)]
     out["texts"] = {f"{o.session}/{o.index}": o.text for o in rep.outcomes}
     out["first_errors"] = rep.errors[:3]
     if kill_at is not None:

@@ -13,7 +13,7 @@ neither read nor touched. With one replica every routing reduces to the single-e
 from __future__ import annotations
 
 import math
-from collections.abc import Container, Hashable, Iterable
+from collections.abc import Callable, Container, Hashable, Iterable, Sequence
 from dataclasses import dataclass
 
 from kvstore.eviction import make_policy
@@ -88,22 +88,65 @@ class ReplicaSimulator:
 
     def step(self, req: Request, now: float) -> int:
         """Route ``req``, account its hits on its replica's view, commit; its hit tokens."""
+        replica, hit = self.look_up(req)
+        self.commit(req, replica, now)
+        return hit
+
+    def look_up(self, req: Request) -> tuple[int, int]:
+        """Route ``req`` and account its hits on its replica's view: (replica, hit tokens)."""
         keys = req.keys if isinstance(req.keys, list) else list(req.keys)
         hbm: list[Container[Hashable]] = [t.policy if t else _NOTHING for t in self._hbm]
         replica = self.router.route(req, hbm)
-        tiers = self._tiers_of(replica)
-        p0, p1, p2 = (t.policy if t is not None else _NOTHING for t in tiers)
-        hit = account(self.tally, req, keys, p0, p1, p2, self.config.replay_keep_tokens)
+        p0, p1, p2 = (t.policy if t is not None else _NOTHING for t in self._tiers_of(replica))
+        return replica, account(self.tally, req, keys, p0, p1, p2,
+                                self.config.replay_keep_tokens)
+
+    def commit(self, req: Request, replica: int, now: float) -> None:
+        """Commit ``req``'s chain to the tiers its replica sees, last→first."""
+        keys = req.keys if isinstance(req.keys, list) else list(req.keys)
         last_first = keys[::-1]
-        for t in tiers:
+        for t in self._tiers_of(replica):
             if t is not None:
                 t.commit(keys, last_first, now)
-        return hit
 
     def feed(self, requests: Iterable[Request]) -> None:
+        """Each request looked up and committed before the next arrives (a trace's
+        requests are instants: DESIGN §10)."""
         advance, step = self.advance, self.step
         for req in requests:
             step(req, advance(req))
+
+    def feed_timed(self, requests: Sequence[tuple[Request, float]],
+                   on_lookup: Callable[[int, int], None] | None = None) -> list[int]:
+        """Requests that take time, as ``(request, done_s)`` with ``done_s >= time_s``: each
+        is looked up (and routed) when it arrives, at ``time_s``, and committed when it is
+        done, at ``done_s``, so a request arriving in between neither finds its blocks nor
+        loses blocks to them. That is a replica's pool under concurrent requests: a request
+        takes its blocks as it computes and they become the most recent when it ends, while
+        another one's lookup happens at its admission. Events run in time order (a commit
+        before a lookup at the same instant); returns the replica of each request.
+        ``on_lookup(i, replica)`` is called after request ``i``'s lookup (the only event
+        that counts hits: the tally's change since the previous call is request ``i``'s)."""
+        events = sorted([(done, 0, i) for i, (_, done) in enumerate(requests)]
+                        + [(req.time_s, 1, i) for i, (req, _) in enumerate(requests)])
+        replica: list[int] = [-1] * len(requests)
+        pending: list[int] = []  # commits whose own lookup has not run yet (done == time)
+        for t, kind, i in events:
+            req = requests[i][0]
+            if kind == 1:
+                self.advance(req)
+                replica[i] = self.look_up(req)[0]
+                if on_lookup is not None:
+                    on_lookup(i, replica[i])
+                if i in pending:
+                    pending.remove(i)
+                    self.commit(req, replica[i], self._now_s)
+            elif replica[i] < 0:
+                pending.append(i)
+            else:
+                self._now_s = max(self._now_s, t * self.config.time_scale)
+                self.commit(req, replica[i], self._now_s)
+        return replica
 
     def result(self) -> SimResult:
         """Hits of all replicas together; capacities as configured (per replica for HBM)."""
