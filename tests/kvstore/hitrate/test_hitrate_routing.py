@@ -6,7 +6,6 @@ import subprocess
 import sys
 
 import pytest
-
 from hypothesis import given
 from hypothesis import strategies as st
 
