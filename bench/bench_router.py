@@ -51,7 +51,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.bench_serve import SLICE
-from bench.router_table import fleet_prediction, print_table, row
+from bench.router_table import fleet_prediction, print_table, repredict, row
 from engine.model.make_model import make_model
 from engine.server.bench_serve import TIERS, Replay, Target, report, served_order
 from engine.server.scaled_requests import ScaledRequest, load_sessions
@@ -253,11 +253,12 @@ def one(model: Path, a: argparse.Namespace, work: Path, label: str, policy: str,
              for s, i in order]
     pred = fleet_prediction(sessions, timed, a.k, meta["pool_tokens"], dram, routing)
     instant = fleet_prediction(sessions, timed, a.k, meta["pool_tokens"], dram, routing,
-                               instant=True)
+                               "instant")
     out = report(rep, pred)
     out["label"], out["predicted"] = label, pred
     out["predicted_instant"] = {key: v for key, v in instant.items() if key != "per_request"}
     out["requests_per_replica"] = served_by
+    out["dram_blocks"] = dram
     out["order"] = order  # (session, turn) in the order sent: to re-run the prediction
     out["timed"] = timed  # and when each was sent and answered (s from the first send)
     out["per_request"] = [
@@ -315,6 +316,9 @@ def main() -> None:
                    help="replicas run --deterministic (logits independent of batch and "
                         "chunking: with --pd, whether PD's answers then match co-located's)")
     p.add_argument("--json", default=None, metavar="FILE", help="write every run to FILE")
+    p.add_argument("--repredict", default=None, metavar="FILE",
+                   help="instead: the runs a --json FILE recorded against each model of "
+                        "the simulator (instant, timed, taken), from their recorded times")
     a = p.parse_args()
     if a.pd and a.pd_max_tokens < 2:
         raise SystemExit("--pd-max-tokens must be at least 2 (time per output token is "
@@ -324,6 +328,10 @@ def main() -> None:
         raise SystemExit(f"no kv-cache-tester traces under {a.traces} (--traces or "
                          "$KVSTORE_TRACES_DIR)")
     a.paths = [str(traces / n) for n in SLICE[: a.sessions]]
+    if a.repredict:
+        sessions = load_sessions(a.paths, a.k, 256, 16, None, a.requests_per_session)
+        repredict(a.repredict, sessions, a.k, a.pool_tokens, 1 << 40)
+        return
     if a.pd:
         from bench.router_pd import pd_main  # it builds on this module's fleet
 

@@ -4,7 +4,9 @@ requests a run sent (``fleet_prediction``), one row per configuration, medians o
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
+from pathlib import Path
 from typing import Any
 
 from bench.harness import machine
@@ -16,16 +18,20 @@ from kvstore.hitrate.request import Request
 from kvstore.hitrate.routing import make_router
 from kvstore.units import Capacity
 
+MODELS = ("instant", "timed", "taken")
+
 
 def fleet_prediction(sessions: list[list[ScaledRequest]],
                      timed: list[tuple[int, int, float, float]], k: int, pool_tokens: int,
-                     dram_blocks: int, routing: str, instant: bool = False) -> dict[str, Any]:
+                     dram_blocks: int, routing: str, model: str = "timed") -> dict[str, Any]:
     """What the replica simulator (``kvstore hitrate --replicas 2 --routing ROUTING``'s
     ``ReplicaSimulator``) says for these requests, ``timed`` = (session, turn, sent_s,
-    done_s) in the order sent: each request looked up when it was sent and committed when
-    its answer ended (``feed_timed``: what a pool under concurrent requests does), or, with
-    ``instant``, looked up and committed at once in the order sent (a trace's model, as
-    ``feed``). Totals, and each request's replica and hit tokens per tier."""
+    done_s) in the order sent, under one of ``MODELS``: ``instant``, each looked up and
+    committed at once in the order sent (a trace's model, as ``feed``); ``timed``, looked
+    up when sent and committed when its answer ended (``feed_timed``); ``taken``, as
+    ``timed`` but its replica's pool also takes (evicts for) its blocks when it is sent
+    (``feed_timed(take_at_arrival=True)``). Totals, and each request's replica and hit
+    tokens per tier."""
     config = SimConfig(hbm=Capacity(tokens=pool_tokens // k * k),
                        dram=ABSENT if dram_blocks <= 0 else Capacity(tokens=dram_blocks * k),
                        ssd=ABSENT, replay_keep_tokens=0)
@@ -33,7 +39,7 @@ def fleet_prediction(sessions: list[list[ScaledRequest]],
     reqs = []
     for n, (s, i, sent, done) in enumerate(timed):
         r = sessions[s][i]
-        at = (float(n), float(n)) if instant else (sent, done)
+        at = (float(n), float(n)) if model == "instant" else (sent, done)
         reqs.append((Request(at[0], len(r.keys) * k + r.tail_tokens, r.keys, k), at[1]))
     per: list[dict[str, int]] = [{} for _ in reqs]
     last = [0, 0, 0]
@@ -44,7 +50,7 @@ def fleet_prediction(sessions: list[list[ScaledRequest]],
         per[n] = dict(zip(TIERS, (a - b for a, b in zip(now, last, strict=True)), strict=True))
         last = now
 
-    replicas = sim.feed_timed(reqs, looked_up)
+    replicas = sim.feed_timed(reqs, looked_up, take_at_arrival=model == "taken")
     result = sim.result()
     prompt = sum(len(sessions[s][i].prompt) for s, i, _, _ in timed)
     hits = {t: result.tier(t).hit_tokens for t in TIERS}
@@ -106,3 +112,27 @@ def print_table(runs: dict[str, list[dict[str, Any]]], kills: list[dict[str, Any
         print(f"kill: {k['requests']} answered, {k['errors']} failed, {wrong} answers differ "
               f"from the run without the kill; after the kill: hbm {hit['hbm']:.3f}, store "
               f"(dram) {hit['dram']:.3f} of prompt tokens")
+
+
+def repredict(path: str, sessions: list[list[ScaledRequest]], k: int, pool_tokens: int,
+              dram_blocks: int) -> None:
+    """Each run a ``--json`` file recorded, against every model's prediction (from the
+    requests' recorded send and answer times): hit rate by tier, and the points off."""
+    saved = json.loads(Path(path).read_text())
+    runs = [r for rs in saved["runs"].values() for r in rs] + saved.get("kills", [])
+    print("| run | measured (hbm / dram) | " + " | ".join(MODELS) + " |")
+    print("|---|---|" + "---|" * len(MODELS))
+    for r in runs:
+        if "timed" not in r:
+            continue
+        routing = "round_robin" if r["label"].startswith("round_robin") else r["label"]
+        store = "pools alone" not in r["label"]
+        m = r["hit_rate_by_tier"]
+        cells = []
+        for model in MODELS:
+            p = fleet_prediction(sessions, [tuple(t) for t in r["timed"]], k, pool_tokens,
+                                 r.get("dram_blocks", dram_blocks) if store else 0, routing,
+                                 model)["hit_rate_by_tier"]
+            off = max(abs(m[t] - p[t]) for t in ("hbm", "dram")) * 100
+            cells.append(f"{p['hbm']:.3f} / {p['dram']:.3f} ({off:.1f})")
+        print(f"| {r['label']} | {m['hbm']:.3f} / {m['dram']:.3f} | " + " | ".join(cells) + " |")

@@ -194,3 +194,28 @@ def test_a_request_in_flight_neither_serves_nor_evicts_blocks() -> None:
     assert hits == [0, 0, 0, 3 * B]  # lookups in time order: a, c, e, d
     plain, _ = replay([a, c, e, d], tiny, 1, "round_robin")
     assert plain.hit_tokens == 2 * B  # E hits C's first two blocks, D nothing
+
+
+def test_taken_at_arrival_evicts_at_once_but_serves_only_when_done() -> None:
+    """``take_at_arrival``: C takes the pool's 3 blocks when it arrives (t=1), so D (t=3)
+    no longer finds A's; E (t=2) still misses C's blocks, which C has not computed yet;
+    F (t=6, after C is done) hits them."""
+    tiny = SimConfig(hbm=Capacity(tokens=3 * B), ssd=ABSENT)
+    a = Request(0.0, 3 * B, [1, 2, 3], B)
+    c = Request(1.0, 3 * B, [7, 8, 9], B)
+    e = Request(2.0, 2 * B, [7, 8], B)
+    d = Request(3.0, 3 * B, [1, 2, 3], B)
+    f = Request(6.0, 3 * B, [7, 8, 9], B)
+    sim = ReplicaSimulator(tiny, FleetConfig(1), make_router("round_robin", 1))
+    hits: list[int] = []
+    last = [0]
+
+    def looked_up(i: int, replica: int) -> None:
+        hits.append(sim.tally.hit_tokens - last[0])
+        last[0] = sim.tally.hit_tokens
+
+    sim.feed_timed([(a, 0.5), (c, 5.0), (e, 9.0), (d, 9.5), (f, 7.0)], looked_up,
+                   take_at_arrival=True)
+    sim.check_integrity()
+    assert hits == [0, 0, 0, 0, 3 * B]  # a, c, e, d, f
+    assert sim._taken == []  # nothing left taken once every request is done
