@@ -258,6 +258,8 @@ def one(model: Path, a: argparse.Namespace, work: Path, label: str, policy: str,
     out["label"], out["predicted"] = label, pred
     out["predicted_instant"] = {key: v for key, v in instant.items() if key != "per_request"}
     out["requests_per_replica"] = served_by
+    pids = {proc.pid: n for n, proc in enumerate(fleet.procs[:2])}
+    out["served_replicas"] = [pids.get(by_turn[s, i].server_pid or -1, -1) for s, i in order]
     out["dram_blocks"] = dram
     out["order"] = order  # (session, turn) in the order sent: to re-run the prediction
     out["timed"] = timed  # and when each was sent and answered (s from the first send)

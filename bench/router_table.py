@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+from collections.abc import Container, Hashable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -15,27 +16,44 @@ from engine.server.scaled_requests import ScaledRequest
 from kvstore.hitrate.config import ABSENT, SimConfig
 from kvstore.hitrate.replicas import FleetConfig, ReplicaSimulator
 from kvstore.hitrate.request import Request
-from kvstore.hitrate.routing import make_router
+from kvstore.hitrate.routing import Router, make_router
 from kvstore.units import Capacity
 
 MODELS = ("instant", "timed", "taken")
 
 
+class Served(Router):
+    """Routes the ``n``-th request to ``replicas[n]``: where a measured run served it."""
+
+    name = "served"
+
+    def __init__(self, replicas: list[int]) -> None:
+        super().__init__(2)
+        self._replicas = iter(replicas)
+
+    def _choose(self, req: Request, hbm: Sequence[Container[Hashable]]) -> int:
+        return max(0, next(self._replicas))
+
+
 def fleet_prediction(sessions: list[list[ScaledRequest]],
                      timed: list[tuple[int, int, float, float]], k: int, pool_tokens: int,
-                     dram_blocks: int, routing: str, model: str = "timed") -> dict[str, Any]:
+                     dram_blocks: int, routing: str, model: str = "timed",
+                     served: list[int] | None = None) -> dict[str, Any]:
     """What the replica simulator (``kvstore hitrate --replicas 2 --routing ROUTING``'s
     ``ReplicaSimulator``) says for these requests, ``timed`` = (session, turn, sent_s,
     done_s) in the order sent, under one of ``MODELS``: ``instant``, each looked up and
     committed at once in the order sent (a trace's model, as ``feed``); ``timed``, looked
     up when sent and committed when its answer ended (``feed_timed``); ``taken``, as
     ``timed`` but its replica's pool also takes (evicts for) its blocks when it is sent
-    (``feed_timed(take_at_arrival=True)``). Totals, and each request's replica and hit
+    (``feed_timed(take_at_arrival=True)``). ``served``: the replica that served each
+    request (its reply's ``kvengine.pid``), routed there instead of by ``routing`` (the
+    pool model alone, against the engine's). Totals, and each request's replica and hit
     tokens per tier."""
     config = SimConfig(hbm=Capacity(tokens=pool_tokens // k * k),
                        dram=ABSENT if dram_blocks <= 0 else Capacity(tokens=dram_blocks * k),
                        ssd=ABSENT, replay_keep_tokens=0)
-    sim = ReplicaSimulator(config, FleetConfig(2), make_router(routing, 2))
+    router = make_router(routing, 2) if served is None else Served(served)
+    sim = ReplicaSimulator(config, FleetConfig(2), router)
     reqs = []
     for n, (s, i, sent, done) in enumerate(timed):
         r = sessions[s][i]
@@ -120,8 +138,10 @@ def repredict(path: str, sessions: list[list[ScaledRequest]], k: int, pool_token
     requests' recorded send and answer times): hit rate by tier, and the points off."""
     saved = json.loads(Path(path).read_text())
     runs = [r for rs in saved["runs"].values() for r in rs] + saved.get("kills", [])
-    print("| run | measured (hbm / dram) | " + " | ".join(MODELS) + " |")
-    print("|---|---|" + "---|" * len(MODELS))
+    cols = [(m, False) for m in MODELS] + [(m, True) for m in MODELS]
+    print("| run | measured (hbm / dram) | "
+          + " | ".join(f"{m}{' @served' if on else ''}" for m, on in cols) + " |")
+    print("|---|---|" + "---|" * len(cols))
     for r in runs:
         if "timed" not in r:
             continue
@@ -129,10 +149,14 @@ def repredict(path: str, sessions: list[list[ScaledRequest]], k: int, pool_token
         store = "pools alone" not in r["label"]
         m = r["hit_rate_by_tier"]
         cells = []
-        for model in MODELS:
+        for model, on in cols:
+            served = r.get("served_replicas") if on else None
+            if on and served is None:
+                cells.append("-")
+                continue
             p = fleet_prediction(sessions, [tuple(t) for t in r["timed"]], k, pool_tokens,
                                  r.get("dram_blocks", dram_blocks) if store else 0, routing,
-                                 model)["hit_rate_by_tier"]
+                                 model, served)["hit_rate_by_tier"]
             off = max(abs(m[t] - p[t]) for t in ("hbm", "dram")) * 100
             cells.append(f"{p['hbm']:.3f} / {p['dram']:.3f} ({off:.1f})")
         print(f"| {r['label']} | {m['hbm']:.3f} / {m['dram']:.3f} | " + " | ".join(cells) + " |")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -135,13 +136,14 @@ def usage(choices: list[Choice], prompt_tokens: int) -> dict[str, Any]:
 
 
 def timing(choices: list[Choice]) -> dict[str, Any]:
-    """The ``kvengine`` extension of the last chunk: hits per tier and the TTFT split
-    (for replays; OpenAI clients ignore unknown fields)."""
+    """The ``kvengine`` extension of the last chunk: hits per tier, the TTFT split and the
+    serving process's id (for replays through a router, which replica served the request;
+    OpenAI clients ignore unknown fields)."""
     handle = choices[0].handle
     if handle.seq is None:
         return {}
     return {"hit_tokens": dict(handle.seq.stats.hit_tokens),
-            **ttft_parts(handle.seq, handle.arrival_s)}
+            **ttft_parts(handle.seq, handle.arrival_s), "pid": os.getpid()}
 
 
 def _message(state: ServerState, req: GenerationRequest, c: Choice) -> tuple[dict, str]:
