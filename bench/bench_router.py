@@ -14,6 +14,12 @@ sessions (bench_serve's slice), at ``--k`` tokens a trace block, each session a 
 ``kvengine bench-serve`` sends them; the prediction replays them in the order they were sent.
 The pool of each replica holds about one session's prompt, so where a turn lands matters.
 
+The prediction is the instant replay (each request looked up and committed in the order
+sent); beside it, the same replay with every request routed to the replica that served it
+(its reply's ``kvengine.pid``): the pool model alone, without the routing model's guesses.
+``--repredict FILE`` re-runs a ``--json`` file's runs against the instant, timed and taken
+models (``ReplicaSimulator.feed_timed``), by policy and where served.
+
 Each router policy is predicted by the simulator's routing of the same name: ``kv_aware``
 by its model of the router's KV-event policy (the longest pool prefix of any length, ties to
 the last replica, else the least loaded), ``cache_aware`` by its longest-prefix model with
@@ -251,23 +257,25 @@ def one(model: Path, a: argparse.Namespace, work: Path, label: str, policy: str,
     t0 = min((o.sent_s for o in rep.outcomes), default=0.0)
     timed = [(s, i, by_turn[s, i].sent_s - t0, by_turn[s, i].sent_s + by_turn[s, i].total_s - t0)
              for s, i in order]
-    pred = fleet_prediction(sessions, timed, a.k, meta["pool_tokens"], dram, routing)
-    instant = fleet_prediction(sessions, timed, a.k, meta["pool_tokens"], dram, routing,
-                               "instant")
+    pids = {proc.pid: n for n, proc in enumerate(fleet.procs[:2])}
+    served = [pids.get(by_turn[s, i].server_pid or -1, -1) for s, i in order]
+    pred = fleet_prediction(sessions, timed, a.k, meta["pool_tokens"], dram, routing,
+                            "instant")
+    at_served = fleet_prediction(sessions, timed, a.k, meta["pool_tokens"], dram, routing,
+                                 "instant", served if min(served, default=0) >= 0 else None)
     out = report(rep, pred)
     out["label"], out["predicted"] = label, pred
-    out["predicted_instant"] = {key: v for key, v in instant.items() if key != "per_request"}
+    out["predicted_served"] = {key: v for key, v in at_served.items() if key != "per_request"}
     out["requests_per_replica"] = served_by
-    pids = {proc.pid: n for n, proc in enumerate(fleet.procs[:2])}
-    out["served_replicas"] = [pids.get(by_turn[s, i].server_pid or -1, -1) for s, i in order]
+    out["served_replicas"] = served
     out["dram_blocks"] = dram
     out["order"] = order  # (session, turn) in the order sent: to re-run the prediction
     out["timed"] = timed  # and when each was sent and answered (s from the first send)
     out["per_request"] = [
         {"session": s, "turn": i, "prompt_tokens": by_turn[s, i].prompt_tokens,
          "measured": by_turn[s, i].hit_tokens, "predicted": p["hit_tokens"],
-         "predicted_replica": p["replica"], "predicted_instant": q["hit_tokens"]}
-        for (s, i), p, q in zip(order, pred["per_request"], instant["per_request"],
+         "predicted_replica": p["replica"], "predicted_served": q["hit_tokens"]}
+        for (s, i), p, q in zip(order, pred["per_request"], at_served["per_request"],
                                 strict=True)]
     out["texts"] = {f"{o.session}/{o.index}": o.text for o in rep.outcomes}
     out["first_errors"] = rep.errors[:3]

@@ -37,7 +37,7 @@ class Served(Router):
 
 def fleet_prediction(sessions: list[list[ScaledRequest]],
                      timed: list[tuple[int, int, float, float]], k: int, pool_tokens: int,
-                     dram_blocks: int, routing: str, model: str = "timed",
+                     dram_blocks: int, routing: str, model: str = "instant",
                      served: list[int] | None = None) -> dict[str, Any]:
     """What the replica simulator (``kvstore hitrate --replicas 2 --routing ROUTING``'s
     ``ReplicaSimulator``) says for these requests, ``timed`` = (session, turn, sent_s,
@@ -82,10 +82,12 @@ def fleet_prediction(sessions: list[list[ScaledRequest]],
 
 def row(r: dict[str, Any]) -> str:
     m, p = r["hit_rate_by_tier"], r["predicted"]["hit_rate_by_tier"]
+    q = r.get("predicted_served", {}).get("hit_rate_by_tier")
+    served = f"{q['hbm']:.3f} / {q['dram']:.3f}" if q else "-"
     delta = 100 * (r["token_hit_rate"] - r["predicted"]["token_hit_rate"])
     return (f"| {r['label']} | {r['token_hit_rate']:.3f} ({m['hbm']:.3f} / {m['dram']:.3f}) | "
             f"{r['predicted']['token_hit_rate']:.3f} ({p['hbm']:.3f} / {p['dram']:.3f}) | "
-            f"{delta:+.1f} | {r['ttft_s']['p50'] * 1e3:.0f} ms | "
+            f"{delta:+.1f} | {served} | {r['ttft_s']['p50'] * 1e3:.0f} ms | "
             f"{r['ttft_s']['p90'] * 1e3:.0f} ms | {r['errors']} | "
             f"{' / '.join('-' if n is None else str(n) for n in r['requests_per_replica'])} "
             f"({' / '.join(str(n) for n in r['predicted']['requests_per_replica'])}) |")
@@ -114,8 +116,9 @@ def print_table(runs: dict[str, list[dict[str, Any]]], kills: list[dict[str, Any
     print(f"\n{machine()}; {a.sessions} sessions x {a.requests_per_session} turns, k={a.k}, "
           f"pool {a.pool_tokens} tokens per replica, {a.rounds} round(s), medians of TTFT")
     print("| routing | measured hit (hbm / dram) | predicted (hbm / dram) | Δ points | "
-          "TTFT p50 | p90 | errors | requests per replica (predicted) |")
-    print("|---|---|---|---|---|---|---|---|")
+          "predicted where served (hbm / dram) | TTFT p50 | p90 | errors | "
+          "requests per replica (predicted) |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for rs in runs.values():
         print(row(median_run(rs)))
         if len(rs) > 1:

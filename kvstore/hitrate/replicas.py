@@ -164,9 +164,9 @@ class ReplicaSimulator:
         """Requests that take time, as ``(request, done_s)`` with ``done_s >= time_s``: each
         is looked up (and routed) when it arrives, at ``time_s``, and committed when it is
         done, at ``done_s``, so a request arriving in between neither finds its blocks nor
-        loses blocks to them. That is a replica's pool under concurrent requests: a request
-        takes its blocks as it computes and they become the most recent when it ends, while
-        another one's lookup happens at its admission. Events run in time order (a commit
+        loses blocks to them. (A model of concurrent requests on one pool; measured against
+        the engine's pools it did worse than ``feed``: see the README.) Events run in time
+        order (a commit
         before a lookup at the same instant); returns the replica of each request.
         ``on_lookup(i, replica)`` is called after request ``i``'s lookup (the only event
         that counts hits: the tally's change since the previous call is request ``i``'s).
