@@ -14,9 +14,17 @@ sessions (bench_serve's slice), at ``--k`` tokens a trace block, each session a 
 ``kvengine bench-serve`` sends them; the prediction replays them in the order they were sent.
 The pool of each replica holds about one session's prompt, so where a turn lands matters.
 
-``kv_aware`` is predicted with the simulator's ``cache_aware`` (the replica whose pool holds
-the longest prefix), which is what the router's KV events let it see; the router's own
-``cache_aware`` guesses pool contents from the prompts it routed (a prefix tree of text).
+The prediction is the instant replay (each request looked up and committed in the order
+sent); beside it, the same replay with every request routed to the replica that served it
+(its reply's ``kvengine.pid``): the pool model alone, without the routing model's guesses.
+``--repredict FILE`` re-runs a ``--json`` file's runs against the instant, timed and taken
+models (``ReplicaSimulator.feed_timed``), by policy and where served.
+
+Each router policy is predicted by the simulator's routing of the same name: ``kv_aware``
+by its model of the router's KV-event policy (the longest pool prefix of any length, ties to
+the last replica, else the least loaded), ``cache_aware`` by its longest-prefix model with
+the 30 % threshold (the router's own ``cache_aware`` guesses pool contents from the prompts
+it routed, a prefix tree of text).
 
 The model is ``small`` (random weights, made in a temporary directory). Needs vllm-router's
 venv (``$KVENGINE_ROUTER_VENV``, else ``.venv-router``). Run alone (a few minutes)::
@@ -40,7 +48,6 @@ import json
 import os
 import signal
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -50,23 +57,19 @@ from pathlib import Path
 from typing import Any
 
 from bench.bench_serve import SLICE
-from bench.harness import machine
+from bench.router_table import fleet_prediction, print_table, repredict, row
 from engine.model.make_model import make_model
 from engine.server.bench_serve import TIERS, Replay, Target, report, served_order
 from engine.server.scaled_requests import ScaledRequest, load_sessions
-from kvstore.hitrate.config import ABSENT, SimConfig
-from kvstore.hitrate.fleet import replay as fleet_replay
-from kvstore.hitrate.replicas import FleetConfig
-from kvstore.hitrate.request import Request
 from kvstore.testing.daemon_process import DaemonProcess
-from kvstore.units import Capacity, parse_size
+from kvstore.units import parse_size
 
 REPO = Path(__file__).resolve().parents[1]
 # (label, router policy, shared store, the simulator's routing)
 CONFIGS = (("round_robin (pools alone)", "round_robin", False, "round_robin"),
            ("round_robin", "round_robin", True, "round_robin"),
            ("cache_aware", "cache_aware", True, "cache_aware"),
-           ("kv_aware", "kv_aware", True, "cache_aware"))
+           ("kv_aware", "kv_aware", True, "kv_aware"))
 
 
 def free_port() -> int:
@@ -126,7 +129,8 @@ class Fleet:
                  "--model", str(model), "--kv-store", kv, "--block-tokens", str(a.k),
                  "--pool-tokens", str(a.pool_tokens), "--no-cache-generated",
                  "--max-batched-tokens", str(a.max_batched_tokens),
-                 "--kv-events-endpoint", events, "--kv-role", role], cwd=REPO,
+                 "--kv-events-endpoint", events, "--kv-role", role,
+                 *(["--deterministic"] if a.deterministic else [])], cwd=REPO,
                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
                 env={**os.environ, "KVENGINE_CACHE_DIR": str(work / "cache")})
             self.procs.append(proc)
@@ -235,23 +239,6 @@ def send_all(fleet: Fleet, sessions: list[list[ScaledRequest]], concurrency: int
     return rep
 
 
-def fleet_prediction(sessions: list[list[ScaledRequest]], order: list[tuple[int, int]],
-                     k: int, pool_tokens: int, dram_blocks: int, routing: str) -> dict[str, Any]:
-    """What ``kvstore hitrate --replicas 2 --routing ROUTING`` says for these requests."""
-    config = SimConfig(hbm=Capacity(tokens=pool_tokens // k * k),
-                       dram=ABSENT if dram_blocks <= 0 else Capacity(tokens=dram_blocks * k),
-                       ssd=ABSENT, replay_keep_tokens=0)
-    stream = [sessions[s][i] for s, i in order]
-    result, loads = fleet_replay(
-        lambda: iter(Request(float(n), len(r.keys) * k + r.tail_tokens, r.keys, k)
-                     for n, r in enumerate(stream)), config, FleetConfig(2), routing)
-    prompt = sum(len(r.prompt) for r in stream)
-    hits = {t: result.tier(t).hit_tokens for t in TIERS}
-    return {"token_hit_rate": result.token_hit_rate, "requests_per_replica": list(loads),
-            "hit_tokens": hits, "prompt_tokens": prompt,
-            "hit_rate_by_tier": {t: hits[t] / prompt for t in TIERS}}
-
-
 def one(model: Path, a: argparse.Namespace, work: Path, label: str, policy: str, store: bool,
         routing: str, kill_at: int | None = None) -> dict[str, Any]:
     fleet = Fleet(model, a, work, policy, store)
@@ -266,11 +253,30 @@ def one(model: Path, a: argparse.Namespace, work: Path, label: str, policy: str,
         fleet.close()
     dram = parse_size(a.dram) // meta["block_bytes"] if store else 0
     order = served_order(rep)
-    pred = fleet_prediction(sessions, order, a.k, meta["pool_tokens"], dram, routing)
+    by_turn = {(o.session, o.index): o for o in rep.outcomes}
+    t0 = min((o.sent_s for o in rep.outcomes), default=0.0)
+    timed = [(s, i, by_turn[s, i].sent_s - t0, by_turn[s, i].sent_s + by_turn[s, i].total_s - t0)
+             for s, i in order]
+    pids = {proc.pid: n for n, proc in enumerate(fleet.procs[:2])}
+    served = [pids.get(by_turn[s, i].server_pid or -1, -1) for s, i in order]
+    pred = fleet_prediction(sessions, timed, a.k, meta["pool_tokens"], dram, routing,
+                            "instant")
+    at_served = fleet_prediction(sessions, timed, a.k, meta["pool_tokens"], dram, routing,
+                                 "instant", served if min(served, default=0) >= 0 else None)
     out = report(rep, pred)
     out["label"], out["predicted"] = label, pred
+    out["predicted_served"] = {key: v for key, v in at_served.items() if key != "per_request"}
     out["requests_per_replica"] = served_by
+    out["served_replicas"] = served
+    out["dram_blocks"] = dram
     out["order"] = order  # (session, turn) in the order sent: to re-run the prediction
+    out["timed"] = timed  # and when each was sent and answered (s from the first send)
+    out["per_request"] = [
+        {"session": s, "turn": i, "prompt_tokens": by_turn[s, i].prompt_tokens,
+         "measured": by_turn[s, i].hit_tokens, "predicted": p["hit_tokens"],
+         "predicted_replica": p["replica"], "predicted_served": q["hit_tokens"]}
+        for (s, i), p, q in zip(order, pred["per_request"], at_served["per_request"],
+                                strict=True)]
     out["texts"] = {f"{o.session}/{o.index}": o.text for o in rep.outcomes}
     out["first_errors"] = rep.errors[:3]
     if kill_at is not None:
@@ -280,17 +286,6 @@ def one(model: Path, a: argparse.Namespace, work: Path, label: str, policy: str,
                              "hit_rate_by_tier": {t: sum(o.hit_tokens[t] for o in after) / p
                                                   if p else 0.0 for t in TIERS}}
     return out
-
-
-def row(r: dict[str, Any]) -> str:
-    m, p = r["hit_rate_by_tier"], r["predicted"]["hit_rate_by_tier"]
-    delta = 100 * (r["token_hit_rate"] - r["predicted"]["token_hit_rate"])
-    return (f"| {r['label']} | {r['token_hit_rate']:.3f} ({m['hbm']:.3f} / {m['dram']:.3f}) | "
-            f"{r['predicted']['token_hit_rate']:.3f} ({p['hbm']:.3f} / {p['dram']:.3f}) | "
-            f"{delta:+.1f} | {r['ttft_s']['p50'] * 1e3:.0f} ms | "
-            f"{r['ttft_s']['p90'] * 1e3:.0f} ms | {r['errors']} | "
-            f"{' / '.join('-' if n is None else str(n) for n in r['requests_per_replica'])} "
-            f"({' / '.join(str(n) for n in r['predicted']['requests_per_replica'])}) |")
 
 
 def main() -> None:
@@ -308,10 +303,13 @@ def main() -> None:
     p.add_argument("--concurrency", type=int, default=None,
                    help="sessions in flight (default: all of them)")
     p.add_argument("--think-s", type=float, default=0.0,
-                   help="pause between a session's answer and its next turn (a commit runs "
-                        "after its response: a pause lets it land before the next turn)")
+                   help="pause between a session's answer and its next turn (a replica "
+                        "answers once its prompt's commit is over, so none is needed for the "
+                        "next turn to find it in the store)")
     p.add_argument("--dram", default="1GiB", help="the shared daemon's DRAM tier")
-    p.add_argument("--rounds", type=int, default=1)
+    p.add_argument("--rounds", type=int, default=1,
+                   help="rounds (fresh fleets, the configurations interleaved); the table "
+                        "gives medians over them")
     p.add_argument("--configs", default=",".join(c[0] for c in CONFIGS),
                    help="which runs (comma-separated labels; default: all)")
     p.add_argument("--no-kill", action="store_true", help="skip the SIGKILL run")
@@ -324,7 +322,13 @@ def main() -> None:
     p.add_argument("--pd-max-tokens", type=int, default=16,
                    help="with --pd: tokens generated per turn (time per output token is "
                         "measured over all but the first)")
+    p.add_argument("--deterministic", action="store_true",
+                   help="replicas run --deterministic (logits independent of batch and "
+                        "chunking: with --pd, whether PD's answers then match co-located's)")
     p.add_argument("--json", default=None, metavar="FILE", help="write every run to FILE")
+    p.add_argument("--repredict", default=None, metavar="FILE",
+                   help="instead: the runs a --json FILE recorded against each model of "
+                        "the simulator (instant, timed, taken), from their recorded times")
     a = p.parse_args()
     if a.pd and a.pd_max_tokens < 2:
         raise SystemExit("--pd-max-tokens must be at least 2 (time per output token is "
@@ -334,6 +338,10 @@ def main() -> None:
         raise SystemExit(f"no kv-cache-tester traces under {a.traces} (--traces or "
                          "$KVSTORE_TRACES_DIR)")
     a.paths = [str(traces / n) for n in SLICE[: a.sessions]]
+    if a.repredict:
+        sessions = load_sessions(a.paths, a.k, 256, 16, None, a.requests_per_session)
+        repredict(a.repredict, sessions, a.k, a.pool_tokens, 1 << 40)
+        return
     if a.pd:
         from bench.router_pd import pd_main  # it builds on this module's fleet
 
@@ -358,27 +366,6 @@ def main() -> None:
     print_table(runs, kills, a)
     if a.json:
         Path(a.json).write_text(json.dumps({"runs": runs, "kills": kills}, indent=1))
-
-
-def print_table(runs: dict[str, list[dict[str, Any]]], kills: list[dict[str, Any]],
-                a: argparse.Namespace) -> None:
-    print(f"\n{machine()}; {a.sessions} sessions x {a.requests_per_session} turns, k={a.k}, "
-          f"pool {a.pool_tokens} tokens per replica, {a.rounds} round(s), medians of TTFT")
-    print("| routing | measured hit (hbm / dram) | predicted (hbm / dram) | Δ points | "
-          "TTFT p50 | p90 | errors | requests per replica (predicted) |")
-    print("|---|---|---|---|---|---|---|---|")
-    for rs in runs.values():
-        med = dict(rs[-1])
-        med["ttft_s"] = {q: statistics.median(r["ttft_s"][q] for r in rs)
-                         for q in ("p50", "p90")}
-        print(row(med))
-    for k in kills:
-        ref = runs["round_robin"][kills.index(k)]["texts"]
-        wrong = sum(1 for key, text in k["texts"].items() if ref.get(key) != text)
-        hit = k["after_kill"]["hit_rate_by_tier"]
-        print(f"kill: {k['requests']} answered, {k['errors']} failed, {wrong} answers differ "
-              f"from the run without the kill; after the kill: hbm {hit['hbm']:.3f}, store "
-              f"(dram) {hit['dram']:.3f} of prompt tokens")
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections import Counter
 
 from engine.connector.committer import CommitJob, KVCommitter
+from engine.connector.handoff import CommitReceipt
 from engine.connector.store_link import StoreLink
 from engine.connector.transfer import note_job_error
 from engine.core.sequence import Sequence
@@ -44,45 +45,55 @@ class CommitPlanner:
         self.committer = committer
         self.counters = counters
 
-    def submit(self, seq: Sequence, full: int) -> None:
-        """Send the first ``full`` blocks of the finished ``seq`` (still holding its table)
-        that the store lacks, one job per link. Their bytes are copied out of the pool now
-        (the caller may free the blocks at once); under back-pressure a job sends the head
-        its staging rows hold, or is dropped, and the link counts the blocks left out."""
+    def submit(self, seq: Sequence, full: int, start: int = 0,
+               receipts: tuple[CommitReceipt, ...] = ()) -> int:
+        """Send blocks ``[start, full)`` of ``seq`` (still holding its table) that the store
+        lacks, one job per link; the blocks before ``start`` went in an earlier job of this
+        request (its prefill's, ``StoreConnector.on_prefilled``). Their bytes are copied out
+        of the pool now (the caller may free the blocks at once); under back-pressure a job
+        sends the head its staging rows hold, or is dropped, and the link counts the blocks
+        left out. ``receipts`` (besides the request's own) are told when each job is over.
+        Returns the leading blocks the jobs covered: ``full``, or where the first block
+        left out under back-pressure lies."""
         kv = self.kv
         block_ids = kv.block_ids(seq)[:full]
         layers_of = kv.layers_of(seq, full)
         held, stored = layers_of.held, layers_of.stored
         pool_keys = kv.keys(seq)
+        receipts = (*((seq.commit_receipt,) if seq.commit_receipt is not None else ()),
+                    *receipts)
+        covered = full
         for link in self.links:
             layers = frozenset(link.ns.cached_layers)
-            send = [i for i in range(full) if layers <= held[i] and not layers <= stored[i]]
+            send = [i for i in range(start, full)
+                    if layers <= held[i] and not layers <= stored[i]]
             if link is not self.links[0] and not send:
                 continue  # the primary chain is always sent: it refreshes recency
             staged = self.committer.stage(link, [block_ids[i] for i in send])
             kept = 0 if staged is None else len(staged.rows)
             if kept < len(send):
                 link.note_unsent(len(send) - kept)
+                covered = min(covered, send[kept])
             if staged is None:
                 continue
             if not kept and send and link is not self.links[0]:
                 self.committer.staging.give_back(staged.span)
                 continue
             send = send[:kept]
-            receipt = seq.commit_receipt
-            if receipt is not None:
+            for receipt in receipts:
                 receipt.expect()
             try:
                 self.committer.submit(CommitJob(
                     link=link, keys=kv.keys(seq, link.ns)[:full], indices=send,
                     block_ids=[block_ids[i] for i in send],
                     pool_keys=[pool_keys[i] for i in send], staged=staged, scope=seq.scope,
-                    receipt=receipt))
+                    receipts=receipts))
             except BaseException:
-                if receipt is not None:
+                for receipt in receipts:
                     receipt.report(False)
                 self.committer.staging.give_back(staged.span)
                 raise
+        return covered
 
     def poll(self) -> None:
         """Take in the committer's reports: mark stored what the store accepted. A failed

@@ -56,7 +56,9 @@ class CommitJob:
     pool_keys: list[Key]  # the keys the pool indexes those blocks by (the primary chain)
     staged: Staged  # their bytes, row j for indices[j]
     scope: RequestScope = IDENTITY  # the request's tenant and salt (its namespace)
-    receipt: CommitReceipt | None = None  # told when the job is over (engine.connector.handoff)
+    # Told when the job is over (engine.connector.handoff): the request's own receipt (a
+    # prefill replica's), and its prefill commit's.
+    receipts: tuple[CommitReceipt, ...] = ()
     # Written by the committer thread.
     result: CommitResult | None = None
     error: BaseException | None = None
@@ -110,6 +112,7 @@ class KVCommitter(TransferThread[CommitJob]):
             self.staging.give_back(job.staged.span)
 
     def _done(self, job: CommitJob) -> None:
-        if job.receipt is not None:
-            res = job.result
-            job.receipt.report(job.error is None and res is not None and not res.dropped)
+        res = job.result
+        ok = job.error is None and res is not None and not res.dropped
+        for receipt in job.receipts:
+            receipt.report(ok)

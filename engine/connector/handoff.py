@@ -24,12 +24,26 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 from engine.connector.store_link import StoreLink
 from engine.errors import EngineIntegrityError
 from kvstore.keys import Key, Namespace
 
 POLL_S = 0.02  # how often a decode replica asks the store again while it waits
+
+
+@dataclass(eq=False)
+class PrefillCommit:
+    """A request's commit of its prompt, sent the step its prefill completed (not when it
+    finishes), so that the next turn of a session, on whichever replica it lands, finds the
+    prompt in the store once this request answered. ``receipt`` is sealed at once: it is
+    done when the jobs sent then are over (a server holds the answer's end on it, bounded).
+    ``blocks``: the leading chain blocks those jobs covered; the request's commit at its
+    end sends only what lies past them."""
+
+    receipt: CommitReceipt
+    blocks: int
 
 
 class CommitReceipt:

@@ -11,8 +11,15 @@ the background loader and committer, and their planners (``engine.connector.load
 - ``poll(landed)``: take in finished loads and commits; each load that landed (or whose
   deadline passed: it recomputes) is passed to ``landed`` as a ``LoadOutcome``, and the
   job's leftover blocks are released once ``landed`` returned;
-- ``on_finish(seq)``: a request ended: its blocks the store lacks are copied out and
-  committed in the background (best-effort: a failure is counted, never raised).
+- ``on_prefilled(seq)``: a request's prompt is computed (its first token is sampled): the
+  prompt's full blocks the store lacks are copied out and committed in the background at
+  once, not when the request ends, so a session's next turn finds them in the store even
+  when it lands on another replica (``seq.prefill_commit`` says when they are in);
+- ``on_finish(seq)``: a request ended: its blocks the store lacks past those its prefill
+  sent are copied out and committed in the background.
+
+Commits are best-effort: a failure is counted, never raised, and under back-pressure a
+commit is cut short or dropped (counted), never waited for.
 
 What a block holds and who holds it is the KV manager's (``engine.kv.kv_manager``); a
 store's trouble is a miss (``engine.connector.store_link``). ``counters`` are the engine's
@@ -30,6 +37,7 @@ from dataclasses import dataclass
 import kernels
 from engine.connector.commit_planner import CommitPlanner
 from engine.connector.committer import KVCommitter
+from engine.connector.handoff import CommitReceipt, PrefillCommit
 from engine.connector.load_planner import LoadPlanner
 from engine.connector.loader import KVLoader, LoadJob
 from engine.connector.store_link import StoreLink
@@ -158,13 +166,34 @@ class StoreConnector:
         self.commits.poll()
 
     # -- commits ----------------------------------------------------------------------
-    def on_finish(self, seq: Sequence) -> None:
-        """``seq`` ended still holding its table: commit what the store lacks. Best-effort:
-        a failure costs store misses and is counted, never raised."""
-        full = self.kv.cacheable_blocks(seq)
+    def on_prefilled(self, seq: Sequence) -> None:
+        """``seq``'s prompt is computed: commit its full blocks the store lacks now (once a
+        request; a request preempted after it does not send them again)."""
+        if seq.prefill_commit is not None or not self.link.enabled:
+            return
+        receipt = CommitReceipt()
+        seq.prefill_commit = PrefillCommit(receipt, 0)
         try:
-            if self.link.enabled and full:
-                self.commits.submit(seq, full)
+            full = min(self.kv.cacheable_blocks(seq),
+                       seq.num_prompt_tokens // self.kv.block_tokens)
+            if full:
+                seq.prefill_commit.blocks = self.commits.submit(seq, full,
+                                                                receipts=(receipt,))
+        except Exception as e:
+            note_job_error("commit", e, self.counters)
+        finally:
+            receipt.seal()
+
+    def on_finish(self, seq: Sequence) -> None:
+        """``seq`` ended still holding its table: commit what the store lacks past what its
+        prefill sent (nothing, when that is all: its prefill's commit refreshed the
+        recency a moment ago). Best-effort: a failure costs store misses and is counted,
+        never raised."""
+        full = self.kv.cacheable_blocks(seq)
+        start = 0 if seq.prefill_commit is None else seq.prefill_commit.blocks
+        try:
+            if self.link.enabled and full > start:
+                self.commits.submit(seq, full, start)
         except Exception as e:
             note_job_error("commit", e, self.counters)
 

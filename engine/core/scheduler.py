@@ -25,8 +25,9 @@ writes into (their sliding layers) must be the request's own, so the pool's hit 
 among them are swapped for private copies (``KVManager.start_replay``), into blocks set aside at
 admission; a replay never writes a block another request may read.
 
-When a request finishes, the blocks of its sequence (prompt and generated tokens) that the
-store is not known to hold are copied out of the pool into bounded staging and go to the
+When a request's prompt is computed (the step that samples its first token), and again
+when it finishes, the blocks of its sequence (the prompt's, then the generated tokens') that
+the store is not known to hold are copied out of the pool into bounded staging and go to the
 background committer (``engine.connector.commit_planner`` says which); its pool blocks are free at
 once, and under back-pressure a commit is cut short, never waited for. What a load asks
 for and what it lands is ``engine.connector.load_planner``'s. What a request may be and when it
@@ -217,6 +218,9 @@ class Scheduler:
             self.kv.cache_computed(seq)
             if seq.num_computed_tokens < seq.num_tokens:
                 continue  # a prefill chunk short of the end: no token yet
+            if start < seq.num_prompt_tokens:
+                # The prompt is computed: its blocks go to the store now, not at the end.
+                self.connector.on_prefilled(seq)
             seq.token_ids.append(sampled[seq.seq_id])
             if seq.stats.first_token_s is None:
                 seq.stats.first_token_s = now

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from bounded_replay import ReplayPlan
-from engine.connector.handoff import CommitReceipt
+from engine.connector.handoff import CommitReceipt, PrefillCommit
 from engine.core.sampling_params import SamplingParams
 from engine.kv.request_scope import IDENTITY, RequestScope
 from kvstore.keys import Key, Namespace
@@ -106,6 +106,8 @@ class Sequence:
         # Set for a prefill replica's request (engine.connector.handoff): the caller waits on it
         # for this request's commit, which is otherwise never waited for.
         self.commit_receipt: CommitReceipt | None = None
+        # Its prompt's commit, sent when its prefill completed (the store connector's).
+        self.prefill_commit: PrefillCommit | None = None
 
     def __repr__(self) -> str:
         return (f"Sequence({self.seq_id}, {self.status.value}, tokens={len(self.token_ids)}, "

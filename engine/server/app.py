@@ -4,9 +4,11 @@ Routes: ``POST /v1/completions``, ``POST /v1/chat/completions`` (streamed as ser
 events when ``stream`` is true), ``POST /tokenize`` (vLLM's: the token ids a completion or
 chat request's prompt becomes here, which is what a router's ``kv_aware`` policy matches
 against the pool's KV events), ``GET /v1/models``, ``GET /health`` and ``GET /metrics``
-(these two need no token). Handlers only parse, tokenize and wait on their request's event
-queue; the engine runs on its own thread (``engine.server.engine_loop``). A client that goes
-away (noticed while waiting, streamed or not) has its sequence aborted at once.
+(these two need no token), and ``POST /reset_prefix_cache`` (vLLM's: the pool forgets its
+prefix index, announced as ``AllBlocksCleared``; 409 while requests hold blocks). Handlers
+only parse, tokenize and wait on their request's event queue; the engine runs on its own
+thread (``engine.server.engine_loop``). A client that goes away (noticed while waiting,
+streamed or not) has its sequence aborted at once.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from engine.connector.handoff import CommitReceipt
+from engine.core.llm_engine import LLMEngine
 from engine.errors import EngineInputError
 from engine.server.chat_request import render_chat
 from engine.server.engine_loop import Handle
@@ -77,7 +80,29 @@ def create_app(state: ServerState) -> FastAPI:
         state.tenants.authenticate(request.headers.get("authorization"))
         return _tokenize(state, await _read_json(request))
 
+    @app.post("/reset_prefix_cache")
+    async def reset_prefix_cache(request: Request) -> Response:
+        """vLLM's route: forget the pool's prefix index (the store keeps its blocks)."""
+        state.tenants.authenticate(request.headers.get("authorization"))
+        await _reset_prefix_cache(state)
+        return Response(status_code=200)
+
     return app
+
+
+async def _reset_prefix_cache(state: ServerState) -> None:
+    """On the engine thread, between steps: every cached pool block is forgotten and the KV
+    events say so (``AllBlocksCleared``), so a ``kv_aware`` router stops sending sessions
+    here for blocks that are gone. As vLLM's, only while no request holds a block: a held
+    block's key is still its owner's. That is a 409 here (vLLM only logs it), so the caller
+    knows nothing was reset and may retry once the replica is idle."""
+    def reset(engine: LLMEngine) -> bool:
+        return engine.blocks.pool.reset_prefix_cache()
+
+    if not await asyncio.wrap_future(state.loop.call(reset)):
+        raise APIError(409, "requests in flight hold pool blocks: the prefix cache was not "
+                       "reset; retry once the replica is idle", type_="invalid_request_error",
+                       code="prefix_cache_in_use")
 
 
 # vLLM's /tokenize fields that shape the prompt; the rest (return_token_strs, ...) change

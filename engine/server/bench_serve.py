@@ -60,6 +60,7 @@ class Outcome:
     total_s: float
     text: str = ""  # what was generated (a replay through replicas checks it is the same)
     completion_tokens: int = 0  # the usage's (0: the server sent no usage)
+    server_pid: int | None = None  # the process that served it (behind a router: which)
 
 
 @dataclass
@@ -148,6 +149,7 @@ class Target:
         first: float | None = None
         last: dict[str, Any] = {}
         text: list[str] = []
+        done = False
         for raw in resp:
             line = raw.strip()
             if not line.startswith(b"data: "):
@@ -157,6 +159,7 @@ class Target:
             data = line[6:]
             if data == b"[DONE]":
                 resp.read()  # the end of the chunked body: the connection is reused
+                done = True
                 break
             chunk = json.loads(data)
             if "error" in chunk:
@@ -164,6 +167,8 @@ class Target:
             text.extend(c.get("text") or "" for c in chunk.get("choices") or ())
             if chunk.get("usage"):
                 last = chunk
+        if not done:  # cut off (a replica killed mid-stream): an error, never an answer
+            raise RuntimeError("the stream ended before its [DONE]")
         end = time.perf_counter()
         usage, ext = last.get("usage") or {}, last.get("kvengine") or {}
         return Outcome(
@@ -176,6 +181,7 @@ class Target:
             total_s=end - start,
             text="".join(text),
             completion_tokens=int(usage.get("completion_tokens", 0)),
+            server_pid=ext.get("pid"),
         )
 
 

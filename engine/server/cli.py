@@ -87,8 +87,9 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kv-transfer-timeout", type=flag_type(parse_timeout), default=10.0,
                    metavar="DURATION",
                    help="longest wait of a hand-off: a prefill for its commit, a decode for "
-                        "the prefill's blocks to be visible (then it computes them) "
-                        "(default 10s)")
+                        "the prefill's blocks to be visible (then it computes them); and of "
+                        "any answer's end for its prompt's commit to the store, so that the "
+                        "next turn finds it on another replica (default 10s)")
     p.add_argument("--kv-events-endpoint", metavar="tcp://HOST:PORT", default=None,
                    help="publish the pool's block stored/removed/cleared events in vLLM's "
                         "KV-events format (msgpack over ZMQ PUB, bound here) for a router's "

@@ -15,6 +15,7 @@ interrupted. A bug in a step fails the requests in flight (500) and the thread g
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import logging
 import queue
@@ -22,6 +23,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
 
 from engine.connector.handoff import CommitReceipt
 from engine.core.llm_engine import LLMEngine
@@ -31,6 +33,7 @@ from engine.errors import EngineError
 from engine.kv.request_scope import RequestScope
 
 log = logging.getLogger("engine.server")
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +85,22 @@ class Handle:
             self.loop.call_soon_threadsafe(self.events.put_nowait, event)
 
 
+@dataclass(eq=False)
+class _Call(Generic[T]):
+    """A function the engine thread runs between steps (``EngineLoop.call``)."""
+
+    fn: Callable[[LLMEngine], T]
+    future: concurrent.futures.Future[T]
+
+    def run(self, engine: LLMEngine) -> None:
+        if not self.future.set_running_or_notify_cancel():
+            return
+        try:
+            self.future.set_result(self.fn(engine))
+        except BaseException as e:  # the caller gets it; the engine thread goes on
+            self.future.set_exception(e)
+
+
 class EngineLoop:
     def __init__(self, engine: LLMEngine,
                  on_finished: Callable[[Handle], None] | None = None) -> None:
@@ -89,7 +108,8 @@ class EngineLoop:
         ones included (metrics)."""
         self.engine = engine
         self._on_finished = on_finished or (lambda handle: None)
-        self._commands: queue.SimpleQueue[tuple[str, Handle | None]] = queue.SimpleQueue()
+        self._commands: queue.SimpleQueue[tuple[str, Handle | _Call[Any] | None]] = (
+            queue.SimpleQueue())
         self._wake = threading.Event()
         self._active: dict[int, Handle] = {}  # seq_id -> handle (engine thread only)
         self._deferred: list[Handle] = []  # siblings waiting on their first choice
@@ -120,6 +140,14 @@ class EngineLoop:
             self._commands.put(("add", handle))
         self._wake.set()
         return True
+
+    def call(self, fn: Callable[[LLMEngine], T]) -> concurrent.futures.Future[T]:
+        """Run ``fn(engine)`` on the engine thread between two steps (the engine is never
+        touched from another thread); its result or exception comes back in the future."""
+        fut: concurrent.futures.Future[T] = concurrent.futures.Future()
+        self._commands.put(("call", _Call(fn, fut)))
+        self._wake.set()
+        return fut
 
     def abort(self, handle: Handle, reason: str = "abort") -> None:
         """Stop ``handle``'s request; ``reason`` becomes its finish reason (``"stop"`` when
@@ -170,6 +198,9 @@ class EngineLoop:
                 return True
             if cmd == "stop":
                 return False
+            if isinstance(handle, _Call):
+                handle.run(self.engine)
+                continue
             assert handle is not None
             if cmd == "add":
                 self._add(handle)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -18,6 +19,7 @@ from engine.core.sequence import TokenLogprob
 from engine.errors import EngineInputError
 from engine.server.engine_loop import DoneEvent, ErrorEvent, Event, Handle, TokensEvent
 from engine.server.errors import APIError, bad_request, internal
+from engine.server.kv_transfer import prompt_committed
 from engine.server.metrics import cached_tokens, replayed_tokens, ttft_parts
 from engine.server.protocol import GenerationRequest
 from engine.server.responses import chat_logprobs, completion_logprobs
@@ -102,10 +104,12 @@ async def run_choices(state: ServerState, request: Request, choices: list[Choice
             delta = c.stream.add([t for t in event.token_ids if t not in c.stop_ids])
             if c.stream.stopped:
                 state.loop.abort(c.handle, reason="stop")
+                await prompt_committed(state, c.handle)
                 c.finish_reason = "stop"
                 pending.discard(event.choice)
             yield Piece(event.choice, delta, list(event.logprobs))
         elif isinstance(event, DoneEvent):
+            await prompt_committed(state, c.handle)
             c.finish_reason = "length" if event.seq.finish_reason == "length" else "stop"
             pending.discard(event.choice)
             yield Piece(event.choice, c.stream.finish(), [])
@@ -132,13 +136,14 @@ def usage(choices: list[Choice], prompt_tokens: int) -> dict[str, Any]:
 
 
 def timing(choices: list[Choice]) -> dict[str, Any]:
-    """The ``kvengine`` extension of the last chunk: hits per tier and the TTFT split
-    (for replays; OpenAI clients ignore unknown fields)."""
+    """The ``kvengine`` extension of the last chunk: hits per tier, the TTFT split and the
+    serving process's id (for replays through a router, which replica served the request;
+    OpenAI clients ignore unknown fields)."""
     handle = choices[0].handle
     if handle.seq is None:
         return {}
     return {"hit_tokens": dict(handle.seq.stats.hit_tokens),
-            **ttft_parts(handle.seq, handle.arrival_s)}
+            **ttft_parts(handle.seq, handle.arrival_s), "pid": os.getpid()}
 
 
 def _message(state: ServerState, req: GenerationRequest, c: Choice) -> tuple[dict, str]:

@@ -36,7 +36,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from engine.connector.handoff import POLL_S
+from engine.connector.handoff import POLL_S, CommitReceipt
 from engine.kv.request_scope import RequestScope
 from engine.server.errors import APIError, bad_request
 
@@ -132,6 +132,45 @@ async def _until(done: Callable[[], Awaitable[bool]], timeout_s: float) -> bool:
     return True
 
 
+async def receipt_over(receipt: CommitReceipt, timeout_s: float) -> bool:
+    """Wait (at most ``timeout_s``) until ``receipt``'s commits are over; False at the
+    timeout. Woken by the committer's thread the moment they are, not by a poll."""
+    if receipt.done:
+        return True
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[None] = loop.create_future()
+
+    def wake() -> None:
+        if not done.done():
+            done.set_result(None)
+
+    def from_any_thread() -> None:
+        loop.call_soon_threadsafe(wake)
+
+    receipt.add_done_callback(from_any_thread)
+    try:
+        await asyncio.wait_for(done, timeout_s)
+    except TimeoutError:
+        return False
+    return True
+
+
+async def prompt_committed(state: ServerState, handle: Handle) -> None:
+    """Before a request's answer ends: wait (at most ``--kv-transfer-timeout``) until the
+    commit of its prompt, sent when its prefill completed, is over, so that the client's
+    next turn finds the prompt in the shared store on whichever replica a router sends it
+    to. Nothing to wait for without a store or when the request never computed its
+    prompt. The engine never waits: only this answer's last chunk does."""
+    seq = handle.seq
+    pc = None if seq is None else seq.prefill_commit
+    if pc is None:
+        return
+    if not await receipt_over(pc.receipt, state.kv_transfer_timeout_s):
+        log.warning("the commit of a prompt's %d blocks was not over in %.1f s "
+                    "(--kv-transfer-timeout): answering without it", pc.blocks,
+                    state.kv_transfer_timeout_s)
+
+
 async def hand_off(state: ServerState, handle: Handle) -> dict[str, Any]:
     """Prefill side, after the request finished: wait (bounded) for its commit to be over,
     then tell the decode replica how many prompt blocks the store serves."""
@@ -139,22 +178,7 @@ async def hand_off(state: ServerState, handle: Handle) -> dict[str, Any]:
     start = time.perf_counter()
     over = True
     if handle.receipt is not None:
-        loop = asyncio.get_running_loop()
-        done: asyncio.Future[None] = loop.create_future()
-
-        def wake() -> None:
-            if not done.done():
-                done.set_result(None)
-
-        def from_any_thread() -> None:
-            loop.call_soon_threadsafe(wake)
-
-        # Woken by the committer's thread the moment the commit is over, not by a poll.
-        handle.receipt.add_done_callback(from_any_thread)
-        try:
-            await asyncio.wait_for(done, state.kv_transfer_timeout_s)
-        except TimeoutError:
-            over = False
+        over = await receipt_over(handle.receipt, state.kv_transfer_timeout_s)
     blocks = await asyncio.to_thread(engine.visible_prompt_blocks, handle.token_ids,
                                      handle.scope)
     full = len(handle.token_ids) // state.block_tokens

@@ -13,6 +13,15 @@ The policies are vllm-router's, made deterministic so that a replay is reproduci
   least loaded replica: without that fallback every request that shares a first block would
   pile onto one replica (vllm-router's ``--cache-threshold``, whose fallback is the replica
   with the smallest cache; its balance guard on requests in flight has no counterpart here).
+* ``kv_aware``: vllm-router's policy fed by the replicas' KV events (``--policy kv_aware``):
+  the replica whose HBM holds the longest prefix of the request's blocks, *any* length (no
+  threshold); ties go to the *highest* index among the best (the router takes Rust's
+  ``max_by_key``, which keeps the last of equal maxima). No block held anywhere (a score of
+  0, or a request with no full block) goes to the least loaded replica (ties: the lowest
+  index, ``min_by_key`` keeping the first). The router also inserts the blocks it expects
+  the chosen replica to compute as speculative entries for 2 s, until that replica's events
+  arrive; a replay commits a request's blocks to the chosen replica's HBM before the next
+  request is routed, which is what those entries stand for, so they need no model here.
 * ``sticky``: a session's first request goes to the least loaded replica (ties: lowest index);
   every later request of that session goes to the same replica.
 
@@ -132,6 +141,22 @@ class CacheAware(Router):
         return tied[0] if len(tied) == 1 else self.least_loaded(tied)
 
 
+class KvAware(Router):
+    name = "kv_aware"
+
+    def _choose(self, req: Request, hbm: Sequence[Container[Hashable]]) -> int:
+        best, pick = 0, -1
+        for r, held in enumerate(hbm):
+            n = 0
+            for k in req.keys:
+                if k not in held:
+                    break
+                n += 1
+            if n and n >= best:  # ``>=``: the last of equal maxima, as the router's
+                best, pick = n, r
+        return self.least_loaded() if pick < 0 else pick
+
+
 class Sticky(Router):
     name = "sticky"
 
@@ -148,7 +173,7 @@ class Sticky(Router):
 
 
 ROUTERS: dict[str, type[Router]] = {
-    c.name: c for c in (RoundRobin, ConsistentHash, CacheAware, Sticky)
+    c.name: c for c in (RoundRobin, ConsistentHash, CacheAware, KvAware, Sticky)
 }
 ROUTINGS: tuple[str, ...] = tuple(ROUTERS)
 

@@ -50,14 +50,16 @@ def test_blocks_the_store_dropped_are_not_marked_stored(store: WrappedStore) -> 
         store.commit_drop = {1, 2}
         run_checked(eng, [p])
         assert eng.drain(10)
-        assert sorted(store.commits[-1]) == list(range(6))
+        # The prompt's 5 full blocks went when its prefill completed, the answer's at the end.
+        assert [sorted(c) for c in store.commits[-2:]] == [list(range(5)), [5]]
         pool = eng.blocks.pool.longest_prefix(keys)
         assert len(pool) == 6
         assert not pool[1].stored_layers and not pool[2].stored_layers
         store.commit_drop = set()
+        before = len(store.commits)
         run_checked(eng, [tokens + prompt(9, 3)])
         assert eng.drain(10)
-        assert {1, 2} <= set(store.commits[-1])
+        assert {1, 2} <= set().union(*store.commits[before:])
         eng.check_integrity()
 
 
@@ -95,7 +97,8 @@ def test_every_failed_commit_is_counted_and_none_is_raised(store: WrappedStore) 
         prompts = [prompt(22, 1), prompt(22, 2)]
         seqs = run_checked(eng, prompts)
         assert eng.drain(10)
-        assert eng.scheduler.counters["commit_errors_total"] == 2
+        # Two commits a request: its prompt's (at its first token), its answer's (at its end).
+        assert eng.scheduler.counters["commit_errors_total"] == 4
         for p, s in zip(prompts, seqs, strict=True):
             assert s.output_ids == greedy_continuation(p, GREEDY.max_new_tokens)
         store.commit_error = None
@@ -115,7 +118,8 @@ def test_a_commit_that_cannot_be_submitted_leaks_nothing(
         p = prompt(22)
         (a,) = run_checked(eng, [p])
         assert a.output_ids == greedy_continuation(p, GREEDY.max_new_tokens)
-        assert eng.scheduler.counters["commit_errors_total"] == 1
+        # The prompt's commit failed at the first token; the end tried the whole chain again.
+        assert eng.scheduler.counters["commit_errors_total"] == 2
         eng.check_integrity()
         assert all(b.ref_cnt == 0 for b in eng.blocks.pool.blocks)
 
@@ -130,7 +134,7 @@ def test_a_copy_out_that_fails_leaks_no_staging(
         monkeypatch.setattr(committer_module.kernels, "read_kv_blocks", broken)
         (a,) = run_checked(eng, [prompt(22)])
         assert a.finish_reason == "length"
-        assert eng.scheduler.counters["commit_errors_total"] == 1
+        assert eng.scheduler.counters["commit_errors_total"] == 2  # the prompt's, the end's
         assert eng.committer.staging.num_jobs == 0
         assert all(b.ref_cnt == 0 for b in eng.blocks.pool.blocks)
 
@@ -180,7 +184,8 @@ def test_a_stalled_store_never_holds_pool_blocks(store: WrappedStore) -> None:
                 break
             eng.step()
             eng.check_integrity()
-        assert c.is_finished and eng.committer.unfinished == 3
+        # Two commits a request (its prompt's at its first token, its answer's at its end).
+        assert c.is_finished and eng.committer.unfinished == 6
         store.commit_gate.set()
         assert eng.drain(10)
     finally:
@@ -188,16 +193,18 @@ def test_a_stalled_store_never_holds_pool_blocks(store: WrappedStore) -> None:
         eng.close()
     assert c.output_ids == greedy_continuation(pc, params.max_new_tokens)
     tokens_b = pb + b.output_ids
-    commit_b = store.commits[1]
-    assert sorted(commit_b) == list(range(8))
+    commit_b = {**store.commits[2], **store.commits[3]}  # B's prompt, then its answer
+    assert sorted(store.commits[2]) == list(range(7)) and sorted(store.commits[3]) == [7]
     for i, raw in commit_b.items():
         assert torch.equal(payload_k(raw), expected_block(tokens_b, i, BT, LAYERS))
 
 
 def test_commits_past_the_staging_bound_are_cut_and_counted(store: WrappedStore) -> None:
-    """Staging for 10 blocks and a store that hangs: the first commit (6 blocks) waits in
-    the store, the second gets the 4 rows left (its chain's head), the third none; the
-    engine never waits, the blocks left out are counted, and what was staged arrives."""
+    """Staging for 10 blocks and a store that hangs: the first request's two commits (its
+    prompt's 5 blocks, its answer's 1) wait in the store, the second's prompt gets the 4
+    rows left (its chain's head), its end none (blocks 4 and 5 left out), the third none
+    at all (5, then all 6 at its end); the engine never waits, the blocks left out are
+    counted, and what was staged arrives."""
     params = SamplingParams(max_new_tokens=4)
     prompts = [prompt(21, s) for s in range(3)]  # 21 + 4 tokens: 6 full blocks each
     store.commit_gate.clear()
@@ -206,7 +213,7 @@ def test_commits_past_the_staging_bound_are_cut_and_counted(store: WrappedStore)
         for p in prompts:
             (s,) = run_checked(eng, [p], params)
             assert s.output_ids == greedy_continuation(p, params.max_new_tokens)
-        assert eng.link.counters()["commit_unsent_blocks_total"] == 2 + 6
+        assert eng.link.counters()["commit_unsent_blocks_total"] == 1 + 2 + 5 + 6
         store.commit_gate.set()
         assert eng.drain(10)
         eng.check_integrity()
@@ -214,7 +221,8 @@ def test_commits_past_the_staging_bound_are_cut_and_counted(store: WrappedStore)
     finally:
         store.commit_gate.set()
         eng.close()
-    assert [sorted(c) for c in store.commits] == [list(range(6)), list(range(4)), []]
+    assert [sorted(c) for c in store.commits] == [list(range(5)), [5], list(range(4)), [], [],
+                                                  []]
 
 
 @settings(max_examples=15, deadline=None)

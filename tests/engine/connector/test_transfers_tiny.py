@@ -68,7 +68,8 @@ def test_a_stalled_store_holds_no_pool_blocks(tiny: LoadedModel) -> None:
                 break
             eng.step()
             eng.check_integrity()
-        assert c.is_finished and eng.committer.unfinished == 3  # all still in the store's way
+        # All still in the store's way: two commits a request (its prompt's, its answer's).
+        assert c.is_finished and eng.committer.unfinished == 6
         store.commit_gate.set()
         eng.drain(30)
         eng.check_integrity()
@@ -78,9 +79,10 @@ def test_a_stalled_store_holds_no_pool_blocks(tiny: LoadedModel) -> None:
         eng.close()
         inner.close()
     tokens_b = pb + b.output_ids
-    assert sorted(store.commits[1]) == list(range(8))
+    assert sorted(store.commits[2]) == list(range(7)) and sorted(store.commits[3]) == [7]
+    commit_b = {**store.commits[2], **store.commits[3]}  # B's prompt, then its answer
     committed_b = torch.stack([
-        torch.frombuffer(bytearray(store.commits[1][i]), dtype=torch.float32)
+        torch.frombuffer(bytearray(commit_b[i]), dtype=torch.float32)
         for i in range(8)
     ])
     with tiny_engine(tiny, None, pool_blocks=16, budget=512) as alone:

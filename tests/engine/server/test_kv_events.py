@@ -13,6 +13,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx2 as httpx
 import openai
 import pytest
 from hypothesis import given, settings
@@ -240,3 +241,63 @@ def test_every_batch_decodes_to_what_was_encoded(ops: list[tuple], ts: float) ->
             want.append(AllBlocksCleared())
     batch = DECODER.decode(encode_batch(events, ts))
     assert batch.events == want and batch.ts == ts and batch.data_parallel_rank == 0
+
+
+def test_reset_prefix_cache_clears_the_pool_and_says_so(tiny_dir: Path,
+                                                        env: dict[str, str]) -> None:
+    """``POST /reset_prefix_cache`` (vLLM's route): the pool forgets its prefix index, the
+    events announce ``AllBlocksCleared`` after the blocks stored, and the same prompt is
+    then computed again; while a request holds blocks nothing is reset (409)."""
+    bt = 16
+    with ServeProcess(["--model", str(tiny_dir), "--block-tokens", str(bt),
+                       "--pool-tokens", str(64 * bt), "--no-cache-generated",
+                       "--kv-events-endpoint", LOOPBACK,
+                       "--kv-events-replay-endpoint", LOOPBACK], env) as server:
+        sub = Subscriber(*_endpoints(server))
+        client = openai.OpenAI(base_url=server.base_url + "/v1", api_key="none",
+                               max_retries=0, timeout=60)
+        prompt = words(30, seed=23)
+        try:
+            def cached() -> int:
+                r = client.completions.create(model=MODEL, prompt=prompt, max_tokens=1,
+                                              temperature=0)
+                assert r.usage is not None and r.usage.prompt_tokens_details is not None
+                return r.usage.prompt_tokens_details.cached_tokens or 0
+
+            assert cached() == 0
+            assert cached() > 0  # the pool holds the prompt
+            # A streamed request holds its blocks while it runs: nothing is reset. (Its
+            # first chunk, the role, comes before the engine admits it: a reset may still
+            # succeed until the next step, so ask until it answers 409.)
+            with httpx.stream("POST", server.base_url + "/v1/chat/completions", timeout=60,
+                              json={"model": MODEL, "max_tokens": 800, "ignore_eos": True,
+                                    "messages": [{"role": "user", "content": words(20, 24)}],
+                                    "stream": True}) as running:
+                lines = running.iter_lines()
+                next(lines)  # submitted
+                for _ in range(200):
+                    busy = httpx.post(server.base_url + "/reset_prefix_cache", timeout=60)
+                    if busy.status_code != 200:
+                        break
+                    time.sleep(0.005)
+            assert busy.status_code == 409, busy.text
+            assert busy.json()["error"]["code"] == "prefix_cache_in_use"
+            deadline = time.monotonic() + 30
+            while (r := httpx.post(server.base_url + "/reset_prefix_cache",
+                                   timeout=60)).status_code == 409:
+                assert time.monotonic() < deadline, "the aborted stream still holds blocks"
+                time.sleep(0.1)
+            assert r.status_code == 200, r.text
+            assert cached() == 0  # forgotten: computed again
+            deadline = time.monotonic() + 20
+            while True:
+                evs = events(sub.replay(0))
+                if any(isinstance(e, AllBlocksCleared) for e in evs[1:]):
+                    break
+                assert time.monotonic() < deadline, f"no AllBlocksCleared in {evs}"
+                time.sleep(0.1)
+            first_clear = next(i for i, e in enumerate(evs) if i and
+                               isinstance(e, AllBlocksCleared))
+            assert any(isinstance(e, BlockStored) for e in evs[1:first_clear])
+        finally:
+            sub.close()

@@ -149,3 +149,73 @@ def test_capacity_in_the_result_is_per_replica() -> None:
     res, _ = replay(ONE_SESSION, HBM_ONLY, 3, "round_robin")
     assert res.tier("hbm").capacity_blocks == 100
     assert math.isinf(replay(ONE_SESSION, SimConfig(), 2, "sticky")[0].tier("ssd").capacity_blocks)
+
+
+@settings(max_examples=40, deadline=None)
+@given(traces(), tier_caps, tier_caps, st.integers(1, 3), st.sampled_from(ROUTINGS))
+def test_instant_requests_fed_timed_are_the_plain_replay(
+    reqs: list[Request], hbm: float, dram: float, n: int, routing: str
+) -> None:
+    """``feed_timed`` with every request done when it arrives is ``feed`` (in time order;
+    equal times keep their input order), whatever the routing."""
+    reqs = sorted(reqs, key=lambda r: r.time_s)
+    config = SimConfig(hbm=cap(hbm), dram=cap(dram), ssd=ABSENT)
+    plain, loads = replay(reqs, config, n, routing)
+    sim = ReplicaSimulator(config, FleetConfig(n), make_router(routing, n))
+    seen: list[int] = []
+    replicas = sim.feed_timed([(r, r.time_s) for r in reqs],
+                              lambda i, replica: seen.append(i))
+    sim.check_integrity()
+    assert sim.result() == plain and sim.router.loads == loads
+    assert seen == list(range(len(reqs))) and len(replicas) == len(reqs)
+    assert [replicas.count(r) for r in range(n)] == loads
+
+
+def test_a_request_in_flight_neither_serves_nor_evicts_blocks() -> None:
+    """A pool of 3 blocks. C ([7, 8, 9]) is admitted at t=1 and done at t=5; D, at t=3,
+    still finds [1, 2, 3] (committed by A, done at t=0.5), which C evicts only when it
+    ends; E, at t=2 (done at t=6), misses C's blocks, which are not computed yet. The
+    plain replay (each request done at once) says the opposite for both."""
+    tiny = SimConfig(hbm=Capacity(tokens=3 * B), ssd=ABSENT)
+    a = Request(0.0, 3 * B, [1, 2, 3], B)
+    c = Request(1.0, 3 * B, [7, 8, 9], B)
+    e = Request(2.0, 2 * B, [7, 8], B)
+    d = Request(3.0, 3 * B, [1, 2, 3], B)
+    sim = ReplicaSimulator(tiny, FleetConfig(1), make_router("round_robin", 1))
+    hits: list[int] = []
+    last = [0]
+
+    def looked_up(i: int, replica: int) -> None:
+        hits.append(sim.tally.hit_tokens - last[0])
+        last[0] = sim.tally.hit_tokens
+
+    sim.feed_timed([(a, 0.5), (c, 5.0), (e, 6.0), (d, 3.5)], looked_up)
+    sim.check_integrity()
+    assert hits == [0, 0, 0, 3 * B]  # lookups in time order: a, c, e, d
+    plain, _ = replay([a, c, e, d], tiny, 1, "round_robin")
+    assert plain.hit_tokens == 2 * B  # E hits C's first two blocks, D nothing
+
+
+def test_taken_at_arrival_evicts_at_once_but_serves_only_when_done() -> None:
+    """``take_at_arrival``: C takes the pool's 3 blocks when it arrives (t=1), so D (t=3)
+    no longer finds A's; E (t=2) still misses C's blocks, which C has not computed yet;
+    F (t=6, after C is done) hits them."""
+    tiny = SimConfig(hbm=Capacity(tokens=3 * B), ssd=ABSENT)
+    a = Request(0.0, 3 * B, [1, 2, 3], B)
+    c = Request(1.0, 3 * B, [7, 8, 9], B)
+    e = Request(2.0, 2 * B, [7, 8], B)
+    d = Request(3.0, 3 * B, [1, 2, 3], B)
+    f = Request(6.0, 3 * B, [7, 8, 9], B)
+    sim = ReplicaSimulator(tiny, FleetConfig(1), make_router("round_robin", 1))
+    hits: list[int] = []
+    last = [0]
+
+    def looked_up(i: int, replica: int) -> None:
+        hits.append(sim.tally.hit_tokens - last[0])
+        last[0] = sim.tally.hit_tokens
+
+    sim.feed_timed([(a, 0.5), (c, 5.0), (e, 9.0), (d, 9.5), (f, 7.0)], looked_up,
+                   take_at_arrival=True)
+    sim.check_integrity()
+    assert hits == [0, 0, 0, 0, 3 * B]  # a, c, e, d, f
+    assert sim._taken == []  # nothing left taken once every request is done

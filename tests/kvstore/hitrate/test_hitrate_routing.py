@@ -6,6 +6,8 @@ import subprocess
 import sys
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from kvstore.hitrate.errors import ConfigError
 from kvstore.hitrate.request import Request
@@ -13,6 +15,7 @@ from kvstore.hitrate.routing import (
     ROUTINGS,
     CacheAware,
     ConsistentHash,
+    KvAware,
     RoundRobin,
     Sticky,
     make_router,
@@ -75,6 +78,48 @@ def test_cache_aware_ignores_a_short_shared_prefix() -> None:
 def test_cache_aware_ties_go_to_the_least_loaded() -> None:
     r = CacheAware(2)
     assert [r.route(req([1]), NOBODY[:2]) for _ in range(4)] == [0, 1, 0, 1]
+
+
+def test_kv_aware_follows_any_prefix_and_ties_go_to_the_last() -> None:
+    """vllm-router's kv_aware: the longest pool prefix of any length (no threshold, unlike
+    cache_aware), equal best scores to the highest index, nothing anywhere to the least
+    loaded (lowest index first)."""
+    r = KvAware(3)
+    hbm = [frozenset({0}), frozenset({0, 1, 2, 3}), frozenset({0, 1})]
+    # 1 block of 10 on every replica: cache_aware goes least loaded, kv_aware follows (the
+    # last of the equal best).
+    assert r.route(req([0, 5, 6, 7, 8, 9, 10, 11, 12, 13]), hbm) == 2
+    assert r.route(req([0, 1, 2, 9]), hbm) == 1  # 3 blocks on replica 1
+    assert r.route(req([0, 1, 7]), hbm) == 2  # 2 on replicas 1 and 2: the last
+    assert r.route(req([5, 0, 1]), hbm) == 0  # no prefix anywhere: least loaded (0)
+    assert r.route(req([]), hbm) == 0  # no full block: least loaded (loads 1, 1, 2)
+    assert r.loads == [2, 1, 2]
+    assert CacheAware(3).route(req([0, 5, 6, 7, 8, 9, 10, 11, 12, 13]), hbm) == 0
+
+
+@given(pools=st.lists(st.frozensets(st.integers(0, 6), max_size=6), min_size=1, max_size=4),
+       keys=st.lists(st.integers(0, 6), max_size=6),
+       loads=st.lists(st.integers(0, 3), min_size=4, max_size=4))
+def test_kv_aware_picks_a_longest_prefix_else_the_least_loaded(
+        pools: list[frozenset[int]], keys: list[int], loads: list[int]) -> None:
+    r = KvAware(len(pools))
+    r.loads = loads[: len(pools)]
+    before = list(r.loads)
+
+    def prefix(held: frozenset[int]) -> int:
+        n = 0
+        while n < len(keys) and keys[n] in held:
+            n += 1
+        return n
+
+    got = r.route(req(keys), pools)
+    scores = [prefix(p) for p in pools]
+    if max(scores) == 0:
+        assert got == before.index(min(before))
+    else:
+        assert scores[got] == max(scores)
+        assert all(s < max(scores) for s in scores[got + 1 :])  # the last of the best
+    assert r.loads[got] == before[got] + 1 and sum(r.loads) == sum(before) + 1
 
 
 def test_consistent_hash_is_stable_and_by_session() -> None:
