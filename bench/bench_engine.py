@@ -15,7 +15,10 @@ first token, and how the engine compares with transformers on the same checkpoin
   interleaved: decode tokens/s with 1 and with 8 requests of 512-token prompts (the time of
   ``--new-tokens`` + 1 tokens minus that of 1, on fresh prompts each), cold-prefill TTFT of a
   ~6 K-token prompt, and its TTFT when 95 % of it is already in the pool (prefix caching).
-  Target (issue 33): decode ≥ 1.0× at 1 and at 8, cold ≥ 1.2×, cached ≥ 1.0×.
+  Target (issue 33): decode ≥ 1.0× at 1 and at 8, cold ≥ 1.2×, cached ≥ 1.0×. With
+  ``--compile`` the engine with its compiled step (``kvengine --compile``) runs every case
+  too, beside the eager one in the same rounds; its graphs are built before the rounds and
+  the seconds that took are printed (the cold start).
 
 Each case is the median of ``--rounds`` interleaved rounds; every figure is printed next to
 its peer from the same run. Run each piece alone under ``/work/bin/cpu-exclusive``::
@@ -37,6 +40,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Mapping
+from dataclasses import replace
 from collections.abc import Sequence as Seq
 from pathlib import Path
 from typing import Any
@@ -91,8 +95,9 @@ class Bench:
         self.ns = engine_namespace(self.lm.spec, self.config.block_tokens)
         self.store_root = store_root
 
-    def engine(self, link: StoreLink | None = None) -> LLMEngine:
-        return LLMEngine(self.lm.model, self.config, link or NullStoreLink(self.ns))
+    def engine(self, link: StoreLink | None = None, compile_step: bool = False) -> LLMEngine:
+        config = replace(self.config, compile_step=compile_step)
+        return LLMEngine(self.lm.model, config, link or NullStoreLink(self.ns))
 
     def prompt(self, n: int, seed: int) -> list[int]:
         g = torch.Generator().manual_seed(seed)
@@ -240,9 +245,9 @@ DECODE_PROMPT_TOKENS = 512
 TTFT_PROMPT_TOKENS = 6000
 
 
-def vllm_round(b: Bench, eng: LLMEngine, peer: VllmPeer, new: int, seed: int
+def vllm_round(b: Bench, engines: Mapping[str, LLMEngine], peer: VllmPeer, new: int, seed: int
                ) -> dict[str, dict[str, float]]:
-    """One round of every case, each on the engine then on vLLM, fresh prompts each."""
+    """One round of every case, each on the engine(s) then on vLLM, fresh prompts each."""
     out: dict[str, dict[str, float]] = {}
     prompt_seed = [seed * 1000]
 
@@ -250,20 +255,23 @@ def vllm_round(b: Bench, eng: LLMEngine, peer: VllmPeer, new: int, seed: int
         prompt_seed[0] += 1
         return [b.prompt(length, prompt_seed[0] * 10 + i) for i in range(n)]
 
-    def ours(ps: list[list[int]], tokens: int) -> float:
-        t = time.perf_counter()
-        eng.generate(ps, SamplingParams(max_new_tokens=tokens, ignore_eos=True))
-        return time.perf_counter() - t
+    def ours(eng: LLMEngine) -> Any:
+        def run(ps: list[list[int]], tokens: int) -> float:
+            t = time.perf_counter()
+            eng.generate(ps, SamplingParams(max_new_tokens=tokens, ignore_eos=True))
+            return time.perf_counter() - t
+        return run
 
+    runners = [*((name, ours(eng)) for name, eng in engines.items()), ("vllm", peer.generate)]
     for n in (1, 8):
         case = {}
-        for name, run in (("engine", ours), ("vllm", peer.generate)):
+        for name, run in runners:
             t_one = run(prompts(n, DECODE_PROMPT_TOKENS), 1)
             t_all = run(prompts(n, DECODE_PROMPT_TOKENS), new + 1)
             case[name] = n * new / max(1e-9, t_all - t_one)
         out[f"decode_{n}"] = case
     cold, cached = {}, {}
-    for name, run in (("engine", ours), ("vllm", peer.generate)):
+    for name, run in runners:
         (ids,) = prompts(1, TTFT_PROMPT_TOKENS)
         cold[name] = run([ids], 1)
         run([ids[: int(TTFT_PROMPT_TOKENS * CACHED_FRACTION)]], 1)  # the prefix, cached
@@ -272,7 +280,18 @@ def vllm_round(b: Bench, eng: LLMEngine, peer: VllmPeer, new: int, seed: int
     return out
 
 
-def cmd_vllm(b: Bench, rounds: int, new: int, python: Path, eager: bool) -> dict[str, Any]:
+def warm_compiled(b: Bench, eng: LLMEngine) -> float:
+    """Build the compiled engine's graphs (several-row prefill and decode, one-row decode)
+    before any timing; returns the seconds that took."""
+    t = time.perf_counter()
+    eng.generate([b.prompt(300, 7), b.prompt(200, 8)], SamplingParams(max_new_tokens=3,
+                                                                       ignore_eos=True))
+    eng.generate([b.prompt(300, 9)], SamplingParams(max_new_tokens=3, ignore_eos=True))
+    return time.perf_counter() - t
+
+
+def cmd_vllm(b: Bench, rounds: int, new: int, python: Path, eager: bool,
+             compiled: bool = False) -> dict[str, Any]:
     started = VllmPeer.start(b.model_dir, python, eager)
     if started.peer is None:
         print(f"vLLM peer skipped: {started.reason}", flush=True)
@@ -280,27 +299,37 @@ def cmd_vllm(b: Bench, rounds: int, new: int, python: Path, eager: bool) -> dict
     peer = started.peer
     print(f"vLLM ({'eager' if eager else 'compiled'}) started in {started.startup_s:.1f} s",
           flush=True)
+    engines = {"engine": b.engine()}
+    compile_s = None
     try:
+        if compiled:
+            engines["compiled"] = b.engine(compile_step=True)
+            compile_s = warm_compiled(b, engines["compiled"])
+            print(f"compiled engine: graphs built in {compile_s:.1f} s", flush=True)
         runs = []
-        with b.engine() as eng:
-            for r in range(rounds):
-                runs.append(vllm_round(b, eng, peer, new, seed=r))
-                # Each round as it ends: a long run interrupted still leaves figures.
-                print(f"  round {r + 1}: {json.dumps(runs[-1])}", file=sys.stderr, flush=True)
+        for r in range(rounds):
+            runs.append(vllm_round(b, engines, peer, new, seed=r))
+            # Each round as it ends: a long run interrupted still leaves figures.
+            print(f"  round {r + 1}: {json.dumps(runs[-1])}", file=sys.stderr, flush=True)
     finally:
         peer.close()
+        for eng in engines.values():
+            eng.close()
     rows = {}
     for case in runs[0]:
-        med = {k: statistics.median(run[case][k] for run in runs) for k in ("engine", "vllm")}
+        med = {k: statistics.median(run[case][k] for run in runs) for k in runs[0][case]}
         # Higher is better for tokens/s, lower for seconds: the ratio says how many times
         # the engine's is better.
         ttft = case.endswith("ttft")
-        ratio = med["vllm"] / med["engine"] if ttft else med["engine"] / med["vllm"]
-        rows[case] = {**med, "ratio": ratio}
+        ratios = {f"{k}_ratio": med["vllm"] / v if ttft else v / med["vllm"]
+                  for k, v in med.items() if k != "vllm"}
+        rows[case] = {**med, "ratio": ratios["engine_ratio"], **ratios}
         unit = "s" if ttft else "tok/s"
-        print(f"| {case} | {med['engine']:.3g} {unit} | {med['vllm']:.3g} {unit} | "
-              f"{ratio:.2f}× |", flush=True)
-    return {"vllm": {"startup_s": started.startup_s, "eager": eager, "rows": rows}}
+        cells = " | ".join(f"{med[k]:.3g} {unit} ({ratios[f'{k}_ratio']:.2f}×)"
+                           for k in engines)
+        print(f"| {case} | {cells} | {med['vllm']:.3g} {unit} |", flush=True)
+    return {"vllm": {"startup_s": started.startup_s, "eager": eager, "rows": rows,
+                     "compile_s": compile_s}}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -315,6 +344,9 @@ def main(argv: list[str] | None = None) -> int:
                         "case is skipped, saying so, when it is missing")
     p.add_argument("--vllm-eager", action="store_true",
                    help="run vLLM with enforce_eager (default: its torch.compile)")
+    p.add_argument("--compile", action="store_true",
+                   help="vllm case: also run the engine with its compiled step (kvengine "
+                        "--compile) in the same rounds, beside the eager engine")
     args = p.parse_args(argv)
     model_dir, store_root = model_and_store_root(args, hybrid=False)
     b = Bench(model_dir, args.pool_tokens, args.budget, store_root)
@@ -336,9 +368,11 @@ def main(argv: list[str] | None = None) -> int:
         print("| requests | engine tok/s | transformers tok/s | ratio |\n|---|---|---|---|")
         result.update(cmd_batch(b, args.rounds, args.new_tokens))
     if args.what in ("all", "vllm"):
-        print("| case (median) | engine | vLLM-CPU | engine better by |\n|---|---|---|---|")
+        ours = "engine (better by) | compiled engine (better by)" if args.compile else \
+            "engine (better by)"
+        print(f"| case (median) | {ours} | vLLM-CPU |\n|---|---|---{'|---' * args.compile}|")
         result.update(cmd_vllm(b, args.rounds, args.new_tokens, args.vllm_python,
-                               args.vllm_eager))
+                               args.vllm_eager, args.compile))
     if args.json:
         args.json.write_text(json.dumps(result, indent=1))
     return 0
