@@ -130,10 +130,14 @@ class CompiledModel(CausalLM):
         self.options = options
         self.failed = False
         self.events: list[CompileEvent] = []
-        self._seen: set[tuple[bool, bool]] = set()
+        self._seen: set[tuple[int, int]] = set()
         inductor: dict[str, Any] = {"freezing": options.freezing or
                                     options.linear_mode == "inductor",
-                                    "cpp_wrapper": options.cpp_wrapper}
+                                    "cpp_wrapper": options.cpp_wrapper,
+                                    # Round at every cast as eager does (RMSNorm casts to
+                                    # bf16 before its scale): logits stay within an ulp or
+                                    # two of eager's instead of drifting over the layers.
+                                    "emulate_precision_casts": True}
         self._compiled = torch.compile(
             model.dense_step, backend="inductor", fullgraph=True, dynamic=None,
             mode=None if options.mode == "default" else options.mode, options=inductor)
@@ -149,8 +153,9 @@ class CompiledModel(CausalLM):
     def forward(self, batch: ForwardBatch, kv: KVCache) -> torch.Tensor:
         if self.failed:
             return self.inner(batch, kv)
-        # A new size class (1 row or several, of tokens and of logits) builds a graph.
-        shape = (batch.num_tokens == 1, int(batch.logits_indices.shape[0]) == 1)
+        # A new size class (0, 1 or several rows, of tokens and of logits) builds a graph:
+        # torch specialises sizes 0 and 1, every larger size shares one dynamic graph.
+        shape = (min(batch.num_tokens, 2), min(int(batch.logits_indices.shape[0]), 2))
         first = shape not in self._seen
         t0 = time.perf_counter()
         try:

@@ -87,7 +87,7 @@ def test_a_failed_compile_logs_one_line_and_runs_eager(
         tiny_lm: LoadedModel, caplog: pytest.LogCaptureFixture) -> None:
     inner = tiny_lm.model
     assert isinstance(inner, DecoderLM)
-    broken = _Unsupported(inner.cfg, inner.spec)
+    broken = _Unsupported(inner.cfg, inner.spec).to(inner.spec.dtype)
     broken.load_state_dict(inner.state_dict())
     broken.init_buffers(torch.device("cpu"))
     compiled = InductorStep(CompileOptions()).prepare(broken)
