@@ -13,8 +13,10 @@ cache, each layer's attention module), and each layer calls ``attend(q, k, v, la
   invariant, a C kernel) runs behind it unchanged, and the graph never sees the metadata.
 
 The op writes the pool, which is not among its arguments: nothing else in a graph reads or
-writes the pool, so no ordering the compiler could change depends on that write, and the
-op's result is always used (the output projection reads it), so it is never dropped.
+writes the pool, so no ordering the compiler could change depends on that write. The
+compiler sees a pure op, though, and drops it when nothing reads its result: a graph must
+always return rows that depend on every layer (``CompiledModel`` never compiles a step
+without logits rows; a step with none asks for one and drops it).
 """
 
 from __future__ import annotations

@@ -147,15 +147,20 @@ class CompiledModel(CausalLM):
         for t in (input_ids, positions, logits_indices):
             torch._dynamo.maybe_mark_dynamic(t, 0)
         kernels_linear.compiled_linear_mode = self.options.linear_mode
+        if logits_indices.numel() == 0:
+            # A graph whose output has no rows reads none of the layers' outputs, so
+            # inductor drops them, attention ops (and their KV writes) included: ask for
+            # one row and return none, so every layer still runs.
+            return self._compiled(input_ids, positions, logits_indices.new_zeros(1))[:0]
         return self._compiled(input_ids, positions, logits_indices)
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, kv: KVCache) -> torch.Tensor:
         if self.failed:
             return self.inner(batch, kv)
-        # A new size class (0, 1 or several rows, of tokens and of logits) builds a graph:
-        # torch specialises sizes 0 and 1, every larger size shares one dynamic graph.
-        shape = (min(batch.num_tokens, 2), min(int(batch.logits_indices.shape[0]), 2))
+        # A new size class (1 row or several, of tokens and of logits) builds a graph:
+        # torch specialises a size of 1, every larger size shares one dynamic graph.
+        shape = (min(batch.num_tokens, 2), max(1, min(int(batch.logits_indices.shape[0]), 2)))
         first = shape not in self._seen
         t0 = time.perf_counter()
         try:
