@@ -7,7 +7,8 @@ all alike. Prints the median step time of ≥ 3 rounds and each variant's ratio 
 each thread count and request count, then the compile's cold-start cost (seconds to build
 the graphs; run it twice to see inductor's on-disk cache: the second process is warm).
 
-    PYTHONPATH=. python bench/bench_compile.py --model ~/.cache/kvengine/models/smollm2-135m-instruct
+    PYTHONPATH=. python bench/bench_compile.py \
+        --model ~/.cache/kvengine/models/smollm2-135m-instruct
 """
 
 from __future__ import annotations
@@ -86,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     # Warm every graph (and measure the builds) before timing anything.
     cold: dict[str, list[float]] = {}
     for name, m in compiled.items():
-        for n, b in batches.items():
+        for b in batches.values():
             t0 = time.perf_counter()
             m(b, kv)
             cold.setdefault(name, []).append(round(time.perf_counter() - t0, 2))

@@ -40,8 +40,8 @@ import sys
 import tempfile
 import time
 from collections.abc import Mapping
-from dataclasses import replace
 from collections.abc import Sequence as Seq
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 

@@ -143,7 +143,7 @@ class PreparedWeight:
     """A weight's prepared form, rebuilt when the weight changes (a new tensor, an in-place
     write: ``_version``), so loading new weights into a module needs no extra call."""
 
-    __slots__ = ("_cached", "_handle", "__weakref__")
+    __slots__ = ("__weakref__", "_cached", "_handle")
 
     def __init__(self) -> None:
         self._cached: _Prepared | None = None

@@ -138,8 +138,9 @@ class CompiledModel(CausalLM):
                                     # bf16 before its scale): logits stay within an ulp or
                                     # two of eager's instead of drifting over the layers.
                                     "emulate_precision_casts": True}
+        dense: Callable[..., torch.Tensor] = getattr(model, "dense_step")  # noqa: B009
         self._compiled = torch.compile(
-            model.dense_step, backend="inductor", fullgraph=True, dynamic=None,
+            dense, backend="inductor", fullgraph=True, dynamic=None,
             mode=None if options.mode == "default" else options.mode, options=inductor)
 
     def _dense(self, input_ids: torch.Tensor, positions: torch.Tensor,

@@ -109,7 +109,8 @@ class DecoderLM(CausalLM):
             raise ValueError(f"the KV cache has {len(kv.k)} layers, the model "
                              f"{self.cfg.num_layers}")
         batch.validate(kv.k[0], kv.v[0])  # once for every layer's kernel calls
-        ctx = StepContext(batch, kv, [layer.self_attn for layer in self.model.layers])
+        attention: list[Attention] = [layer.self_attn for layer in self.model.layers]  # type: ignore[misc]
+        ctx = StepContext(batch, kv, attention)
         with step_context(ctx):
             return dense(batch.input_ids, batch.positions, batch.logits_indices)
 
