@@ -173,11 +173,13 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
                         "then repeats its text. Slower (the cost: bench/RESULTS.md)")
     p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=False,
                    help="torch.compile the model's step (inductor's CPU C++ backend; "
-                        "attention stays the backend's kernel): the first step of each "
-                        "size class (one row, several rows) builds a graph, ~0.5–2 min on "
-                        "2 cores for a 30-layer model, seconds when inductor's disk cache "
-                        "(TORCHINDUCTOR_CACHE_DIR) has it; if a compile fails, one warning "
-                        "and eager. Off under --deterministic. Figures: bench/RESULTS.md")
+                        "attention stays the backend's kernel). Measured: ~10%% faster "
+                        "decode steps at 1 request, but the first step of each size class "
+                        "(one row, several rows) builds a graph: ~2 min for a 30-layer "
+                        "model on 2 cores at load 6–11, far more under heavier load, ~40 s when "
+                        "inductor's disk cache (TORCHINDUCTOR_CACHE_DIR) has it. If a "
+                        "compile fails: one warning, then eager. Off under --deterministic. "
+                        "Figures: bench/RESULTS.md")
     p.add_argument("--dram", default="1GiB", metavar="SIZE",
                    help="embedded: DRAM tier size (like 512MiB or 2GiB)")
     p.add_argument("--ssd-capacity", default="8GiB", metavar="SIZE",
