@@ -173,8 +173,9 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
                         "then repeats its text. Slower (the cost: bench/RESULTS.md)")
     p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=False,
                    help="torch.compile the model's step (inductor's CPU C++ backend; "
-                        "attention stays the backend's kernel). Measured: ~10%% faster "
-                        "decode steps at 1 request, but the first step of each size class "
+                        "attention stays the backend's kernel). Measured on 2 cores: decode "
+                        "steps ~7-10%% faster at 1 request, ~12%% slower at 8; the first "
+                        "step of each size class "
                         "(one row, several rows) builds a graph: ~2 min for a 30-layer "
                         "model on 2 cores at load 6–11, far more under heavier load, ~40 s when "
                         "inductor's disk cache (TORCHINDUCTOR_CACHE_DIR) has it. If a "
