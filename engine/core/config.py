@@ -37,6 +37,10 @@ class EngineConfig:
     # Batch-invariant numerics (engine.core.numerics): a request's logits bitwise the same
     # whatever shares its steps, however it was chunked, wherever its prefix came from.
     deterministic: bool = False
+    # torch.compile (inductor, CPU C++) of the model's dense step (engine.model.compiled):
+    # the first step of each size class builds a graph (tens of seconds), later ones skip
+    # Python dispatch. Off under deterministic mode.
+    compile_step: bool = False
 
     def __post_init__(self) -> None:
         if self.block_tokens < 1:

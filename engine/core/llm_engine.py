@@ -100,8 +100,9 @@ class LLMEngine:
         self.planner = self.kv.planner
         self.loader = self.connector.loader
         self.committer = self.connector.committer
-        self.runner = ModelRunner(self.numerics.prepare(model), self.cache, self.kv,
-                                  self.backend)
+        compiler = self.numerics.compiler(config.compile_step)
+        self.runner = ModelRunner(compiler.prepare(self.numerics.prepare(model)), self.cache,
+                                  self.kv, self.backend)
         # Structured outputs (engine.structured.backend.GrammarBackend), set by a server
         # that offers them: a request with ``params.constraint`` gets a matcher from it.
         self.grammar: GrammarBackend | None = None

@@ -28,6 +28,7 @@ not hold, rather than run non-deterministically under the flag.
 
 from __future__ import annotations
 
+import logging
 from abc import ABC, abstractmethod
 from typing import Any
 
@@ -40,10 +41,13 @@ from engine.core.forward_batch import ForwardBatch
 from engine.errors import EngineInputError
 from engine.kv.cache import KVCache
 from engine.model.base import CausalLM
+from engine.model.compiled import EagerStep, StepCompiler, step_compiler
 from kernels.invariant.matmul import invariant_linear
 from kernels.linear import plain_linears
 
 INVARIANT_BACKEND = "invariant"
+
+log = logging.getLogger(__name__)
 
 
 class DeterminismUnavailable(EngineInputError):
@@ -91,6 +95,10 @@ class Numerics(ABC):
     @abstractmethod
     def prepare(self, model: CausalLM) -> CausalLM: ...
 
+    @abstractmethod
+    def compiler(self, requested: bool) -> StepCompiler:
+        """What compiles the model's step (``--compile``: ``requested``)."""
+
 
 class StandardNumerics(Numerics):
     """The null object: the fastest kernels, results that may depend on the batch."""
@@ -102,6 +110,9 @@ class StandardNumerics(Numerics):
 
     def prepare(self, model: CausalLM) -> CausalLM:
         return model
+
+    def compiler(self, requested: bool) -> StepCompiler:
+        return step_compiler(requested)
 
 
 class BatchInvariantNumerics(Numerics):
@@ -117,6 +128,14 @@ class BatchInvariantNumerics(Numerics):
     def prepare(self, model: CausalLM) -> CausalLM:
         check_linears(model)
         return BatchInvariantModel(model)
+
+    def compiler(self, requested: bool) -> StepCompiler:
+        # A compiled graph calls its kernels directly: the mode would see no F.linear to
+        # pad, and inductor's fused loops are not checked for batch invariance.
+        if requested:
+            log.warning("--compile is off under --deterministic (a compiled step would "
+                        "bypass the batch-invariant products); running eager")
+        return EagerStep()
 
 
 NUMERICS: dict[bool, type[Numerics]] = {False: StandardNumerics, True: BatchInvariantNumerics}

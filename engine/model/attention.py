@@ -7,7 +7,8 @@ the pool at ``slot_mapping`` first, so the kernels read every key of a sequence,
 chunk's included, from where it lies (``kernels.paged_prefill_attention`` for the prefill rows,
 ``kernels.paged_decode_attention`` for the decode rows that follow them). The step's
 metadata was validated once (``ForwardBatch.validate``), so each call passes
-``validated=True``.
+``validated=True``. The write and the kernels (``attend``) run behind
+``engine.model.attention_op.attend``, one opaque call a compiled step keeps out of its graph.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from torch import nn
 
 import kernels
 from engine.core.forward_batch import ForwardBatch
+from engine.model import attention_op
 from engine.model.config import ModelConfig
 from engine.model.linear import Linear
 from engine.model.norm import RMSNorm
@@ -26,6 +28,7 @@ from engine.model.rope import apply_rotary
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig, layer: int) -> None:
         super().__init__()
+        self.layer = layer
         self.num_heads = cfg.num_heads
         self.num_kv_heads = cfg.num_kv_heads
         self.head_dim = cfg.head_dim
@@ -43,15 +46,7 @@ class Attention(nn.Module):
             self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps, cfg.norm_style)
             self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps, cfg.norm_style)
 
-    def forward(
-        self,
-        x: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
-        batch: ForwardBatch,
-        k_pool: torch.Tensor,
-        v_pool: torch.Tensor,
-    ) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         tokens = x.shape[0]
         qkv = self.qkv_proj(x)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
@@ -68,6 +63,12 @@ class Attention(nn.Module):
             qk = apply_rotary(qkv[:, : self.q_size + self.kv_size].view(
                 tokens, heads, self.head_dim), cos, sin)
             q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]
+        out = attention_op.attend(q, k, v, self.layer)
+        return self.o_proj(out.reshape(tokens, self.q_size))
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: ForwardBatch,
+               k_pool: torch.Tensor, v_pool: torch.Tensor) -> torch.Tensor:
+        """Write the step's K/V at its slots, then attend: ``[tokens, heads, head_dim]``."""
         backend = batch.backend
         slots = batch.slot_mapping
         if self.window is None and batch.full_slot_mapping is not None:
@@ -92,5 +93,4 @@ class Attention(nn.Module):
             ))
         if not parts:
             raise ValueError("a ForwardBatch needs prefill or decode metadata")
-        out = parts[0] if len(parts) == 1 else torch.cat(parts)
-        return self.o_proj(out.reshape(tokens, self.q_size))
+        return parts[0] if len(parts) == 1 else torch.cat(parts)

@@ -12,12 +12,15 @@ layers and one for full ones, and ``cap * tanh(logits / cap)`` on the logits.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 
 from engine.core.forward_batch import ForwardBatch
 from engine.kv.cache import KVCache
 from engine.model.attention import Attention
+from engine.model.attention_op import StepContext, step_context
 from engine.model.base import CausalLM
 from engine.model.config import ModelConfig
 from engine.model.linear import Linear
@@ -26,6 +29,9 @@ from engine.model.norm import RMSNorm
 from engine.model.rope import RopeConfig, RotaryEmbedding, inverse_frequencies
 from engine.model.spec import ModelSpec
 from kernels.linear import PreparedWeight
+
+#: ``(input_ids, positions, logits_indices) -> float32 logits``: ``DecoderLM.dense_step``.
+DenseStep = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 class DecoderLayer(nn.Module):
@@ -46,16 +52,8 @@ class DecoderLayer(nn.Module):
             self.post_feedforward_layernorm = RMSNorm(cfg.hidden_size, eps, style)
         self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias, cfg.activation)
 
-    def forward(
-        self,
-        h: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
-        batch: ForwardBatch,
-        k_pool: torch.Tensor,
-        v_pool: torch.Tensor,
-    ) -> torch.Tensor:
-        a = self.self_attn(self.input_layernorm(h), cos, sin, batch, k_pool, v_pool)
+    def forward(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        a = self.self_attn(self.input_layernorm(h), cos, sin)
         if self.pre_feedforward_layernorm is None or self.post_feedforward_layernorm is None:
             h = h + a
             return h + self.mlp(self.post_attention_layernorm(h))
@@ -101,20 +99,35 @@ class DecoderLM(CausalLM):
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, kv: KVCache) -> torch.Tensor:
+        return self.run_step(batch, kv, self.dense_step)
+
+    def run_step(self, batch: ForwardBatch, kv: KVCache, dense: DenseStep) -> torch.Tensor:
+        """One engine step with ``dense`` computing it (``dense_step`` itself, or a compiled
+        form of it): the metadata checked once, the attention calls pointed at ``batch`` and
+        ``kv`` (``engine.model.attention_op``)."""
         if len(kv.k) != self.cfg.num_layers:
             raise ValueError(f"the KV cache has {len(kv.k)} layers, the model "
                              f"{self.cfg.num_layers}")
         batch.validate(kv.k[0], kv.v[0])  # once for every layer's kernel calls
+        attention: list[Attention] = [layer.self_attn for layer in self.model.layers]  # type: ignore[misc]
+        ctx = StepContext(batch, kv, attention)
+        with step_context(ctx):
+            return dense(batch.input_ids, batch.positions, batch.logits_indices)
+
+    def dense_step(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                   logits_indices: torch.Tensor) -> torch.Tensor:
+        """The step as a function of its tokens alone (attention reads the rest from the
+        ``StepContext``), so ``torch.compile`` can trace it whole."""
         embed = self.model.embed_tokens
-        h = embed(batch.input_ids)
+        h = embed(input_ids)
         if self.cfg.embed_scale:
             h = h * torch.tensor(self.cfg.hidden_size**0.5).to(embed.weight.dtype)
-        cos_sin = [rotary(batch.positions, h.dtype) for rotary in self.rotaries]
+        cos_sin = [rotary(positions, h.dtype) for rotary in self.rotaries]
         for i, layer in enumerate(self.model.layers):
             cos, sin = cos_sin[self.layer_rotary[i]]
-            h = layer(h, cos, sin, batch, kv.k[i], kv.v[i])
+            h = layer(h, cos, sin)
         # Norm and logits only for the rows the runner asked for.
-        h = self.model.norm(h.index_select(0, batch.logits_indices))
+        h = self.model.norm(h.index_select(0, logits_indices))
         if self.lm_head is None:
             logits = self.tied_logits.linear(h, embed.weight, None)
         else:

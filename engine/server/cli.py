@@ -142,7 +142,8 @@ def run(args: argparse.Namespace) -> int:
                           cache_generated_tokens=not args.no_cache_generated,
                           replay_keep_tokens=args.replay_keep, replay_force=args.force,
                           cache_all_layers=args.cache_all_layers,
-                          max_model_len=args.max_model_len, deterministic=args.deterministic)
+                          max_model_len=args.max_model_len, deterministic=args.deterministic,
+                          compile_step=args.compile)
     store_opts = StoreOptions(dram_bytes=parse_size(args.dram),
                               ssd_capacity_bytes=parse_size(args.ssd_capacity),
                               auth_token_file=args.store_token_file)

@@ -269,3 +269,17 @@ def test_help_explains_every_flag(capsys: pytest.CaptureFixture[str]) -> None:
         assert action.option_strings[-1] in text
     for word in ("none", "embedded", "grpc://", "session", "hit", "exit status 2"):
         assert word in text
+
+
+@pytest.mark.slow
+def test_compile_gives_the_same_answers(tiny_dir: Path, session_file: Path,
+                                        capsys: pytest.CaptureFixture[str]) -> None:
+    """``--compile`` end to end (a multi-turn session: prefill chunks, pool hits, decode):
+    the same greedy tokens as eager (engine.model.compiled; ~1 min cold on a loaded VM)."""
+    answers = []
+    for flag in ("--no-compile", "--compile"):
+        code, out, err = generate(capsys, "--model", str(tiny_dir), "--session-file",
+                                  str(session_file), "--max-new-tokens", "5", "--json", flag)
+        assert code == 0 and "running eager" not in err, err
+        answers.append([t["token_ids"] for t in json.loads(out)["turns"]])
+    assert answers[0] == answers[1]
