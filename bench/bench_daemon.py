@@ -1,7 +1,7 @@
 """Cache-daemon throughput: put/get MB/s and p99 per call, gRPC and shared-memory paths,
 side by side with Redis, Mooncake Store and memcpy measured in the same run.
 
-Work (as /work/shared/peers/kvbench.py): N values of SIZE bytes, put all, then get all
+Work (as ../shared/peers/kvbench.py): N values of SIZE bytes, put all, then get all
 in random order; 1 client, then C client processes on disjoint slices. Calls move
 ``--batch`` values each (1 = per-value calls like the peers' harness; 16 = one
 1024-token prefix at 64 tokens per block, how an engine calls ``get_into``); Redis

@@ -25,7 +25,7 @@ first token, and how the engine compares with transformers on the same checkpoin
   and the seconds that took are printed (the cold start).
 
 Each case is the median of ``--rounds`` interleaved rounds; every figure is printed next to
-its peer from the same run. Run each piece alone under ``/work/bin/cpu-exclusive``::
+its peer from the same run. Run each piece alone on an otherwise idle machine::
 
     python -m bench.bench_engine ttft --sizes 4096,16384
     python -m bench.bench_engine ttft --sizes 32768 --rounds 3

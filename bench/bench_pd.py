@@ -14,7 +14,7 @@ co-located one (``--kv-role both``), a ``prefill`` and a ``decode`` one — and 
 Rounds interleave the configurations; figures are medians over every prompt of every round,
 ratios against the co-located request of the same run. Run alone::
 
-    /work/bin/cpu-exclusive .venv/bin/python -m bench.bench_pd
+    .venv/bin/python -m bench.bench_pd
 """
 
 from __future__ import annotations

@@ -12,8 +12,8 @@ the bytes per token the store keeps. Ratios are against the same run's figures.
 
 The store is filled once per ``N`` by one cold prefill of the ``N`` cached tokens in exact
 mode; bounded mode's namespace gets the same full-attention blocks copied over (a bounded
-fill would store exactly those bytes: the full layers of a cold prefill). Run alone under
-``/work/bin/cpu-exclusive``::
+fill would store exactly those bytes: the full layers of a cold prefill). Run alone, on an otherwise
+idle machine::
 
     python -m bench.bench_replay --sizes 4096,16384 --new-tokens 1024
 """

@@ -13,7 +13,7 @@ in flight, so a session's blocks are gone from the pool by its next turn. Each
 configuration is started fresh (empty pool and store) per round; rounds interleave the
 two and the figures are medians over rounds. Run alone::
 
-    /work/bin/cpu-exclusive .venv/bin/python -m bench.bench_serve
+    .venv/bin/python -m bench.bench_serve
 """
 
 from __future__ import annotations

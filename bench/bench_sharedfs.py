@@ -19,7 +19,7 @@ with the default poll, then lookup + get latency). Medians of interleaved rounds
 flight, as fio's ``--iodepth=32`` means (fio's queue never drains; one caller of 32 drains
 its queue every call, and the tier manager's write-back keeps two puts in flight).
 
-Run: ``/work/bin/cpu-exclusive .venv/bin/python -m bench.bench_sharedfs`` (needs root and
+Run: ``.venv/bin/python -m bench.bench_sharedfs`` (needs root and
 /dev/fuse; installs MooseFS/GlusterFS and fio from Debian when absent). ``--quick``:
 shorter runs, smaller working set.
 """

@@ -8,7 +8,7 @@ slot writes, encoding included), ``sync`` (the data syncs), ``manifest_append`` 
 (all threads) and the whole machine (/proc/stat) per call, against fio's on the same
 mount for the same bytes.
 
-Run alone: ``/work/bin/cpu-exclusive .venv/bin/python -m bench.profile_sharedfs``.
+Run alone: ``.venv/bin/python -m bench.profile_sharedfs``.
 """
 
 from __future__ import annotations

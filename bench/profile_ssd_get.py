@@ -10,7 +10,7 @@ completions; the union of those intervals over all callers is the time the devic
 something of ours to do, and the rest of the wall time is the device idle on our account
 (fio's queue never empties). Head, tail and blocked time are summed over the callers,
 per ``qd`` blocks read.
-Run alone: ``/work/bin/cpu-exclusive .venv/bin/python -m bench.profile_ssd_get``.
+Run alone: ``.venv/bin/python -m bench.profile_ssd_get``.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ the io_uring calls (``submit``, ``wait_cqe``: time blocked on the device) and
 ``qd/N`` blocks per call each (two group commits in flight); phases are then summed over
 the threads, per call of the whole (``qd`` blocks), so they can add up to more than the
 wall time per call.
-Run alone: ``/work/bin/cpu-exclusive .venv/bin/python -m bench.profile_ssd_put``.
+Run alone: ``.venv/bin/python -m bench.profile_ssd_put``.
 """
 
 from __future__ import annotations

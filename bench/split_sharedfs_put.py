@@ -12,7 +12,7 @@ what a put writes per block: 262,208 bytes (header + payload) at 4 KiB-aligned o
 fio's own CPU is not listed (it has exited when the round ends; the machine's total
 includes it), and its wall includes its start (~0.1 s a round).
 
-Run alone: ``/work/bin/cpu-exclusive .venv/bin/python -m bench.split_sharedfs_put``.
+Run alone: ``.venv/bin/python -m bench.split_sharedfs_put``.
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ I/O backend:
 
 All are compared with ``fio --rw=randread --iodepth=qd`` on the same files, in the rounds
 of ``bench.fio.bracketed_rounds`` (every run of ours between two fio runs). Run alone:
-``/work/bin/cpu-exclusive .venv/bin/python -m bench.ssd_get_bounds``.
+``.venv/bin/python -m bench.ssd_get_bounds``.
 
 ``--op put`` asks the same of the write path, against ``fio --rw=randwrite
 --fdatasync=qd``: ``raw_write`` (``qd`` slot writes of two segments per call, the call's
