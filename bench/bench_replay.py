@@ -5,7 +5,8 @@ Cold: the whole prompt prefilled from nothing. Exact reuse (``--cache-all-layers
 store holds every layer (full and sliding layers in two namespaces; the sliding ones are
 loaded only for the last window's blocks) and a hit computes only the new tokens. Bounded
 replay (the default keep): the store holds the full-attention layers only and a hit
-recomputes ``keep`` + new tokens. Each hit is served from the embedded store's DRAM, then,
+recomputes ``keep`` + new tokens (``--keeps``: the default keep, and others beside it, a
+keep below the default measured forced). Each hit is served from the embedded store's DRAM, then,
 the store reopened on the same directory (empty DRAM), from its SSD. Per case: TTFT, the
 tokens computed and replayed (counted by the engine), the bytes loaded from the store, and
 the bytes per token the store keeps. Ratios are against the same run's figures.
@@ -16,6 +17,7 @@ fill would store exactly those bytes: the full layers of a cold prefill). Run al
 idle machine::
 
     python -m bench.bench_replay --sizes 4096,16384 --new-tokens 1024
+    python -m bench.bench_replay --model DIR --sizes 31744 --keeps default,140
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ import torch
 from bench.engine_args import add_engine_args, model_and_store_root
 from bench.harness import machine
 from bounded_replay import default_keep_tokens
+from bounded_replay.errors import ReplayError
 from engine.connector.store_link import KVStoreLink, NullStoreLink, StoreLink
 from engine.core.config import EngineConfig
 from engine.core.llm_engine import LLMEngine
@@ -46,7 +49,32 @@ from kvstore.keys import Namespace, chain_keys
 from kvstore.tier import CommitResult, KVStore
 
 ONE_TOKEN = SamplingParams(max_new_tokens=1, ignore_eos=True)
-MODES = ("exact", "bounded")
+
+
+def parse_keeps(text: str, layer_windows: list[int | None] | tuple[int | None, ...]
+                ) -> tuple[int, ...]:
+    """``--keeps`` as token counts, in the order given, each once: ``default`` is the
+    largest window + 12; a count must be >= 1 (keep 0 is exact mode, measured anyway)."""
+    keeps: list[int] = []
+    for word in text.split(","):
+        word = word.strip()
+        if word == "default":
+            keep = default_keep_tokens(layer_windows)
+        elif word.isdigit() and int(word) >= 1:
+            keep = int(word)
+        else:
+            raise ReplayError(f"--keeps takes 'default' or token counts >= 1, got {word!r}")
+        if keep < 1:
+            raise ReplayError("--keeps default: the model has no sliding layers to replay")
+        if keep not in keeps:
+            keeps.append(keep)
+    return tuple(keeps)
+
+
+def mode_name(keep: int, default_keep: int) -> str:
+    """``bounded`` for the default keep (the name earlier runs' JSON used), else
+    ``bounded-kN``; no ``_`` in it: a case is ``<mode>_<tier>``."""
+    return "bounded" if keep == default_keep else f"bounded-k{keep}"
 
 
 class ReadOnlyLink(KVStoreLink):
@@ -60,16 +88,20 @@ class ReadOnlyLink(KVStoreLink):
 
 class Bench:
     def __init__(self, lm: LoadedModel, pool_tokens: int, budget: int, store_root: Path,
-                 dram_bytes: int, ssd_bytes: int) -> None:
+                 dram_bytes: int, ssd_bytes: int, keeps: tuple[int, ...] = ()) -> None:
         self.lm = lm
+        default = default_keep_tokens(lm.spec.layer_windows)
         self.configs = {
             "exact": EngineConfig(pool_tokens=pool_tokens, max_batched_tokens=budget,
                                   cache_all_layers=True),
-            # opted into (exact is the default): the safe keep, largest window + 12
-            "bounded": EngineConfig(pool_tokens=pool_tokens, max_batched_tokens=budget,
-                                    replay_keep_tokens=default_keep_tokens(
-                                        lm.spec.layer_windows)),
         }
+        # opted into (exact is the default): the safe keep, largest window + 12, unless
+        # --keeps names others (below it, forced: issue 30's keep 140)
+        for keep in keeps or (default,):
+            self.configs[mode_name(keep, default)] = EngineConfig(
+                pool_tokens=pool_tokens, max_batched_tokens=budget,
+                replay_keep_tokens=keep, replay_force=keep < default)
+        self.modes = tuple(self.configs)
         self.ns = {m: engine_namespaces(lm.spec, c.block_tokens,
                                         c.replay_policy(lm.spec.layer_windows))
                    for m, c in self.configs.items()}
@@ -98,10 +130,10 @@ class Bench:
         (seq,) = eng.generate([ids], ONE_TOKEN)
         return seq
 
-    def copy_full_layers(self, store: KVStore, tokens: list[int]) -> None:
-        """Exact mode's full-attention blocks, committed under bounded mode's namespace."""
+    def copy_full_layers(self, store: KVStore, tokens: list[int], mode: str) -> None:
+        """Exact mode's full-attention blocks, committed under a bounded mode's namespace."""
         src: Namespace = self.ns["exact"].primary
-        dst: Namespace = self.ns["bounded"].primary
+        dst: Namespace = self.ns[mode].primary
         if tuple(src.cached_layers) != tuple(dst.cached_layers):
             raise RuntimeError("exact and bounded primary namespaces hold different layers")
         src_keys, dst_keys = chain_keys(src, tokens), chain_keys(dst, tokens)
@@ -134,14 +166,15 @@ class Bench:
             try:
                 with self.engine("exact", store, fill=True) as eng:  # N tokens, cold
                     self.run_one(eng, ids[:n])
-                self.copy_full_layers(store, ids[:n])
+                for mode in self.modes[1:]:
+                    self.copy_full_layers(store, ids[:n], mode)
                 store.flush()
-                for mode in MODES:
+                for mode in self.modes:
                     with self.engine(mode, store) as eng:
                         out[f"{mode}_dram"] = self.case(eng, ids)
             finally:
                 store.close()
-            for mode in MODES:  # reopened: an empty DRAM tier, reads from the SSD
+            for mode in self.modes:  # reopened: an empty DRAM tier, reads from the SSD
                 store = self.open_store(directory)
                 try:
                     with self.engine(mode, store) as eng:
@@ -163,13 +196,22 @@ def main(argv: list[str] | None = None) -> int:
                         "a cold prefill of minutes)")
     p.add_argument("--dram", type=int, default=2 << 30, help="store DRAM tier bytes")
     p.add_argument("--ssd", type=int, default=8 << 30, help="store SSD tier bytes")
+    p.add_argument("--keeps", default="default",
+                   help="bounded modes' keeps, comma-separated: 'default' (largest window "
+                        "+ 12: 524 on Gemma 3) and token counts; one below the default is "
+                        "measured forced (e.g. default,140: the window-blind keep of issue 12)")
     args = p.parse_args(argv)
     model_dir, store_root = model_and_store_root(args, hybrid=True)
     sizes = [int(s) for s in args.sizes.split(",")]
     lm = load_model(model_dir)
+    try:
+        keeps = parse_keeps(args.keeps, lm.spec.layer_windows)
+    except ReplayError as e:
+        p.error(str(e))
     pool = (max(sizes) + args.new_tokens) * 2 + 4096
-    b = Bench(lm, pool, args.budget, store_root, args.dram, args.ssd)
-    keep = b.configs["bounded"].replay_policy(lm.spec.layer_windows).keep_tokens
+    b = Bench(lm, pool, args.budget, store_root, args.dram, args.ssd, keeps)
+    keep = ", ".join(str(b.configs[m].replay_policy(lm.spec.layer_windows).keep_tokens)
+                     for m in b.modes[1:])
     print(f"# bench_replay on {model_dir.name}: {machine()}, torch threads "
           f"{torch.get_num_threads()}, budget {args.budget} tokens/step, keep {keep}, "
           f"{args.new_tokens} new tokens, {args.rounds} round(s) (median)")
@@ -196,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"{first['stored_bytes_per_token']:.0f} | {vs_cold} | "
                   f"{vs_exact} |", flush=True)
     if args.json:
-        args.json.write_text(json.dumps({"keep_tokens": keep, "rows": rows}, indent=1))
+        args.json.write_text(json.dumps({"keep_tokens": list(keeps), "rows": rows}, indent=1))
     return 0
 
 

@@ -43,6 +43,11 @@ MEASURED_FIDELITY: tuple[MeasuredKeep, ...] = (
     MeasuredKeep("bfloat16", 32704, 1036, 0.000852, 0.000512),
     MeasuredKeep("float32", 2048, 524, 0.00238, 2.56e-12),
     MeasuredKeep("float32", 8192, 524, 0.00293, 2.28e-12),
+    MeasuredKeep("float32", 8192, 140, 0.0250, 2.28e-12),
+    MeasuredKeep("float32", 8192, 1036, 0.000140, 2.28e-12),
+    MeasuredKeep("float32", 16384, 140, 0.0361, 6.22e-12),
+    MeasuredKeep("float32", 16384, 524, 0.00434, 6.22e-12),
+    MeasuredKeep("float32", 16384, 1036, 0.000106, 6.22e-12),
 )
 
 
