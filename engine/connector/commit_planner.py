@@ -20,15 +20,17 @@ manager (``engine.kv.kv_manager``) records them.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterable
 
 from engine.connector.committer import CommitJob, KVCommitter
 from engine.connector.store_link import StoreLink
 from engine.connector.transfer import note_job_error
 from engine.core.sequence import Sequence
 from engine.kv.kv_manager import KVManager
+from engine.kv.sliding_tables import WindowListener
 
 
-class CommitPlanner:
+class CommitPlanner(WindowListener):
     """Commits for finished sequences over ``links`` (the primary first); ``counters``:
     the engine's (failed commits are counted there)."""
 
@@ -49,40 +51,57 @@ class CommitPlanner:
         that the store lacks, one job per link. Their bytes are copied out of the pool now
         (the caller may free the blocks at once); under back-pressure a job sends the head
         its staging rows hold, or is dropped, and the link counts the blocks left out."""
+        for link in self.links:
+            self._submit(seq, link, range(full), full)
+
+    def leaving(self, seq: Sequence, indices: list[int]) -> None:
+        """A hybrid pool is about to give back the sliding rows of ``seq``'s chain blocks
+        ``indices`` (they left its window): exact mode sends them now, to the sliding
+        layers' namespace, as the finished request's commit would have. Best-effort."""
+        try:
+            for link in self.links[1:]:
+                self._submit(seq, link, indices, indices[-1] + 1)
+        except Exception as e:
+            note_job_error("commit", e, self.counters)
+
+    def _submit(self, seq: Sequence, link: StoreLink, indices: Iterable[int],
+                full: int) -> None:
+        """One job for ``link``: the blocks among ``indices`` (of ``seq``'s first ``full``)
+        that hold its layers and that the store lacks."""
         kv = self.kv
         block_ids = kv.block_ids(seq)[:full]
         layers_of = kv.layers_of(seq, full)
         held, stored = layers_of.held, layers_of.stored
         pool_keys = kv.keys(seq)
-        for link in self.links:
-            layers = frozenset(link.ns.cached_layers)
-            send = [i for i in range(full) if layers <= held[i] and not layers <= stored[i]]
-            if link is not self.links[0] and not send:
-                continue  # the primary chain is always sent: it refreshes recency
-            staged = self.committer.stage(link, [block_ids[i] for i in send])
-            kept = 0 if staged is None else len(staged.rows)
-            if kept < len(send):
-                link.note_unsent(len(send) - kept)
-            if staged is None:
-                continue
-            if not kept and send and link is not self.links[0]:
-                self.committer.staging.give_back(staged.span)
-                continue
-            send = send[:kept]
-            receipt = seq.commit_receipt
+        layers = frozenset(link.ns.cached_layers)
+        send = [i for i in indices if layers <= held[i] and not layers <= stored[i]]
+        if link is not self.links[0] and not send:
+            return  # the primary chain is always sent: it refreshes recency
+        staged = self.committer.stage(link, [block_ids[i] for i in send],
+                                      kv.row_pages(seq, send))
+        kept = 0 if staged is None else len(staged.rows)
+        if kept < len(send):
+            link.note_unsent(len(send) - kept)
+        if staged is None:
+            return
+        if not kept and send and link is not self.links[0]:
+            self.committer.staging.give_back(staged.span)
+            return
+        send = send[:kept]
+        receipt = seq.commit_receipt
+        if receipt is not None:
+            receipt.expect()
+        try:
+            self.committer.submit(CommitJob(
+                link=link, keys=kv.keys(seq, link.ns)[:full], indices=send,
+                block_ids=[block_ids[i] for i in send],
+                pool_keys=[pool_keys[i] for i in send], staged=staged, scope=seq.scope,
+                receipt=receipt))
+        except BaseException:
             if receipt is not None:
-                receipt.expect()
-            try:
-                self.committer.submit(CommitJob(
-                    link=link, keys=kv.keys(seq, link.ns)[:full], indices=send,
-                    block_ids=[block_ids[i] for i in send],
-                    pool_keys=[pool_keys[i] for i in send], staged=staged, scope=seq.scope,
-                    receipt=receipt))
-            except BaseException:
-                if receipt is not None:
-                    receipt.report(False)
-                self.committer.staging.give_back(staged.span)
-                raise
+                receipt.report(False)
+            self.committer.staging.give_back(staged.span)
+            raise
 
     def poll(self) -> None:
         """Take in the committer's reports: mark stored what the store accepted. A failed

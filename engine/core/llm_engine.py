@@ -72,14 +72,16 @@ class LLMEngine:
         sliding = self.namespaces.sliding
         self.sliding_link = None if sliding is None else link.sibling(sliding)
         device = model_device(model)
+        layout = config.kv_layout(spec.layer_windows)
         self.cache = KVCache(
             KVCacheShape(
                 num_layers=spec.num_layers,
-                num_blocks=config.num_blocks,
+                num_blocks=config.num_pages(layout),
                 block_tokens=config.block_tokens,
                 kv_heads=spec.num_kv_heads,
                 head_dim=spec.head_dim,
                 dtype=spec.dtype,
+                layout=layout,
             ),
             device,
         )
