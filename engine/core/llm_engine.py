@@ -89,7 +89,8 @@ class LLMEngine:
         self.backend = kernels.resolve_backend(
             self.numerics.backend_name(config.attention_backend), device)
         self.kv = KVManager(self.cache, ReplayPlanner(self.policy, config.block_tokens),
-                            self.ns, cache_generated_tokens=config.cache_generated_tokens)
+                            self.ns, cache_generated_tokens=config.cache_generated_tokens,
+                            max_chunk_tokens=config.max_batched_tokens)
         self._progress = threading.Event()
         self.connector = StoreConnector(link, self.sliding_link, self.kv, self.cache,
                                         self.backend, config, self._progress)

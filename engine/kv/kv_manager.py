@@ -87,10 +87,14 @@ class KVManager:
         ns: Namespace,
         *,
         cache_generated_tokens: bool = True,
+        max_chunk_tokens: int = 0,
     ) -> None:
         """Tables over ``cache``'s blocks (whose rows a replay's private copies copy).
         ``ns``: the engine's primary namespace (the pool's keys). ``cache_generated_tokens``:
-        whether an answer's full blocks are indexed and committed, or the prompt's only."""
+        whether an answer's full blocks are indexed and committed, or the prompt's only.
+        ``max_chunk_tokens``: the most tokens one step computes for a request (a hybrid
+        pool's sliding groups hold pages for them on top of the window)."""
+        self.max_chunk_tokens = max_chunk_tokens
         shape = cache.shape
         self.layout = cache.layout
         self.events = KVEventListeners()
@@ -142,8 +146,12 @@ class KVManager:
 
     @property
     def max_reserve_blocks(self) -> int:
-        """The most blocks an admission sets aside for a replay's private copies."""
-        return self.planner.max_reserve_blocks
+        """The most pages an admission sets aside for a replay's private copies, and in a
+        hybrid pool the most that one request's sliding groups hold (its window and a
+        chunk): what one request may not fill with its full-attention blocks."""
+        g = self.layout.num_sliding_groups
+        window = (self.layout.window_tokens + self.max_chunk_tokens) // self.block_tokens + 2
+        return self.planner.max_reserve_blocks + (g * window if g else 0)
 
     # -- keys -------------------------------------------------------------------------
     def keys(self, seq: Request, ns: Namespace | None = None) -> list[Key]:
@@ -245,6 +253,7 @@ class KVManager:
 
     def reserve(self, seq: Request, n: int) -> None:
         """Set ``n`` free blocks aside for ``seq``'s replay copies (the caller checked)."""
+        self.sliding.make_room(n)
         if self.blocks.take(_reserve(seq), n) is None:
             raise EngineIntegrityError("pool lost free blocks during admission")
 
@@ -349,6 +358,7 @@ class KVManager:
     def take_load_blocks(self, n: int) -> tuple[Owner, list[KVBlock]]:
         """A load job's own ``n`` fresh blocks (the caller checked the pool has them)."""
         owner = ("load", next(self._job_ids))
+        self.sliding.make_room(n)
         taken = self.blocks.take(owner, n)
         if taken is None:
             raise EngineIntegrityError("pool lost free blocks during admission")
