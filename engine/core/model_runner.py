@@ -37,6 +37,9 @@ class ModelRunner:
         self.logits_observers: list[Callable[[list[Sequence], torch.Tensor], None]] = []
         # Tokens run through the model, counted here (tests check the replay's size on it).
         self.counters: Counter[str] = Counter()
+        layout = blocks.layout
+        self._layer_groups = (tuple(layout.group_of(i) for i in range(layout.num_layers))
+                              if layout.is_hybrid else ())
 
     @torch.inference_mode()
     def run(self, batch: ScheduledBatch) -> dict[int, int]:
@@ -84,7 +87,7 @@ class ModelRunner:
             tables.append(table)
             lens.append(a + n)
             if n_groups:
-                pages = self.blocks.sliding_pages(seq, len(table))
+                pages = self.blocks.sliding.pages_of(seq.seq_id, range(len(table)))
                 for g in range(n_groups):
                     row = [pg[g] for pg in pages]
                     g_tables[g].append(row)
@@ -129,8 +132,7 @@ class ModelRunner:
             backend=self.backend,
             full_slot_mapping=(None if full_slots == slots else
                                torch.tensor(full_slots, dtype=torch.int64, device=self.device)),
-            layer_groups=(tuple(layout.group_of(i) for i in range(layout.num_layers))
-                          if n_groups else ()),
+            layer_groups=self._layer_groups,
             group_slot_mappings=tuple(torch.tensor(sl, dtype=torch.int64, device=self.device)
                                       for sl in g_slots),
         )

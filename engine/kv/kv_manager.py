@@ -13,6 +13,8 @@ request, the questions the scheduler and the store connector used to answer them
   or pins (``take_load_blocks``, ``pin_window``, ``release_job``);
 - **replay privatization** (``start_replay``): the hit blocks a bounded replay writes into
   are swapped for copies of the request's own before anything reads them;
+- **the hybrid pool** (``sliding``, ``engine.kv.sliding_tables``): a hybrid model's
+  sliding groups keep pages only for the blocks a request's window still sees (``grow``);
 - **what each block holds**: the layers a block's K/V covers and the layers the store is
   known to hold (``plan``, ``land``, ``layers_of``, ``mark_stored``), and which leading
   blocks of a table are indexed (``cache_computed``).
@@ -43,6 +45,7 @@ from engine.kv.sliding_tables import (
     WindowListener,
 )
 from engine.kv.replay_planner import ReplayPlanner
+from engine.kv.sliding_rows import index_computed, land_sliding_rows, row_pages
 from kvstore.keys import Key, Namespace, chain_keys
 from kvstore.tier import TierStats
 
@@ -227,29 +230,8 @@ class KVManager:
                                    a // self.block_tokens, self.blocks_for(num_tokens))
 
     def row_pages(self, seq: Request, indices: Sequence[int]) -> dict[int, list[int]]:
-        """Per KV group, the pages holding chain blocks ``indices`` of ``seq`` (group 0:
-        its table's blocks; a sliding group: the companion's page), for copies in the
-        store's layout (``KVCache.read_rows``). A sliding group's entry is only valid for
-        blocks that hold the sliding rows."""
-        table = self.table(seq)
-        out = {0: [table[i].block_id for i in indices]}
-        g = self.layout.num_sliding_groups
-        if g:
-            held = self.sliding.held(seq.seq_id)
-            comps = [held.get(i) or (self.sliding.companion(seq.seq_id, i, table[i])
-                                     if self.sliding.has_rows(table[i]) else None)
-                     for i in indices]
-            null = self.sliding.null_page if isinstance(self.sliding, SlidingTables) else 0
-            for k in range(g):
-                out[k + 1] = [null if c is None else c.pages[k] for c in comps]
-        return out
-
-    def sliding_pages(self, seq: Request, num_blocks: int) -> list[tuple[int, ...]]:
-        """Per chain block ``< num_blocks``, the sliding groups' pages ``seq`` reads (the
-        null page where it holds none); empty for a one-group pool."""
-        if not self.layout.is_hybrid:
-            return []
-        return self.sliding.pages_of(seq.seq_id, range(num_blocks))
+        """Per KV group, the pages of ``seq``'s chain blocks ``indices`` (store copies)."""
+        return row_pages(self.sliding, seq.seq_id, self.table(seq), indices)
 
     def reserve(self, seq: Request, n: int) -> None:
         """Set ``n`` free blocks aside for ``seq``'s replay copies (the caller checked)."""
@@ -307,18 +289,9 @@ class KVManager:
             self.blocks.cache(owner, keys, done, full, self.planner.computed_layers,
                               seq.token_ids)
         else:
-            # A block keeps the sliding layers only with the request's companion for it
-            # (a block that left the window before it was indexed records the full ones).
-            table, held = self.blocks.table(owner), self.sliding.held(seq.seq_id)
-            for i in range(done, full):
-                layers = (self.planner.computed_layers if i in held
-                          else self.planner.primary_layers)
-                self.blocks.cache(owner, keys, i, i + 1, layers, seq.token_ids)
-                b = table[i]
-                if (b.key == keys[i] and self.planner.has_sliding(b)
-                        and not self.sliding.attach(seq.seq_id, i, b)
-                        and not self.sliding.has_rows(b)):
-                    b.layers -= self.planner.sliding_layers
+            assert isinstance(self.sliding, SlidingTables)
+            index_computed(self.blocks, self.sliding, self.planner, owner, seq.seq_id, keys,
+                           done, full, seq.token_ids)
         self._num_cached[seq.seq_id] = full
 
     def layers_of(self, seq: Request, full: int) -> BlockLayers:
@@ -400,19 +373,9 @@ class KVManager:
             if table[i].key == keys[i]:
                 table[i].stored_layers |= planner.primary_layers
         sliding = set(sliding_loaded)
-        if self.layout.is_hybrid:
-            # The loader kept the rows: they go into companions given here (none left:
-            # the block stays without them, and the plan shortens the hit).
-            sliding = set()
-            layers = sorted(planner.sliding_layers)
-            for j, i in enumerate(sliding_loaded):
-                c = (self.sliding.adopt(seq.seq_id, i, table[i])
-                     if table[i].key == keys[i] and sliding_rows is not None else None)
-                if c is not None:
-                    assert sliding_rows is not None
-                    self.cache.write_rows({g + 1: [p] for g, p in enumerate(c.pages)},
-                                          layers, sliding_rows[j:j + 1])
-                    sliding.add(i)
+        if isinstance(self.sliding, SlidingTables):  # the loader kept the rows
+            sliding = land_sliding_rows(self.sliding, self.cache, planner, seq.seq_id, table,
+                                        keys, sliding_loaded, sliding_rows)
         for i in sliding:  # copied in from the store: held and stored
             if table[i].key == keys[i]:
                 table[i].layers |= planner.sliding_layers
