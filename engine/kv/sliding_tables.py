@@ -12,10 +12,11 @@ masked read finite.
 
 A companion is **attached** to the full block whose sliding rows it holds once that block
 is indexed: a later request hitting the block takes a reference on it instead of
-recomputing the window (the pool's ``has_sliding``). A companion no request references
-stays cached while attached (LRU) and is evicted when pages run short; eviction strips the
-sliding layers from its block's record, so a later hit replays or reloads them. A full
-block the pool evicts (``block_removed``) detaches its companion.
+recomputing the window (the pool's ``has_sliding``). A companion that falls out of the
+window of every request holding it goes back at once (its block then records the full
+layers only, so a later hit replays or reloads them). Those of a request that ended (its
+last window, what a later hit of the chain needs) stay cached (LRU) and are evicted when
+pages run short. A full block the pool evicts (``block_removed``) detaches its companion.
 
 Pages come from the block pool itself (each companion is one owner of the block manager),
 so full blocks and companions compete for one budget, as in vLLM v1's hybrid manager.
@@ -97,12 +98,18 @@ class SlidingTables(NullKVEventListener):
         c.pages = tuple(b.block_id for b in got)
         return c
 
-    def _unref(self, c: Companion) -> None:
+    def _unref(self, c: Companion, *, keep: bool = True) -> None:
+        """Drop a reference; a companion nobody holds stays cached (``keep``: the last
+        window of a request that ended, which a later hit of its chain needs) or, out of
+        every window, goes back at once."""
         c.refs -= 1
         if c.refs > 0:
             return
-        if c.attached is not None:
+        if c.attached is not None and keep:
             self._idle[c.cid] = c
+            return
+        if c.attached is not None:
+            self._detach(c.attached)  # orphaned, then freed by _reap
         else:
             self.blocks.release(self._owner(c))
 
@@ -141,9 +148,12 @@ class SlidingTables(NullKVEventListener):
             self._detach(self.blocks.pool.blocks[block_id])
 
     def make_room(self, pages: int) -> None:
-        """Evict unreferenced companions until ``pages`` pages are free (or none is left)."""
+        """Evict unreferenced companions (LRU) until ``pages`` pages are empty or none is
+        left: before the pool evicts any cached full block, since a full block serves a
+        hit of its chain in every mode (bounded replay, or a store that holds the window)
+        while a companion only spares exact mode the window's sliding rows."""
         self._reap()
-        while self.blocks.num_free < pages and self._idle:
+        while self.blocks.pool.num_empty < pages and self._idle:
             self._evict(self._idle.popitem(last=False)[1])
             self._reap()
 
@@ -189,7 +199,7 @@ class SlidingTables(NullKVEventListener):
         if not mine:
             return
         for i in [i for i in mine if i < lo]:
-            self._unref(mine.pop(i))
+            self._unref(mine.pop(i), keep=False)
         self._reap()
 
     def drop_from(self, seq_id: int, start: int) -> None:
