@@ -89,8 +89,8 @@ def capacity(args: argparse.Namespace) -> None:
 
 def ttft(args: argparse.Namespace) -> None:
     lm = load_model(Path(args.model).expanduser(), dtype=args.dtype)
-    from tests.engine.model.real_models import real_text
     from engine.model.tokenizer import Tokenizer
+    from tests.engine.model.real_models import real_text
     ids = Tokenizer.from_dir(Path(args.model).expanduser()).encode(real_text(args.ttft_tokens * 5))
     ids = ids[: args.ttft_tokens]
     base = EngineConfig(pool_tokens=args.pool_tokens, block_tokens=args.block_tokens,

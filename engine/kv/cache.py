@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 import torch
 
 import kernels
-
 from engine.kv.kv_groups import KVGroupLayout
 
 
@@ -113,9 +112,9 @@ class KVCache:
                   n: int) -> list[tuple[torch.Tensor, list[int]]]:
         layout = self.layout
         out = []
-        for g in sorted({layout.group_of(l) for l in layers}):
+        for g in sorted({layout.group_of(x) for x in layers}):
             if len(pages[g]) != n:
                 raise ValueError(f"group {g}: {len(pages[g])} pages for {n} blocks")
-            idx = [j for j, l in enumerate(layers) if layout.group_of(l) == g]
+            idx = [j for j, x in enumerate(layers) if layout.group_of(x) == g]
             out.append((torch.tensor(pages[g], dtype=torch.int64, device=self.device), idx))
         return out

@@ -34,7 +34,7 @@ class KVGroupLayout:
         sizes = {len(g) for g in self.groups}
         if not self.groups or len(sizes) != 1 or 0 in sizes:
             raise EngineIntegrityError(f"KV groups must be non-empty and equal: {self.groups}")
-        flat = sorted(l for g in self.groups for l in g)
+        flat = sorted(x for g in self.groups for x in g)
         if flat != list(range(len(flat))):
             raise EngineIntegrityError(f"KV groups must cover each layer once: {self.groups}")
         if (len(self.groups) > 1) != (self.window_tokens > 0):

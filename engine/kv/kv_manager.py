@@ -38,14 +38,14 @@ from engine.kv.block_manager import BlockManager
 from engine.kv.block_pool import KVBlock
 from engine.kv.cache import KVCache
 from engine.kv.kv_events import KVEventListeners
+from engine.kv.replay_planner import ReplayPlanner
+from engine.kv.sliding_rows import index_computed, land_sliding_rows, row_pages
 from engine.kv.sliding_tables import (
     NoSlidingTables,
     NullWindowListener,
     SlidingTables,
     WindowListener,
 )
-from engine.kv.replay_planner import ReplayPlanner
-from engine.kv.sliding_rows import index_computed, land_sliding_rows, row_pages
 from kvstore.keys import Key, Namespace, chain_keys
 from kvstore.tier import TierStats
 

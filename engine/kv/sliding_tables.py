@@ -12,11 +12,12 @@ masked read finite.
 
 A companion is **attached** to the full block whose sliding rows it holds once that block
 is indexed: a later request hitting the block takes a reference on it instead of
-recomputing the window (the pool's ``has_sliding``). A companion that falls out of the
-window of every request holding it goes back at once (its block then records the full
-layers only, so a later hit replays or reloads them). Those of a request that ended (its
-last window, what a later hit of the chain needs) stay cached (LRU) and are evicted when
-pages run short. A full block the pool evicts (``block_removed``) detaches its companion.
+recomputing the window (the pool's ``has_sliding``). An attached companion no request
+holds any more (it left every window, or its request ended) stays cached in an LRU queue
+but only in pages nobody else wants: ``make_room`` evicts it before the pool evicts any
+cached full block, and eviction strips the sliding layers from its block's record, so a
+later hit replays or reloads them. Unattached companions go back at once. A full block the
+pool evicts (``block_removed``) detaches its companion.
 
 Pages come from the block pool itself (each companion is one owner of the block manager),
 so full blocks and companions compete for one budget, as in vLLM v1's hybrid manager.
@@ -25,8 +26,8 @@ so full blocks and companions compete for one budget, as in vLLM v1's hybrid man
 from __future__ import annotations
 
 import itertools
-from collections import OrderedDict
 from abc import ABC, abstractmethod
+from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -98,18 +99,14 @@ class SlidingTables(NullKVEventListener):
         c.pages = tuple(b.block_id for b in got)
         return c
 
-    def _unref(self, c: Companion, *, keep: bool = True) -> None:
-        """Drop a reference; a companion nobody holds stays cached (``keep``: the last
-        window of a request that ended, which a later hit of its chain needs) or, out of
-        every window, goes back at once."""
+    def _unref(self, c: Companion) -> None:
+        """Drop a reference; an attached companion nobody holds stays cached (a later hit
+        whose window ends at its block needs it), any other goes back at once."""
         c.refs -= 1
         if c.refs > 0:
             return
-        if c.attached is not None and keep:
-            self._idle[c.cid] = c
-            return
         if c.attached is not None:
-            self._detach(c.attached)  # orphaned, then freed by _reap
+            self._idle[c.cid] = c
         else:
             self.blocks.release(self._owner(c))
 
@@ -199,7 +196,7 @@ class SlidingTables(NullKVEventListener):
         if not mine:
             return
         for i in [i for i in mine if i < lo]:
-            self._unref(mine.pop(i), keep=False)
+            self._unref(mine.pop(i))
         self._reap()
 
     def drop_from(self, seq_id: int, start: int) -> None:

@@ -86,7 +86,7 @@ def test_every_failed_load_is_a_miss_and_none_is_lost(store: WrappedStore) -> No
         assert eng.scheduler.counters["load_errors_total"] == 2
         eng.drain(10)
         eng.check_integrity()
-        assert eng.kv.num_free == eng.kv.num_blocks  # nothing held (a hybrid pool: its null page and idle companions aside)
+        assert eng.kv.num_free == eng.kv.num_blocks  # all free
 
 
 def test_every_failed_commit_is_counted_and_none_is_raised(store: WrappedStore) -> None:
@@ -117,7 +117,7 @@ def test_a_commit_that_cannot_be_submitted_leaks_nothing(
         assert a.output_ids == greedy_continuation(p, GREEDY.max_new_tokens)
         assert eng.scheduler.counters["commit_errors_total"] == 1
         eng.check_integrity()
-        assert eng.kv.num_free == eng.kv.num_blocks  # nothing held (a hybrid pool: its null page and idle companions aside)
+        assert eng.kv.num_free == eng.kv.num_blocks  # all free
 
 
 def test_a_copy_out_that_fails_leaks_no_staging(
@@ -132,7 +132,7 @@ def test_a_copy_out_that_fails_leaks_no_staging(
         assert a.finish_reason == "length"
         assert eng.scheduler.counters["commit_errors_total"] == 1
         assert eng.committer.staging.num_jobs == 0
-        assert eng.kv.num_free == eng.kv.num_blocks  # nothing held (a hybrid pool: its null page and idle companions aside)
+        assert eng.kv.num_free == eng.kv.num_blocks  # all free
 
 
 def test_a_given_up_sliding_load_holds_the_pool_blocks_it_writes(store: WrappedStore) -> None:
@@ -160,7 +160,7 @@ def test_a_given_up_sliding_load_holds_the_pool_blocks_it_writes(store: WrappedS
         eng.step()
         eng.drain(10)
         eng.check_integrity()
-        assert eng.kv.num_free == eng.kv.num_blocks  # nothing held (a hybrid pool: its null page and idle companions aside)
+        assert eng.kv.num_free == eng.kv.num_blocks  # all free
 
 
 def test_a_stalled_store_never_holds_pool_blocks(store: WrappedStore) -> None:
@@ -210,7 +210,7 @@ def test_commits_past_the_staging_bound_are_cut_and_counted(store: WrappedStore)
         store.commit_gate.set()
         assert eng.drain(10)
         eng.check_integrity()
-        assert eng.kv.num_free == eng.kv.num_blocks  # nothing held (a hybrid pool: its null page and idle companions aside)
+        assert eng.kv.num_free == eng.kv.num_blocks  # all free
     finally:
         store.commit_gate.set()
         eng.close()
@@ -260,6 +260,6 @@ def test_random_hybrid_traffic_with_aborts_keeps_everything_whole(
                 assert eng.loader.wait_idle(10)
                 eng.drain(10)
                 eng.check_integrity()
-                assert eng.kv.num_free == eng.kv.num_blocks  # nothing held (a hybrid pool: its null page and idle companions aside)
+                assert eng.kv.num_free == eng.kv.num_blocks  # all free
     finally:
         inner.close()

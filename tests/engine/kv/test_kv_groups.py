@@ -15,8 +15,8 @@ def test_gemma3_270m_has_one_full_group_and_five_sliding_groups_of_three_layers(
     lay = KVGroupLayout.for_windows(GEMMA3_270M)
     assert lay.groups[0] == (5, 11, 17)
     assert lay.unit_layers == 3 and lay.num_sliding_groups == 5 and lay.pages_per_block == 6
-    assert sorted(l for g in lay.groups[1:] for l in g) == [i for i in range(18) if (i + 1) % 6]
-    assert {lay.slot_of(l) for l in range(18)} == {0, 1, 2}
+    assert sorted(x for g in lay.groups[1:] for x in g) == [i for i in range(18) if (i + 1) % 6]
+    assert {lay.slot_of(x) for x in range(18)} == {0, 1, 2}
     assert lay.window_tokens == 512
 
 
