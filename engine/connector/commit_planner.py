@@ -20,6 +20,7 @@ manager (``engine.kv.kv_manager``) records them.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterable
 
 from engine.connector.committer import CommitJob, KVCommitter
 from engine.connector.handoff import CommitReceipt
@@ -27,9 +28,10 @@ from engine.connector.store_link import StoreLink
 from engine.connector.transfer import note_job_error
 from engine.core.sequence import Sequence
 from engine.kv.kv_manager import KVManager
+from engine.kv.sliding_tables import WindowListener
 
 
-class CommitPlanner:
+class CommitPlanner(WindowListener):
     """Commits for finished sequences over ``links`` (the primary first); ``counters``:
     the engine's (failed commits are counted there)."""
 
@@ -55,44 +57,64 @@ class CommitPlanner:
         left out. ``receipts`` (besides the request's own) are told when each job is over.
         Returns the leading blocks the jobs covered: ``full``, or where the first block
         left out under back-pressure lies."""
+        receipts = (*self._own_receipt(seq), *receipts)
+        return min((self._submit(seq, link, range(start, full), full, receipts)
+                    for link in self.links), default=full)
+
+    def leaving(self, seq: Sequence, indices: list[int]) -> None:
+        """A hybrid pool is about to give back the sliding rows of ``seq``'s chain blocks
+        ``indices`` (they left its window): exact mode sends them now, to the sliding
+        layers' namespace, as the finished request's commit would have. Best-effort."""
+        try:
+            for link in self.links[1:]:
+                self._submit(seq, link, indices, indices[-1] + 1, self._own_receipt(seq))
+        except Exception as e:
+            note_job_error("commit", e, self.counters)
+
+    @staticmethod
+    def _own_receipt(seq: Sequence) -> tuple[CommitReceipt, ...]:
+        return (seq.commit_receipt,) if seq.commit_receipt is not None else ()
+
+    def _submit(self, seq: Sequence, link: StoreLink, indices: Iterable[int], full: int,
+                receipts: tuple[CommitReceipt, ...]) -> int:
+        """One job for ``link``: the blocks among ``indices`` (of ``seq``'s first ``full``)
+        that hold its layers and that the store lacks. Returns ``full``, or the first block
+        back-pressure left out."""
         kv = self.kv
         block_ids = kv.block_ids(seq)[:full]
         layers_of = kv.layers_of(seq, full)
         held, stored = layers_of.held, layers_of.stored
         pool_keys = kv.keys(seq)
-        receipts = (*((seq.commit_receipt,) if seq.commit_receipt is not None else ()),
-                    *receipts)
+        layers = frozenset(link.ns.cached_layers)
+        send = [i for i in indices if layers <= held[i] and not layers <= stored[i]]
+        if link is not self.links[0] and not send:
+            return full  # the primary chain is always sent: it refreshes recency
+        staged = self.committer.stage(link, [block_ids[i] for i in send],
+                                      kv.row_pages(seq, send))
+        kept = 0 if staged is None else len(staged.rows)
         covered = full
-        for link in self.links:
-            layers = frozenset(link.ns.cached_layers)
-            send = [i for i in range(start, full)
-                    if layers <= held[i] and not layers <= stored[i]]
-            if link is not self.links[0] and not send:
-                continue  # the primary chain is always sent: it refreshes recency
-            staged = self.committer.stage(link, [block_ids[i] for i in send])
-            kept = 0 if staged is None else len(staged.rows)
-            if kept < len(send):
-                link.note_unsent(len(send) - kept)
-                covered = min(covered, send[kept])
-            if staged is None:
-                continue
-            if not kept and send and link is not self.links[0]:
-                self.committer.staging.give_back(staged.span)
-                continue
-            send = send[:kept]
+        if kept < len(send):
+            link.note_unsent(len(send) - kept)
+            covered = send[kept]
+        if staged is None:
+            return covered
+        if not kept and send and link is not self.links[0]:
+            self.committer.staging.give_back(staged.span)
+            return covered
+        send = send[:kept]
+        for receipt in receipts:
+            receipt.expect()
+        try:
+            self.committer.submit(CommitJob(
+                link=link, keys=kv.keys(seq, link.ns)[:full], indices=send,
+                block_ids=[block_ids[i] for i in send],
+                pool_keys=[pool_keys[i] for i in send], staged=staged, scope=seq.scope,
+                receipts=receipts))
+        except BaseException:
             for receipt in receipts:
-                receipt.expect()
-            try:
-                self.committer.submit(CommitJob(
-                    link=link, keys=kv.keys(seq, link.ns)[:full], indices=send,
-                    block_ids=[block_ids[i] for i in send],
-                    pool_keys=[pool_keys[i] for i in send], staged=staged, scope=seq.scope,
-                    receipts=receipts))
-            except BaseException:
-                for receipt in receipts:
-                    receipt.report(False)
-                self.committer.staging.give_back(staged.span)
-                raise
+                receipt.report(False)
+            self.committer.staging.give_back(staged.span)
+            raise
         return covered
 
     def poll(self) -> None:

@@ -80,10 +80,12 @@ class KVCommitter(TransferThread[CommitJob]):
         self.staging = CommitStaging(cache, staging_bytes, max_staged)
         super().__init__("kv-committer", link, cache, layers, backend, progress)
 
-    def stage(self, link: StoreLink, block_ids: Sequence[int]) -> Staged | None:
+    def stage(self, link: StoreLink, block_ids: Sequence[int],
+              pages: dict[int, list[int]] | None = None) -> Staged | None:
         """On the engine thread: copy the head of ``block_ids`` that fits into staging rows
-        (``link``'s layers; the pool blocks may be reused once this returns). None when no
-        commit can be staged now. Never waits for the store."""
+        (``link``'s layers; the pool blocks may be reused once this returns). ``pages``:
+        per KV group the pages of those blocks, for a hybrid pool (``KVCache.read_rows``).
+        None when no commit can be staged now. Never waits for the store."""
         layers = list(link.ns.cached_layers)
         got = self.staging.take(len(block_ids), len(layers))
         if got is None:
@@ -93,10 +95,15 @@ class KVCommitter(TransferThread[CommitJob]):
             # The rows hold the bytes when this returns (the kernel waits for a GPU copy
             # into pinned rows): the blocks may be overwritten by the next step.
             try:
-                ids = torch.tensor(list(block_ids[: len(rows)]), dtype=torch.int64,
-                                   device=self.cache.device)
-                kernels.read_kv_blocks(self.cache.k, self.cache.v, ids, layers, rows,
-                                       backend=self.backend)
+                n = len(rows)
+                if pages is not None:
+                    self.cache.read_rows({g: p[:n] for g, p in pages.items()}, layers, rows,
+                                         backend=self.backend)
+                else:
+                    ids = torch.tensor(list(block_ids[:n]), dtype=torch.int64,
+                                       device=self.cache.device)
+                    kernels.read_kv_blocks(self.cache.k, self.cache.v, ids, layers, rows,
+                                           backend=self.backend)
             except BaseException:
                 self.staging.give_back(span)
                 raise

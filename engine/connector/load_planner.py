@@ -70,4 +70,4 @@ class LoadPlanner:
         returns the pool's hit in blocks, and per block of the hit with the store's part
         whether it holds the sliding layers (what the replay plan needs)."""
         return self.kv.land(seq, job.owner, job.keys, job.loaded_blocks, job.store_blocks,
-                            job.sliding_loaded)
+                            job.sliding_loaded, job.sliding_rows)

@@ -61,6 +61,9 @@ class LoadJob:
     loaded_blocks: int = 0  # blocks copied into block_ids[:loaded_blocks]
     tiers: tuple[str, ...] = ()  # tier that served each loaded block
     sliding_loaded: tuple[int, ...] = ()  # chain blocks whose sliding layers were copied in
+    # A hybrid pool: those sliding rows, row j for sliding_loaded[j], held here for the
+    # engine thread to copy into pages it gives them when the load lands.
+    sliding_rows: torch.Tensor | None = None
     lookup_s: float = 0.0  # time spent in the store's lookup
     load_started_s: float = 0.0  # perf_counter() when the copy began (0: no copy)
     load_s: float = 0.0  # time spent copying the hit in (store, then pool)
@@ -153,6 +156,9 @@ class KVLoader(TransferThread[LoadJob]):
             ids = torch.tensor([block_ids[r] for r in rows], dtype=torch.int64,
                                device=self.cache.device)
             src = staging[:got] if only is None else staging[rows]
+            if link is self.sliding_link and self.cache.layout.is_hybrid:
+                job.sliding_rows = src.clone()  # the pages are the engine thread's to give
+                return got
             kernels.write_kv_blocks(self.cache.k, self.cache.v, ids, layers, src,
                                     backend=self.backend)
             self._synchronize()  # the staging rows are reused by the next copy

@@ -100,6 +100,8 @@ class StoreConnector:
         )
         self.loads = LoadPlanner(kv, self.links, config.load_timeout_s)
         self.commits = CommitPlanner(kv, self.links, self.committer, self.counters)
+        if sliding_link is not None:
+            kv.window_listener = self.commits  # sliding rows leaving the window: commit
         # By seq_id: the loads requests wait for. A job given up on leaves at once; the
         # loader still reports it later, and only its blocks are released then.
         self._jobs: dict[int, tuple[Sequence, LoadJob]] = {}

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from bounded_replay import ReplayPolicy, resolve_policy
 from engine.errors import EngineInputError
+from engine.kv.kv_groups import KVGroupLayout
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +42,9 @@ class EngineConfig:
     # the first step of each size class builds a graph (tens of seconds), later ones skip
     # Python dispatch. Off under deterministic mode.
     compile_step: bool = False
+    # A hybrid model's sliding layers keep only the blocks they can still see, in pages of
+    # the same byte budget (engine.kv.kv_groups); False: every layer keeps every block.
+    hybrid_pool: bool = True
 
     def __post_init__(self) -> None:
         if self.block_tokens < 1:
@@ -78,3 +82,14 @@ class EngineConfig:
     @property
     def num_blocks(self) -> int:
         return self.pool_tokens // self.block_tokens
+
+    def kv_layout(self, layer_windows: Sequence[int | None]) -> KVGroupLayout:
+        """The pool's KV groups for a model with these windows."""
+        if not self.hybrid_pool:
+            return KVGroupLayout.single(len(layer_windows))
+        return KVGroupLayout.for_windows(layer_windows)
+
+    def num_pages(self, layout: KVGroupLayout) -> int:
+        """Pages of the pool: the bytes of ``num_blocks`` whole blocks (every layer), in
+        pages of ``layout.unit_layers`` layers."""
+        return self.num_blocks * layout.num_layers // layout.unit_layers

@@ -28,6 +28,9 @@ class PrefillMeta:
     # Positions before which the sliding-window layers hold no KV (bounded replay); the
     # full-attention layers always see the whole sequence. None: every layer has all KV.
     sliding_kv_start: torch.Tensor | None = None  # [P] int32
+    # Hybrid pool: per sliding KV group, its block table (the null page where the group
+    # holds no page). Empty: every layer reads ``block_tables``.
+    group_tables: tuple[torch.Tensor, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +40,7 @@ class DecodeMeta:
     block_tables: torch.Tensor  # [D, width] int32
     seq_lens: torch.Tensor  # [D] int32
     sliding_kv_start: torch.Tensor | None = None  # [D] int32
+    group_tables: tuple[torch.Tensor, ...] = ()  # as ``PrefillMeta.group_tables``
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +57,13 @@ class ForwardBatch:
     # bounded replay keeps the cached full-layer KV of the hit (−1: not written) while its
     # sliding layers write theirs. None: every layer writes at ``slot_mapping``.
     full_slot_mapping: torch.Tensor | None = None  # [T] int64
+    # Hybrid pool (``engine.kv.kv_groups``): per layer its KV group (0: full attention),
+    # and per sliding group the slots its layers write. Empty: one group.
+    layer_groups: tuple[int, ...] = ()
+    group_slot_mappings: tuple[torch.Tensor, ...] = ()
+
+    def kv_group(self, layer: int) -> int:
+        return self.layer_groups[layer] if self.layer_groups else 0
 
     @property
     def num_tokens(self) -> int:
@@ -68,3 +79,10 @@ class ForwardBatch:
                                       pre.sliding_kv_start),
             None if dec is None else (dec.block_tables, dec.seq_lens, dec.sliding_kv_start),
             self.full_slot_mapping)
+        for g, slots in enumerate(self.group_slot_mappings):
+            kernels.check_step_metadata(
+                k_pool, v_pool, self.num_tokens, slots,
+                None if pre is None else (pre.cu_seqlens_q, pre.group_tables[g], pre.seq_lens,
+                                          pre.sliding_kv_start),
+                None if dec is None else (dec.group_tables[g], dec.seq_lens,
+                                          dec.sliding_kv_start))

@@ -72,14 +72,16 @@ class LLMEngine:
         sliding = self.namespaces.sliding
         self.sliding_link = None if sliding is None else link.sibling(sliding)
         device = model_device(model)
+        layout = config.kv_layout(spec.layer_windows)
         self.cache = KVCache(
             KVCacheShape(
                 num_layers=spec.num_layers,
-                num_blocks=config.num_blocks,
+                num_blocks=config.num_pages(layout),
                 block_tokens=config.block_tokens,
                 kv_heads=spec.num_kv_heads,
                 head_dim=spec.head_dim,
                 dtype=spec.dtype,
+                layout=layout,
             ),
             device,
         )
@@ -87,7 +89,8 @@ class LLMEngine:
         self.backend = kernels.resolve_backend(
             self.numerics.backend_name(config.attention_backend), device)
         self.kv = KVManager(self.cache, ReplayPlanner(self.policy, config.block_tokens),
-                            self.ns, cache_generated_tokens=config.cache_generated_tokens)
+                            self.ns, cache_generated_tokens=config.cache_generated_tokens,
+                            max_chunk_tokens=config.max_batched_tokens)
         self._progress = threading.Event()
         self.connector = StoreConnector(link, self.sliding_link, self.kv, self.cache,
                                         self.backend, config, self._progress)

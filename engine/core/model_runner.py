@@ -37,6 +37,9 @@ class ModelRunner:
         self.logits_observers: list[Callable[[list[Sequence], torch.Tensor], None]] = []
         # Tokens run through the model, counted here (tests check the replay's size on it).
         self.counters: Counter[str] = Counter()
+        layout = blocks.layout
+        self._layer_groups = (tuple(layout.group_of(i) for i in range(layout.num_layers))
+                              if layout.is_hybrid else ())
 
     @torch.inference_mode()
     def run(self, batch: ScheduledBatch) -> dict[int, int]:
@@ -63,6 +66,11 @@ class ModelRunner:
         tables: list[list[int]] = []
         lens: list[int] = []
         cu = [0]
+        # A hybrid pool's sliding groups: per group, per sequence its table and the slots.
+        layout = self.blocks.layout
+        n_groups = layout.num_sliding_groups
+        g_tables: list[list[list[int]]] = [[] for _ in range(n_groups)]
+        g_slots: list[list[int]] = [[] for _ in range(n_groups)]
 
         def add(seq: Sequence, n: int) -> None:
             a = seq.num_computed_tokens
@@ -78,6 +86,12 @@ class ModelRunner:
             kv_starts.append(plan.sliding_kv_start_tokens if plan is not None else 0)
             tables.append(table)
             lens.append(a + n)
+            if n_groups:
+                pages = self.blocks.sliding.pages_of(seq.seq_id, range(len(table)))
+                for g in range(n_groups):
+                    row = [pg[g] for pg in pages]
+                    g_tables[g].append(row)
+                    g_slots[g].extend(row[p // bt] * bt + p % bt for p in range(a, a + n))
             if a + n == seq.num_tokens:
                 logits_rows.append(len(ids) - 1)
                 sampled.append(seq)
@@ -95,13 +109,15 @@ class ModelRunner:
                 block_tables=self._table(tables[:p]),
                 seq_lens=self._i32(lens[:p]),
                 sliding_kv_start=self._starts(kv_starts[:p]),
+                group_tables=tuple(self._table(t[:p]) for t in g_tables),
             )
             if p
             else None
         )
         decode = (
             DecodeMeta(block_tables=self._table(tables[p:]), seq_lens=self._i32(lens[p:]),
-                       sliding_kv_start=self._starts(kv_starts[p:]))
+                       sliding_kv_start=self._starts(kv_starts[p:]),
+                       group_tables=tuple(self._table(t[p:]) for t in g_tables))
             if batch.decodes
             else None
         )
@@ -116,6 +132,9 @@ class ModelRunner:
             backend=self.backend,
             full_slot_mapping=(None if full_slots == slots else
                                torch.tensor(full_slots, dtype=torch.int64, device=self.device)),
+            layer_groups=self._layer_groups,
+            group_slot_mappings=tuple(torch.tensor(sl, dtype=torch.int64, device=self.device)
+                                      for sl in g_slots),
         )
         return fb, sampled
 

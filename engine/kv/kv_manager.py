@@ -13,6 +13,8 @@ request, the questions the scheduler and the store connector used to answer them
   or pins (``take_load_blocks``, ``pin_window``, ``release_job``);
 - **replay privatization** (``start_replay``): the hit blocks a bounded replay writes into
   are swapped for copies of the request's own before anything reads them;
+- **the hybrid pool** (``sliding``, ``engine.kv.sliding_tables``): a hybrid model's
+  sliding groups keep pages only for the blocks a request's window still sees (``grow``);
 - **what each block holds**: the layers a block's K/V covers and the layers the store is
   known to hold (``plan``, ``land``, ``layers_of``, ``mark_stored``), and which leading
   blocks of a table are indexed (``cache_computed``).
@@ -28,6 +30,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import torch
+
 from bounded_replay import ReplayPlan
 from engine.errors import EngineIntegrityError
 from engine.kv.block_manager import BlockManager
@@ -35,6 +39,13 @@ from engine.kv.block_pool import KVBlock
 from engine.kv.cache import KVCache
 from engine.kv.kv_events import KVEventListeners
 from engine.kv.replay_planner import ReplayPlanner
+from engine.kv.sliding_rows import index_computed, land_sliding_rows, row_pages
+from engine.kv.sliding_tables import (
+    NoSlidingTables,
+    NullWindowListener,
+    SlidingTables,
+    WindowListener,
+)
 from kvstore.keys import Key, Namespace, chain_keys
 from kvstore.tier import TierStats
 
@@ -79,16 +90,34 @@ class KVManager:
         ns: Namespace,
         *,
         cache_generated_tokens: bool = True,
+        max_chunk_tokens: int = 0,
     ) -> None:
         """Tables over ``cache``'s blocks (whose rows a replay's private copies copy).
         ``ns``: the engine's primary namespace (the pool's keys). ``cache_generated_tokens``:
-        whether an answer's full blocks are indexed and committed, or the prompt's only."""
+        whether an answer's full blocks are indexed and committed, or the prompt's only.
+        ``max_chunk_tokens``: the most tokens one step computes for a request (a hybrid
+        pool's sliding groups hold pages for them on top of the window)."""
+        self.max_chunk_tokens = max_chunk_tokens
         shape = cache.shape
+        self.layout = cache.layout
         self.events = KVEventListeners()
+        # The pool's own listeners: the sliding tables (a full block's eviction detaches
+        # its companion) before whoever registers with ``events``.
+        pool_events = KVEventListeners()
         self.blocks = BlockManager(shape.num_blocks, shape.block_tokens,
-                                   shape.bytes_per_block, self.events)
+                                   shape.bytes_per_page, pool_events)
+        self.sliding: SlidingTables | NoSlidingTables = NoSlidingTables()
+        if self.layout.is_hybrid:
+            self.sliding = SlidingTables(self.blocks, self.layout.num_sliding_groups,
+                                         planner.sliding_layers)
+            pool_events.add(self.sliding)
+        pool_events.add(self.events)
+        # Told before a request's sliding rows leave its window (exact mode's store commits
+        # them then); by default nobody.
+        self.window_listener: WindowListener = NullWindowListener()
         self.planner = planner
         self.ns = ns
+        self.cache = cache
         self.copy_blocks = cache.copy_blocks
         self.cache_generated_tokens = cache_generated_tokens
         self._job_ids = itertools.count()
@@ -106,19 +135,26 @@ class KVManager:
 
     @property
     def num_blocks(self) -> int:
-        return self.blocks.pool.num_blocks
+        """Pages a request may take (a hybrid pool keeps one as the null block)."""
+        return self.blocks.pool.num_blocks - (1 if self.layout.is_hybrid else 0)
 
     @property
     def num_free(self) -> int:
-        return self.blocks.num_free
+        """Free pages, counting those of cached companions nobody holds (evicted on
+        demand)."""
+        return self.blocks.num_free + self.sliding.reclaimable_pages
 
     def blocks_for(self, num_tokens: int) -> int:
         return self.blocks.blocks_for(num_tokens)
 
     @property
     def max_reserve_blocks(self) -> int:
-        """The most blocks an admission sets aside for a replay's private copies."""
-        return self.planner.max_reserve_blocks
+        """The most pages an admission sets aside for a replay's private copies, and in a
+        hybrid pool the most that one request's sliding groups hold (its window and a
+        chunk): what one request may not fill with its full-attention blocks."""
+        g = self.layout.num_sliding_groups
+        window = (self.layout.window_tokens + self.max_chunk_tokens) // self.block_tokens + 2
+        return self.planner.max_reserve_blocks + (g * window if g else 0)
 
     # -- keys -------------------------------------------------------------------------
     def keys(self, seq: Request, ns: Namespace | None = None) -> list[Key]:
@@ -143,8 +179,15 @@ class KVManager:
         return PrefixMatch(tuple(hit), cap, self.free_after(hit))
 
     def free_after(self, hit: Sequence[KVBlock]) -> int:
-        """Free blocks once ``hit`` is taken (a free cached block it revives is not free)."""
-        return self.blocks.num_free - sum(1 for b in hit if b.ref_cnt == 0)
+        """Free blocks once ``hit`` is taken (a free cached block it revives is not free).
+        In a hybrid pool a new block also takes a companion (one page per sliding group),
+        and the window before it may too: the count is of blocks with their companions."""
+        free = self.num_free - sum(1 for b in hit if b.ref_cnt == 0)
+        if not self.layout.is_hybrid:
+            return free
+        g = self.layout.num_sliding_groups
+        window = self.layout.window_tokens // self.block_tokens + 1
+        return max(0, (free - g * window) // (1 + g))
 
     def has_sliding(self, blocks: Sequence[KVBlock]) -> list[bool]:
         """Per block, whether it holds the sliding layers (a loaded block may not)."""
@@ -169,17 +212,36 @@ class KVManager:
         return self.blocks.block_ids(_owner(seq))
 
     def grow(self, seq: Request, num_tokens: int) -> bool:
-        """Make ``seq``'s table cover ``num_tokens`` tokens; False (nothing taken) when the
-        pool lacks the blocks."""
-        return self.blocks.grow(_owner(seq), num_tokens)
+        """Make ``seq``'s table cover ``num_tokens`` tokens, and in a hybrid pool give its
+        sliding groups pages for exactly the blocks they can still see (the window before
+        ``seq.num_computed_tokens`` and the chunk up to ``num_tokens``), giving back the
+        rest. False when the pool lacks the pages (the scheduler preempts and retries)."""
+        owner = _owner(seq)
+        self.sliding.make_room(self.blocks_for(num_tokens) - len(self.blocks.table(owner)))
+        if not self.blocks.grow(owner, num_tokens):
+            return False
+        a = seq.num_computed_tokens
+        lo = self.layout.window_first_block(a, self.block_tokens)
+        cacheable = self.cacheable_blocks(seq)
+        leaving = sorted(i for i in self.sliding.held(seq.seq_id) if i < min(lo, cacheable))
+        if leaving:
+            self.window_listener.leaving(seq, leaving)
+        return self.sliding.ensure(seq.seq_id, self.blocks.table(owner), lo,
+                                   a // self.block_tokens, self.blocks_for(num_tokens))
+
+    def row_pages(self, seq: Request, indices: Sequence[int]) -> dict[int, list[int]]:
+        """Per KV group, the pages of ``seq``'s chain blocks ``indices`` (store copies)."""
+        return row_pages(self.sliding, seq.seq_id, self.table(seq), indices)
 
     def reserve(self, seq: Request, n: int) -> None:
         """Set ``n`` free blocks aside for ``seq``'s replay copies (the caller checked)."""
+        self.sliding.make_room(n)
         if self.blocks.take(_reserve(seq), n) is None:
             raise EngineIntegrityError("pool lost free blocks during admission")
 
     def free(self, seq: Request) -> None:
         """Drop everything ``seq`` holds: its table (tail first) and its reserve."""
+        self.sliding.release(seq.seq_id)
         self.blocks.release(_owner(seq))
         self.blocks.release(_reserve(seq))
         self._num_cached.pop(seq.seq_id, None)
@@ -199,6 +261,8 @@ class KVManager:
         h = plan.hit_blocks
         if len(table) > h and table[h].key is not None:
             self.blocks.truncate(owner, h)  # indexed blocks past the hit: not ours to write
+        self.sliding.drop_from(seq.seq_id, plan.replay_blocks.start if plan.replay_blocks
+                               else h)
         shared = range(plan.replay_blocks.start, min(plan.replay_blocks.stop, pool_blocks))
         self._copied_stored[seq.seq_id] = {i: table[i].stored_layers for i in shared}
         self.blocks.release(_reserve(seq))  # its blocks are the private copies' room
@@ -218,10 +282,17 @@ class KVManager:
         """Index the blocks ``seq`` filled since the last call (every layer computed)."""
         full = self.cacheable_blocks(seq)
         done = self._num_cached.get(seq.seq_id, 0)
-        if full > done:
-            self.blocks.cache(_owner(seq), self.keys(seq), done, full,
-                              self.planner.computed_layers, seq.token_ids)
-            self._num_cached[seq.seq_id] = full
+        if full <= done:
+            return
+        owner, keys = _owner(seq), self.keys(seq)
+        if not self.layout.is_hybrid:
+            self.blocks.cache(owner, keys, done, full, self.planner.computed_layers,
+                              seq.token_ids)
+        else:
+            assert isinstance(self.sliding, SlidingTables)
+            index_computed(self.blocks, self.sliding, self.planner, owner, seq.seq_id, keys,
+                           done, full, seq.token_ids)
+        self._num_cached[seq.seq_id] = full
 
     def layers_of(self, seq: Request, full: int) -> BlockLayers:
         """Per block of ``seq``'s first ``full``: an indexed block records both; the request
@@ -229,6 +300,7 @@ class KVManager:
         holds the primary layers, stored as its original was."""
         hit = seq.plan.hit_blocks if seq.plan is not None else 0
         copied = self._copied_stored.get(seq.seq_id, {})
+        sliding = self.sliding.held(seq.seq_id)
         none: frozenset[int] = frozenset()
         held: list[frozenset[int]] = []
         stored: list[frozenset[int]] = []
@@ -237,7 +309,9 @@ class KVManager:
                 held.append(b.layers)
                 stored.append(b.stored_layers)
             elif i >= hit:
-                held.append(self.planner.computed_layers)
+                held.append(self.planner.computed_layers
+                            if not self.layout.is_hybrid or i in sliding
+                            else self.planner.primary_layers)
                 stored.append(none)
             else:
                 held.append(self.planner.primary_layers)
@@ -257,6 +331,7 @@ class KVManager:
     def take_load_blocks(self, n: int) -> tuple[Owner, list[KVBlock]]:
         """A load job's own ``n`` fresh blocks (the caller checked the pool has them)."""
         owner = ("load", next(self._job_ids))
+        self.sliding.make_room(n)
         taken = self.blocks.take(owner, n)
         if taken is None:
             raise EngineIntegrityError("pool lost free blocks during admission")
@@ -280,7 +355,8 @@ class KVManager:
             self.blocks.release(owner)
 
     def land(self, seq: Request, job_owner: Owner, keys: Sequence[Key], loaded: int,
-             store_blocks: int, sliding_loaded: Sequence[int]) -> tuple[int, list[bool]]:
+             store_blocks: int, sliding_loaded: Sequence[int],
+             sliding_rows: torch.Tensor | None = None) -> tuple[int, list[bool]]:
         """A load copied ``loaded`` blocks into ``job_owner``'s blocks (the chain ``keys``
         past ``seq``'s pool hit), the store holds the chain's first ``store_blocks``, and
         the sliding layers of the blocks ``sliding_loaded`` were copied in: hand the blocks
@@ -297,6 +373,9 @@ class KVManager:
             if table[i].key == keys[i]:
                 table[i].stored_layers |= planner.primary_layers
         sliding = set(sliding_loaded)
+        if isinstance(self.sliding, SlidingTables):  # the loader kept the rows
+            sliding = land_sliding_rows(self.sliding, self.cache, planner, seq.seq_id, table,
+                                        keys, sliding_loaded, sliding_rows)
         for i in sliding:  # copied in from the store: held and stored
             if table[i].key == keys[i]:
                 table[i].layers |= planner.sliding_layers
@@ -311,6 +390,7 @@ class KVManager:
     def check_integrity(self) -> None:
         """The pool and its tables agree; per-request records belong to held tables."""
         self.blocks.check_integrity()
+        self.sliding.check_integrity()
         for seq_id in (*self._num_cached, *self._copied_stored):
             if not self.blocks.holds(("seq", seq_id)):
                 raise EngineIntegrityError(f"records of request {seq_id}, which holds "

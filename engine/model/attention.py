@@ -37,6 +37,7 @@ class Attention(nn.Module):
         self.scale = cfg.attention_scale
         # transformers' sliding_window: key j is visible to query i iff i - j < window.
         self.window = cfg.layer_windows[layer]
+        self.layer = layer
         self.qkv_proj = Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size,
                                   bias=cfg.qkv_bias)
         self.o_proj = Linear(self.q_size, cfg.hidden_size, bias=cfg.o_bias)
@@ -70,7 +71,8 @@ class Attention(nn.Module):
                k_pool: torch.Tensor, v_pool: torch.Tensor) -> torch.Tensor:
         """Write the step's K/V at its slots, then attend: ``[tokens, heads, head_dim]``."""
         backend = batch.backend
-        slots = batch.slot_mapping
+        group = batch.kv_group(self.layer)  # a hybrid pool's sliding groups have own pages
+        slots = batch.slot_mapping if group == 0 else batch.group_slot_mappings[group - 1]
         if self.window is None and batch.full_slot_mapping is not None:
             slots = batch.full_slot_mapping  # a replay keeps the cached full-layer KV
         kernels.write_kv_slots(k, v, k_pool, v_pool, slots, backend=backend, validated=True)
@@ -79,7 +81,8 @@ class Attention(nn.Module):
         if batch.prefill is not None:
             pre = batch.prefill
             parts.append(kernels.paged_prefill_attention(
-                q[:n_pre], k_pool, v_pool, pre.cu_seqlens_q, pre.block_tables, pre.seq_lens,
+                q[:n_pre], k_pool, v_pool, pre.cu_seqlens_q,
+                pre.block_tables if group == 0 else pre.group_tables[group - 1], pre.seq_lens,
                 self.scale, self.window,
                 pre.sliding_kv_start if self.window is not None else None, backend=backend,
                 validated=True,
@@ -87,7 +90,9 @@ class Attention(nn.Module):
         if batch.decode is not None:
             dec = batch.decode
             parts.append(kernels.paged_decode_attention(
-                q[n_pre:], k_pool, v_pool, dec.block_tables, dec.seq_lens, self.scale,
+                q[n_pre:], k_pool, v_pool,
+                dec.block_tables if group == 0 else dec.group_tables[group - 1], dec.seq_lens,
+                self.scale,
                 self.window, dec.sliding_kv_start if self.window is not None else None,
                 backend=backend, validated=True,
             ))

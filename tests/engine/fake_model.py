@@ -63,9 +63,10 @@ class FakeModel(CausalLM):
         for layer in range(s.num_layers):
             val = kv_value(batch.input_ids, batch.positions, layer)
             k = val[:, None, None].expand(-1, s.num_kv_heads, s.head_dim).contiguous()
-            kernels.write_kv_slots(
-                k, -k, kv.k[layer], kv.v[layer], batch.slot_mapping, backend=batch.backend
-            )
+            g = batch.kv_group(layer)  # a hybrid pool: sliding groups write their own pages
+            slots = batch.slot_mapping if g == 0 else batch.group_slot_mappings[g - 1]
+            kernels.write_kv_slots(k, -k, kv.k[layer], kv.v[layer], slots,
+                                   backend=batch.backend)
         rows = batch.logits_indices
         logits = torch.zeros(len(rows), s.vocab_size)
         for i, r in enumerate(rows.tolist()):

@@ -56,7 +56,7 @@ def test_a_load_is_matched_started_landed_and_its_request_committed(
         assert eng.connector.drain(10)
         assert store.commits[sent:] == [{}]
         eng.check_integrity()
-        assert all(b.ref_cnt == 0 for b in eng.blocks.pool.blocks)
+        assert eng.kv.num_free == eng.kv.num_blocks  # all free
 
 
 def test_an_aborted_load_releases_its_blocks_when_the_loader_reports(

@@ -88,7 +88,7 @@ def test_every_failed_load_is_a_miss_and_none_is_lost(store: WrappedStore) -> No
         assert eng.scheduler.counters["load_errors_total"] == 2
         eng.drain(10)
         eng.check_integrity()
-        assert all(b.ref_cnt == 0 for b in eng.blocks.pool.blocks)
+        assert eng.kv.num_free == eng.kv.num_blocks  # all free
 
 
 def test_every_failed_commit_is_counted_and_none_is_raised(store: WrappedStore) -> None:
@@ -121,7 +121,7 @@ def test_a_commit_that_cannot_be_submitted_leaks_nothing(
         # The prompt's commit failed at the first token; the end tried the whole chain again.
         assert eng.scheduler.counters["commit_errors_total"] == 2
         eng.check_integrity()
-        assert all(b.ref_cnt == 0 for b in eng.blocks.pool.blocks)
+        assert eng.kv.num_free == eng.kv.num_blocks  # all free
 
 
 def test_a_copy_out_that_fails_leaks_no_staging(
@@ -136,7 +136,7 @@ def test_a_copy_out_that_fails_leaks_no_staging(
         assert a.finish_reason == "length"
         assert eng.scheduler.counters["commit_errors_total"] == 2  # the prompt's, the end's
         assert eng.committer.staging.num_jobs == 0
-        assert all(b.ref_cnt == 0 for b in eng.blocks.pool.blocks)
+        assert eng.kv.num_free == eng.kv.num_blocks  # all free
 
 
 def test_a_given_up_sliding_load_holds_the_pool_blocks_it_writes(store: WrappedStore) -> None:
@@ -164,7 +164,7 @@ def test_a_given_up_sliding_load_holds_the_pool_blocks_it_writes(store: WrappedS
         eng.step()
         eng.drain(10)
         eng.check_integrity()
-        assert all(blk.ref_cnt == 0 for blk in eng.blocks.pool.blocks)
+        assert eng.kv.num_free == eng.kv.num_blocks  # all free
 
 
 def test_a_stalled_store_never_holds_pool_blocks(store: WrappedStore) -> None:
@@ -217,7 +217,7 @@ def test_commits_past_the_staging_bound_are_cut_and_counted(store: WrappedStore)
         store.commit_gate.set()
         assert eng.drain(10)
         eng.check_integrity()
-        assert all(b.ref_cnt == 0 for b in eng.blocks.pool.blocks)
+        assert eng.kv.num_free == eng.kv.num_blocks  # all free
     finally:
         store.commit_gate.set()
         eng.close()
@@ -268,6 +268,6 @@ def test_random_hybrid_traffic_with_aborts_keeps_everything_whole(
                 assert eng.loader.wait_idle(10)
                 eng.drain(10)
                 eng.check_integrity()
-                assert all(b.ref_cnt == 0 for b in eng.blocks.pool.blocks)
+                assert eng.kv.num_free == eng.kv.num_blocks  # all free
     finally:
         inner.close()
