@@ -29,6 +29,7 @@ from engine.core.config import EngineConfig
 from engine.core.llm_engine import LLMEngine
 from engine.core.sampling_params import SamplingParams
 from engine.kv.namespace import engine_namespace
+from kernels.threads import thread_plan
 
 
 def _load() -> str:
@@ -63,8 +64,8 @@ def main(argv: list[str] | None = None) -> int:
         config = EngineConfig(pool_tokens=pool, attention_backend=name)
         engines[name] = LLMEngine(lm.model, config,
                                   NullStoreLink(engine_namespace(lm.spec, config.block_tokens)))
-    print(f"# decode A/B on {args.model.name} ({args.dtype}): {machine()}, torch threads "
-          f"{torch.get_num_threads()}, {args.prompt_tokens}-token prompts, "
+    print(f"# decode A/B on {args.model.name} ({args.dtype}): {machine()}, step threads "
+          f"{thread_plan().compute_threads}, {args.prompt_tokens}-token prompts, "
           f"{args.new_tokens} new tokens, {args.rounds} rounds (median); load {_load()}",
           flush=True)
     seed = [0]

@@ -83,17 +83,6 @@ static inline uint16_t f32_to_bf16(float f) {
     return (uint16_t)(u >> 16);
 }
 
-/* Load n elements of a row into float32. */
-static inline void load_row(float *restrict dst, const void *src, int64_t off, int64_t n,
-                            int dtype) {
-    if (dtype == DT_BF16) {
-        const uint16_t *s = (const uint16_t *)src + off;
-        for (int64_t d = 0; d < n; d++) dst[d] = bf16_to_f32(s[d]);
-    } else {
-        memcpy(dst, (const float *)src + off, (size_t)n * sizeof(float));
-    }
-}
-
 /* The visible key range [lo, hi) of sequence b. */
 static inline void key_range(const job_t *j, int64_t b, int64_t *lo, int64_t *hi) {
     int64_t len = read_index(j->lens, b, j->index64);
@@ -104,20 +93,59 @@ static inline void key_range(const job_t *j, int64_t b, int64_t *lo, int64_t *hi
     *hi = len;
 }
 
+/* exp(x) for x <= 0 in float32 (the softmax's arguments), written so that GCC vectorises
+ * it: 2^n × p(r) with r = x − n ln 2, |r| <= ln2/2, p of degree 6 (relative error ~2e-7, as
+ * libm's expf to float32 rounding); under −87 it is 0, as expf's underflow. */
+static inline float exp_neg(float x) {
+    const float log2e = 1.44269504088896341f, ln2_hi = 0.693359375f,
+                ln2_lo = -2.12194440e-4f;
+    float xc = x < -87.0f ? -87.0f : x;
+    float n = __builtin_floorf(xc * log2e + 0.5f);
+    float r = xc - n * ln2_hi - n * ln2_lo;
+    float p = 1.0f / 720.0f;
+    p = p * r + 1.0f / 120.0f;
+    p = p * r + 1.0f / 24.0f;
+    p = p * r + 1.0f / 6.0f;
+    p = p * r + 0.5f;
+    p = p * r + 1.0f;
+    p = p * r + 1.0f;
+    int32_t bits = ((int32_t)n + 127) << 23;
+    float scale;
+    memcpy(&scale, &bits, sizeof scale);
+    return x < -87.0f ? 0.0f : p * scale;
+}
+
+/* Rows [0, n) of a chunk of keys (or values) as float32: the pool's own rows for float32,
+ * else converted into `buf` once, so the loops over query rows below read plain floats. */
+static inline __attribute__((always_inline)) const float *
+chunk_rows(float *restrict buf, const void *pool, int64_t base, int64_t row, int64_t n,
+           const int64_t D, const int bf16) {
+    if (!bf16) return (const float *)pool + base; /* rows `row` apart */
+    const uint16_t *src = (const uint16_t *)pool + base;
+    for (int64_t i = 0; i < n; i++)
+        for (int64_t d = 0; d < D; d++) buf[i * D + d] = bf16_to_f32(src[i * row + d]);
+    return buf;
+}
+
 /* One item: query group (b, g) over keys [t0, t1) of its sequence. Writes the normalised
- * output when `dst_out`, else (acc, max, sum) per query row into `part`. */
-CLONES static void run_item(const job_t *j, int64_t b, int64_t g, int64_t t0, int64_t t1,
-                            float *part) {
-    const int64_t D = j->dim, G = j->heads / j->kv_heads, bt = j->block_tokens;
+ * output, or (acc, max, sum) per query row into `part` when it is a split. D and the dtype
+ * are constants where run_item calls this (always inlined), so the loops over head_dim are
+ * unrolled and vectorised with no remainder. */
+static inline __attribute__((always_inline)) void
+item_impl(const job_t *j, int64_t b, int64_t g, int64_t t0, int64_t t1, float *part,
+          const int64_t D, const int bf16) {
+    const int64_t G = j->heads / j->kv_heads, bt = j->block_tokens;
     const int64_t row = j->kv_heads * D; /* elements between consecutive tokens */
+    const int64_t stride = bf16 ? D : row; /* between rows of chunk_rows' result */
     float qf[MAX_GROUP][MAX_DIM], acc[MAX_GROUP][MAX_DIM];
     float m[MAX_GROUP], l[MAX_GROUP], s[MAX_GROUP][CHUNK];
-    float kf[MAX_DIM];
+    float buf[CHUNK * MAX_DIM];
     for (int64_t r = 0; r < G; r++) {
-        int64_t h = g * G + r;
-        load_row(qf[r], j->q, b * j->q_stride_b + h * j->q_stride_h, D, j->dtype);
+        const int64_t off = b * j->q_stride_b + (g * G + r) * j->q_stride_h;
         for (int64_t d = 0; d < D; d++) {
-            qf[r][d] *= j->scale;
+            float x = bf16 ? bf16_to_f32(((const uint16_t *)j->q)[off + d])
+                           : ((const float *)j->q)[off + d];
+            qf[r][d] = x * j->scale;
             acc[r][d] = 0.0f;
         }
         m[r] = -INFINITY;
@@ -132,35 +160,35 @@ CLONES static void run_item(const job_t *j, int64_t b, int64_t g, int64_t t0, in
         if (n > t1 - t) n = t1 - t;
         if (n > CHUNK) n = CHUNK;
         int64_t base = (blk * bt + off) * row + g * D; /* element offset of key t */
-        for (int64_t i = 0; i < n; i++) {
-            load_row(kf, j->k, base + i * row, D, j->dtype);
-            for (int64_t r = 0; r < G; r++) {
+        const float *kr = chunk_rows(buf, j->k, base, row, n, D, bf16);
+        for (int64_t r = 0; r < G; r++) {
+            for (int64_t i = 0; i < n; i++) {
                 float dot = 0.0f;
 #pragma omp simd reduction(+ : dot)
-                for (int64_t d = 0; d < D; d++) dot += qf[r][d] * kf[d];
+                for (int64_t d = 0; d < D; d++) dot += qf[r][d] * kr[i * stride + d];
                 s[r][i] = dot;
             }
-        }
-        for (int64_t r = 0; r < G; r++) {
             float mx = m[r];
             for (int64_t i = 0; i < n; i++) mx = s[r][i] > mx ? s[r][i] : mx;
             float alpha = expf(m[r] - mx); /* m[r] = -inf the first time: alpha 0 */
             l[r] *= alpha;
             for (int64_t d = 0; d < D; d++) acc[r][d] *= alpha;
+            float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
             for (int64_t i = 0; i < n; i++) {
-                s[r][i] = expf(s[r][i] - mx);
-                l[r] += s[r][i];
+                s[r][i] = exp_neg(s[r][i] - mx);
+                sum += s[r][i];
             }
+            l[r] += sum;
             m[r] = mx;
         }
-        for (int64_t i = 0; i < n; i++) {
-            load_row(kf, j->v, base + i * row, D, j->dtype);
-            for (int64_t r = 0; r < G; r++) {
-                float p = s[r][i];
+        const float *vr = chunk_rows(buf, j->v, base, row, n, D, bf16);
+        for (int64_t r = 0; r < G; r++)
+            for (int64_t i = 0; i < n; i++) {
+                const float p = s[r][i];
 #pragma omp simd
-                for (int64_t d = 0; d < D; d++) acc[r][d] += p * kf[d];
+                for (int64_t d = 0; d < D; d++) acc[r][d] += p * vr[i * stride + d];
             }
-        }
         t += n;
     }
     if (part) {
@@ -173,16 +201,34 @@ CLONES static void run_item(const job_t *j, int64_t b, int64_t g, int64_t t0, in
         return;
     }
     for (int64_t r = 0; r < G; r++) {
-        int64_t h = g * G + r;
         float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f; /* no visible key: zeros */
-        int64_t o = (b * j->heads + h) * D;
-        if (j->dtype == DT_BF16) {
+        int64_t o = (b * j->heads + g * G + r) * D;
+        if (bf16) {
             uint16_t *out = (uint16_t *)j->out + o;
             for (int64_t d = 0; d < D; d++) out[d] = f32_to_bf16(acc[r][d] * inv);
         } else {
             float *out = (float *)j->out + o;
             for (int64_t d = 0; d < D; d++) out[d] = acc[r][d] * inv;
         }
+    }
+}
+
+/* The item for this CPU (target_clones), with the common head dims as constants. */
+CLONES static void run_item(const job_t *j, int64_t b, int64_t g, int64_t t0, int64_t t1,
+                            float *part) {
+    const int bf16 = j->dtype == DT_BF16;
+    switch (j->dim) {
+    case 64:
+        if (bf16) item_impl(j, b, g, t0, t1, part, 64, 1);
+        else item_impl(j, b, g, t0, t1, part, 64, 0);
+        return;
+    case 128:
+        if (bf16) item_impl(j, b, g, t0, t1, part, 128, 1);
+        else item_impl(j, b, g, t0, t1, part, 128, 0);
+        return;
+    default:
+        if (bf16) item_impl(j, b, g, t0, t1, part, j->dim, 1);
+        else item_impl(j, b, g, t0, t1, part, j->dim, 0);
     }
 }
 
