@@ -213,7 +213,8 @@ item_impl(const job_t *j, int64_t b, int64_t g, int64_t t0, int64_t t1, float *p
     }
 }
 
-/* The item for this CPU (target_clones), with the common head dims as constants. */
+/* The item for this CPU (target_clones), with the common head dims (64, 128, 256) as
+ * constants. */
 CLONES static void run_item(const job_t *j, int64_t b, int64_t g, int64_t t0, int64_t t1,
                             float *part) {
     const int bf16 = j->dtype == DT_BF16;
@@ -225,6 +226,10 @@ CLONES static void run_item(const job_t *j, int64_t b, int64_t g, int64_t t0, in
     case 128:
         if (bf16) item_impl(j, b, g, t0, t1, part, 128, 1);
         else item_impl(j, b, g, t0, t1, part, 128, 0);
+        return;
+    case 256: /* Gemma 3 */
+        if (bf16) item_impl(j, b, g, t0, t1, part, 256, 1);
+        else item_impl(j, b, g, t0, t1, part, 256, 0);
         return;
     default:
         if (bf16) item_impl(j, b, g, t0, t1, part, j->dim, 1);

@@ -33,7 +33,7 @@ def decode_cases(draw: st.DrawFn) -> dict:
         q_lens=[1] * batch,
         heads=heads,
         kv_heads=kv_heads,
-        head_dim=draw(st.sampled_from([16, 64, 80])),
+        head_dim=draw(st.sampled_from([16, 64, 80, 128, 256])),
         block_tokens=draw(st.sampled_from([1, 16, 48, 64])),
         dtype=draw(st.sampled_from([torch.float32, torch.bfloat16])),
         window=draw(st.one_of(st.none(), st.integers(1, 300))),
