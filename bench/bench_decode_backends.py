@@ -2,9 +2,11 @@
 
 Two engines over the same loaded model, one per backend (default ``torch`` against
 ``cpu_paged``, the compiled paged-decode kernel), take turns, case by case: 1 and 8
-concurrent requests of ``--prompt-tokens`` random prompt tokens, decode rate = the time of
-``--new-tokens`` + 1 tokens minus that of 1, on fresh prompts each (the method of
-``bench_engine vllm``). Each figure is the median of ``--rounds`` interleaved rounds; the
+concurrent requests of ``--prompt-tokens`` random prompt tokens (fresh each call), each
+generating ``--new-tokens`` + 1 tokens; a request's decode rate is its tokens after the first
+over the time from its first token to its last (``Sequence.decode_tokens_per_s``), and a
+case's rate is the sum over its requests. (Not ``bench_engine vllm``'s difference of two
+calls: on a loaded host the prefill's noise swamps the decode's time at 8 requests.) Each figure is the median of ``--rounds`` interleaved rounds; the
 ratio (second / first) comes from the same rounds. The load average is printed at start
 and end: on a shared machine absolute figures are inflated, the ratio much less.
 
@@ -18,7 +20,6 @@ import argparse
 import os
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -76,24 +77,20 @@ def main(argv: list[str] | None = None) -> int:
         return torch.randint(0, lm.spec.vocab_size, (n, args.prompt_tokens),
                              generator=g).tolist()
 
-    def timed(eng: LLMEngine, n: int, tokens: int) -> float:
-        t = time.perf_counter()
-        eng.generate(prompts(n), SamplingParams(max_new_tokens=tokens, ignore_eos=True))
-        return time.perf_counter() - t
+    def rate(eng: LLMEngine, n: int, tokens: int) -> float:
+        seqs = eng.generate(prompts(n), SamplingParams(max_new_tokens=tokens, ignore_eos=True))
+        return sum(seq.decode_tokens_per_s(len(seq.output_ids)) for seq in seqs)
 
     try:
         for eng in engines.values():  # warm-up: first-call costs are not the steady state
-            timed(eng, max(batches), 2)
+            rate(eng, max(batches), 2)
         rates: dict[tuple[int, str], list[float]] = {}
         for r in range(args.rounds):
             order = names if r % 2 == 0 else names[::-1]
             for n in batches:
                 for name in order:
-                    eng = engines[name]
-                    t_one = timed(eng, n, 1)
-                    t_all = timed(eng, n, args.new_tokens + 1)
                     rates.setdefault((n, name), []).append(
-                        n * args.new_tokens / max(1e-9, t_all - t_one))
+                        rate(engines[name], n, args.new_tokens + 1))
             print(f"  round {r + 1} done, load {_load()}", file=sys.stderr, flush=True)
     finally:
         for eng in engines.values():
