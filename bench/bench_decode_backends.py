@@ -4,7 +4,7 @@ Two engines over the same loaded model, one per backend (default ``torch`` again
 ``cpu_paged``, the compiled paged-decode kernel), take turns, case by case: 1 and 8
 concurrent requests of ``--prompt-tokens`` random prompt tokens (fresh each call), each
 generating ``--new-tokens`` + 1 tokens; a request's decode rate is its tokens after the first
-over the time from its first token to its last (``Sequence.decode_tokens_per_s``), and a
+over the time from its first token to its last (``SequenceStats.decode_tokens_per_s``), and a
 case's rate is the sum over its requests. (Not ``bench_engine vllm``'s difference of two
 calls: on a loaded host the prefill's noise swamps the decode's time at 8 requests.) Each figure is the median of ``--rounds`` interleaved rounds; the
 ratio (second / first) comes from the same rounds. The load average is printed at start
@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def rate(eng: LLMEngine, n: int, tokens: int) -> float:
         seqs = eng.generate(prompts(n), SamplingParams(max_new_tokens=tokens, ignore_eos=True))
-        return sum(seq.decode_tokens_per_s(len(seq.output_ids)) for seq in seqs)
+        return sum(seq.stats.decode_tokens_per_s(len(seq.output_ids)) for seq in seqs)
 
     try:
         for eng in engines.values():  # warm-up: first-call costs are not the steady state
