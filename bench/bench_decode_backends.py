@@ -91,7 +91,9 @@ def main(argv: list[str] | None = None) -> int:
                 for name in order:
                     rates.setdefault((n, name), []).append(
                         rate(engines[name], n, args.new_tokens + 1))
-            print(f"  round {r + 1} done, load {_load()}", file=sys.stderr, flush=True)
+            last = {f"{name}@{n}": round(rates[(n, name)][-1], 2)
+                    for n in batches for name in names}
+            print(f"  round {r + 1}: {last}, load {_load()}", file=sys.stderr, flush=True)
     finally:
         for eng in engines.values():
             eng.close()
