@@ -6,12 +6,13 @@ concurrent requests of ``--prompt-tokens`` random prompt tokens (fresh each call
 generating ``--new-tokens`` + 1 tokens; a request's decode rate is its tokens after the first
 over the time from its first token to its last (``SequenceStats.decode_tokens_per_s``), and a
 case's rate is the sum over its requests. (Not ``bench_engine vllm``'s difference of two
-calls: on a loaded host the prefill's noise swamps the decode's time at 8 requests.) Each figure is the median of ``--rounds`` interleaved rounds; the
-ratio (second / first) comes from the same rounds. The load average is printed at start
+calls: on a loaded host the prefill's noise swamps the decode's time at 8 requests.) Each
+figure is the median of ``--rounds`` interleaved rounds (each round's pair is printed too);
+the ratio (second / first) comes from the same rounds. The load average is printed at start
 and end: on a shared machine absolute figures are inflated, the ratio much less.
 
 ``python -m bench.bench_decode_backends --model ~/.cache/kvengine/models/smollm2-135m-instruct
-[--dtype bfloat16] [--backends torch,cpu_paged] [--rounds 3] [--new-tokens 64]``
+[--dtype bfloat16] [--backends torch,cpu_paged] [--batches 1,8] [--rounds 3] [--new-tokens 64]``
 """
 
 from __future__ import annotations

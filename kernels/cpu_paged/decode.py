@@ -20,7 +20,7 @@ from kernels.errors import BackendUnavailable
 try:
     from kernels import _paged_decode as _ext
 except ImportError as exc:  # not built (no compiler at install time): the backend refuses
-    _ext = None
+    _ext = None  # type: ignore[assignment]
     _IMPORT_ERROR: str = str(exc)
 else:
     _IMPORT_ERROR = ""

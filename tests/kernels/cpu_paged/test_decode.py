@@ -86,6 +86,7 @@ def test_int64_indices_and_strided_tables_and_queries() -> None:
     q_wide = torch.zeros(3, 8, 2 * 64)
     q_wide[:, :, :64] = case.q
     q = q_wide[:, :, :64]
+    assert case.kv_start is not None
     for tables in (strided, transposed):
         got = decode.paged_decode(q, case.k_pool, case.v_pool, tables, case.seq_lens.long(),
                                   case.scale, case.window, case.kv_start.long(), splits=0)

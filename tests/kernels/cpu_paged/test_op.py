@@ -22,4 +22,5 @@ def test_op_equals_the_function_and_passes_opcheck(dtype: torch.dtype) -> None:
     op = decode_op()
     assert decode_op() is op  # registered once
     assert torch.equal(op(*args), decode.paged_decode(*args))
-    torch.library.opcheck(op, args, test_utils=("test_schema", "test_faketensor"))
+    torch.library.opcheck(op, args,  # type: ignore[arg-type]
+                          test_utils=("test_schema", "test_faketensor"))
