@@ -1,5 +1,4 @@
-"""CPU: the torch backend's paged attention against SDPA on contiguous KV (the cost of
-paging).
+"""CPU: the paged attention backends against SDPA on contiguous KV (the cost of paging).
 
 The same sequences are laid out twice: scattered over shuffled 64-token pool blocks for
 ``kernels`` (backend ``torch``), and contiguous for ``torch.nn.functional.
@@ -9,9 +8,12 @@ on contiguous KV: causal prefill with ``is_causal=True`` (grouped-query heads th
 query group as rows (``q.view(B, kv_heads, group, D)``, no mask) or ``enable_gqa``.
 Shapes: 8 query heads, 2 KV heads, head_dim 64 (the small preset). Every figure is the
 median of interleaved rounds; the ratio is paged / SDPA (lower is better; 1 = no cost).
+Decode also runs each backend of ``--decode-backends`` (default ``torch,cpu_paged``: the
+reference and the compiled kernel) in the same interleaved rounds, one row each, with its
+time against the torch backend's beside it.
 
 ``python -m bench.bench_kernels [--contexts 4096,32768] [--dtypes bf16,fp32]
-[--decode-batch 8] [--runs 3] [--json PATH]``
+[--decode-batch 8] [--decode-backends torch,cpu_paged] [--runs 3] [--json PATH]``
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp16": torch.float16}
 @dataclass(frozen=True, slots=True)
 class Row:
     op: str
+    backend: str
     dtype: str
     context_tokens: int
     batch: int
@@ -42,6 +45,7 @@ class Row:
     sdpa_s: float
     sdpa_call: str
     ratio: float
+    vs_torch: float  # this backend's time / the torch backend's, same rounds
     max_abs_diff: float
 
 
@@ -77,18 +81,27 @@ def _timed(fn: Callable[[], object]) -> Callable[[], float]:
     return lambda: timed(fn)
 
 
-def compare(op: str, dtype_name: str, tokens: int, batch: int, paged: Callable[[], torch.Tensor],
-            baselines: dict[str, Callable[[], torch.Tensor]], runs: int) -> Row:
-    want = paged()
-    diffs = [(want.float() - fn().float()).abs().max().item() for fn in baselines.values()]
-    cases = {"paged": _timed(paged)} | {name: _timed(fn) for name, fn in baselines.items()}
+def compare(op: str, dtype_name: str, tokens: int, batch: int,
+            paged: dict[str, Callable[[], torch.Tensor]],
+            baselines: dict[str, Callable[[], torch.Tensor]], runs: int) -> list[Row]:
+    """One row per paged backend (``paged`` holds ``torch`` first), all timed in the same
+    interleaved rounds as the SDPA baselines."""
+    cases = ({f"paged {name}": _timed(fn) for name, fn in paged.items()}
+             | {name: _timed(fn) for name, fn in baselines.items()})
     medians = median_interleaved(cases, runs)
     best = min(baselines, key=lambda name: medians[name])
-    return Row(op, dtype_name, tokens, batch, medians["paged"], medians[best], best,
-               medians["paged"] / medians[best], max(diffs))
+    rows = []
+    for name, fn in paged.items():
+        got = fn()
+        diffs = [(got.float() - other().float()).abs().max().item()
+                 for other in [*baselines.values(), paged["torch"]]]
+        t = medians[f"paged {name}"]
+        rows.append(Row(op, name, dtype_name, tokens, batch, t, medians[best], best,
+                        t / medians[best], t / medians["paged torch"], max(diffs)))
+    return rows
 
 
-def bench_prefill(dtype_name: str, tokens: int, runs: int, gen: torch.Generator) -> Row:
+def bench_prefill(dtype_name: str, tokens: int, runs: int, gen: torch.Generator) -> list[Row]:
     dtype = DTYPES[dtype_name]
     lay = layout(1, tokens, dtype, gen)
     q = torch.randn(tokens, HEADS, HEAD_DIM, generator=gen).to(dtype)
@@ -111,20 +124,21 @@ def bench_prefill(dtype_name: str, tokens: int, runs: int, gen: torch.Generator)
             qh, lay.k.repeat_interleave(group, 1), lay.v.repeat_interleave(group, 1),
             is_causal=True, scale=scale)),
     }
-    return compare("prefill", dtype_name, tokens, 1, paged, baselines, runs)
+    return compare("prefill", dtype_name, tokens, 1, {"torch": paged}, baselines, runs)
 
 
 def bench_decode(dtype_name: str, tokens: int, batch: int, runs: int,
-                 gen: torch.Generator) -> Row:
+                 gen: torch.Generator, backends: list[str]) -> list[Row]:
     dtype = DTYPES[dtype_name]
     lay = layout(batch, tokens, dtype, gen)
     q = torch.randn(batch, HEADS, HEAD_DIM, generator=gen).to(dtype)
     scale = HEAD_DIM**-0.5
     group = HEADS // KV_HEADS
 
-    def paged() -> torch.Tensor:
-        return kernels.paged_decode_attention(q, lay.k_pool, lay.v_pool, lay.block_tables,
-                                              lay.seq_lens, scale, backend="torch")
+    def paged(backend: str) -> Callable[[], torch.Tensor]:
+        return lambda: kernels.paged_decode_attention(
+            q, lay.k_pool, lay.v_pool, lay.block_tables, lay.seq_lens, scale, backend=backend,
+            validated=True)
 
     baselines = {
         "sdpa group rows": lambda: F.scaled_dot_product_attention(
@@ -134,7 +148,8 @@ def bench_decode(dtype_name: str, tokens: int, batch: int, runs: int,
             q.unsqueeze(2), lay.k, lay.v, scale=scale, enable_gqa=True,
         ).squeeze(2),
     }
-    return compare("decode", dtype_name, tokens, batch, paged, baselines, runs)
+    named = {name: paged(name) for name in ["torch", *[b for b in backends if b != "torch"]]}
+    return compare("decode", dtype_name, tokens, batch, named, baselines, runs)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -144,34 +159,43 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--decode-batch", type=int, default=8, help="default %(default)s")
     p.add_argument("--runs", type=int, default=3, help="interleaved rounds (default %(default)s)")
     p.add_argument("--ops", default="prefill,decode", help="default %(default)s")
+    p.add_argument("--decode-backends", default="torch,cpu_paged",
+                   help="attention backends timed on decode, each against SDPA and torch "
+                        "(default %(default)s)")
     p.add_argument("--json", help="also write the rows here")
     args = p.parse_args(argv)
     try:
         contexts = [int(c) for c in args.contexts.split(",")]
         dtypes = args.dtypes.split(",")
+        backends = args.decode_backends.split(",")
+        for name in backends:
+            kernels.get_backend(name)
         bad = [d for d in dtypes if d not in DTYPES]
         if bad or min(contexts) < 1 or args.runs < 1 or args.decode_batch < 1:
             raise ValueError(f"unknown dtype {bad}" if bad else "sizes must be positive")
-    except ValueError as exc:
+    except (ValueError, kernels.BackendUnavailable) as exc:
         print(f"bench_kernels: {exc}", file=sys.stderr)
         return 2
     gen = torch.Generator().manual_seed(0)
     print(f"{machine()}, torch {torch.__version__}, {torch.get_num_threads()} threads")
-    print("| op | dtype | context | batch | paged s | SDPA s | SDPA call | paged / SDPA "
-          "| max abs diff |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("| op | backend | dtype | context | batch | paged s | SDPA s | SDPA call "
+          "| paged / SDPA | / torch | max abs diff |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     rows = []
     for tokens in contexts:
         for dtype_name in dtypes:
             for op in args.ops.split(","):
                 if op == "prefill":
-                    row = bench_prefill(dtype_name, tokens, args.runs, gen)
+                    new = bench_prefill(dtype_name, tokens, args.runs, gen)
                 else:
-                    row = bench_decode(dtype_name, tokens, args.decode_batch, args.runs, gen)
-                rows.append(row)
-                print(f"| {row.op} | {row.dtype} | {row.context_tokens} | {row.batch} | "
-                      f"{row.paged_s:.4f} | {row.sdpa_s:.4f} | {row.sdpa_call} | "
-                      f"{row.ratio:.2f} | {row.max_abs_diff:.1e} |", flush=True)
+                    new = bench_decode(dtype_name, tokens, args.decode_batch, args.runs, gen,
+                                       backends)
+                rows.extend(new)
+                for row in new:
+                    print(f"| {row.op} | {row.backend} | {row.dtype} | {row.context_tokens} | "
+                          f"{row.batch} | {row.paged_s:.4f} | {row.sdpa_s:.4f} | "
+                          f"{row.sdpa_call} | {row.ratio:.2f} | {row.vs_torch:.2f} | "
+                          f"{row.max_abs_diff:.1e} |", flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"machine": machine(), "rows": [asdict(r) for r in rows]}, f, indent=1)

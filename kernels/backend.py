@@ -9,6 +9,7 @@ import Triton (or ``torch_npu``) on machines that lack them.
 from __future__ import annotations
 
 import importlib
+import logging
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -115,6 +116,9 @@ _REGISTRY: dict[str, BackendEntry] = {
     "torch": BackendEntry("kernels.torch_ref", "TorchBackend", ("cpu", "cuda", "npu", "mps")),
     # Batch-invariant attention (a fixed key order per query row): deterministic mode's.
     "invariant": BackendEntry("kernels.invariant", "InvariantBackend", ("cpu",)),
+    # The reference with decode from a compiled C kernel reading the pool in place; refuses
+    # to load when the extension is not built or its start-up self-check fails.
+    "cpu_paged": BackendEntry("kernels.cpu_paged", "CpuPagedBackend", ("cpu",)),
     # CPU tensors run only under Triton's interpreter; the backend refuses them otherwise.
     "triton": BackendEntry(
         "kernels.triton_backend.backend", "TritonBackend", ("cuda", "npu", "cpu")
@@ -127,6 +131,7 @@ def register_backend(name: str, entry: BackendEntry) -> None:
     """Add (or replace) a backend by import path; instantiated on first use."""
     _REGISTRY[name] = entry
     _INSTANCES.pop(name, None)
+    _CPU_REFUSAL.clear()
 
 
 def backend_names() -> list[str]:
@@ -152,8 +157,16 @@ def get_backend(name: str) -> AttentionBackend:
     return backend
 
 
+_log = logging.getLogger(__name__)
+#: Why ``cpu_paged`` cannot be the CPU default here, once known (its self-check is not rerun
+#: at every resolve, and the fallback is logged once per process).
+_CPU_REFUSAL: list[str] = []
+
+
 def default_backend_name(device: torch.device | str) -> str:
-    """``triton`` on a GPU or NPU when it loads there, else ``torch``."""
+    """``triton`` on a GPU or NPU when it loads there; ``cpu_paged`` on a CPU when its
+    extension is built and passes its self-check (one log line says why not otherwise);
+    else ``torch``."""
     dev = torch.device(device)
     if dev.type in ("cuda", "npu") and "triton" in _REGISTRY:
         try:
@@ -161,6 +174,14 @@ def default_backend_name(device: torch.device | str) -> str:
         except BackendUnavailable:
             return "torch"
         return "triton"
+    if dev.type == "cpu" and "cpu_paged" in _REGISTRY and not _CPU_REFUSAL:
+        try:
+            get_backend("cpu_paged")
+        except BackendUnavailable as exc:
+            _CPU_REFUSAL.append(str(exc))
+            _log.warning("CPU attention falls back to the torch backend: %s", exc)
+            return "torch"
+        return "cpu_paged"
     return "torch"
 
 

@@ -147,8 +147,10 @@ def test_empty_query_chunk_is_allowed() -> None:
     _check(got, kw, case)
 
 
-def test_default_backend_on_cpu_is_torch() -> None:
-    assert kernels.default_backend_name("cpu") == "torch"
+def test_default_backend_on_cpu_is_the_compiled_kernel_when_built() -> None:
+    from kernels.cpu_paged import decode as cpu_decode
+    want = "torch" if cpu_decode._ext is None else "cpu_paged"
+    assert kernels.default_backend_name("cpu") == want
 
 
 def test_decode_inside_and_outside_inference_mode() -> None:

@@ -21,7 +21,7 @@ REPO = Path(__file__).resolve().parents[3]
 def test_registry_serves_triton_and_the_default_follows_the_device() -> None:
     assert "triton" in kernels.backend_names()
     assert isinstance(kernels.get_backend("triton"), TritonBackend)
-    assert kernels.default_backend_name("cpu") == "torch"
+    assert kernels.default_backend_name("cpu") in ("cpu_paged", "torch")  # never triton
     if DEVICE != "cpu":
         assert kernels.default_backend_name(DEVICE) == "triton"
 
@@ -36,10 +36,11 @@ def test_gpus_and_npus_default_to_triton_while_it_loads(
     device: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The engine passes ``attention_backend=None`` unless ``--attention-backend`` is given:
-    a GPU or NPU then gets ``triton``, the CPU ``torch``, and a GPU ``torch`` only when
+    a GPU or NPU then gets ``triton``, the CPU ``cpu_paged`` (``torch`` when that is not
+    built), and a GPU ``torch`` only when
     Triton cannot load there (asking for ``triton`` by name then fails, never falls back)."""
     assert kernels.default_backend_name(device) == "triton"
-    assert kernels.resolve_backend(None, "cpu").name == "torch"
+    assert kernels.resolve_backend(None, "cpu").name in ("cpu_paged", "torch")
     entry = kernel_backend._REGISTRY["triton"]
     monkeypatch.setitem(kernel_backend._REGISTRY, "triton", kernels.BackendEntry(
         "kernels.no_such_module", entry.cls, entry.device_types))

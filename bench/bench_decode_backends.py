@@ -1,0 +1,111 @@
+"""Engine decode tokens/s on two attention backends, A/B in one process.
+
+Two engines over the same loaded model, one per backend (default ``torch`` against
+``cpu_paged``, the compiled paged-decode kernel), take turns, case by case: 1 and 8
+concurrent requests of ``--prompt-tokens`` random prompt tokens (fresh each call), each
+generating ``--new-tokens`` + 1 tokens; a request's decode rate is its tokens after the first
+over the time from its first token to its last (``SequenceStats.decode_tokens_per_s``), and a
+case's rate is the sum over its requests. (Not ``bench_engine vllm``'s difference of two
+calls: on a loaded host the prefill's noise swamps the decode's time at 8 requests.) Each
+figure is the median of ``--rounds`` interleaved rounds (each round's pair is printed too);
+the ratio (second / first) comes from the same rounds. The load average is printed at start
+and end: on a shared machine absolute figures are inflated, the ratio much less.
+
+``python -m bench.bench_decode_backends --model ~/.cache/kvengine/models/smollm2-135m-instruct
+[--dtype bfloat16] [--backends torch,cpu_paged] [--batches 1,8] [--rounds 3] [--new-tokens 64]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+from bench.harness import machine
+from engine.connector.store_link import NullStoreLink
+from engine.core.config import EngineConfig
+from engine.core.llm_engine import LLMEngine
+from engine.core.sampling_params import SamplingParams
+from engine.kv.namespace import engine_namespace
+from kernels.threads import thread_plan
+
+
+def _load() -> str:
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="bench_decode_backends", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", type=Path, required=True, help="a checkpoint directory")
+    p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
+    p.add_argument("--backends", default="torch,cpu_paged", help="two backend names")
+    p.add_argument("--batches", default="1,8", help="concurrent requests per case")
+    p.add_argument("--prompt-tokens", type=int, default=512)
+    p.add_argument("--new-tokens", type=int, default=64)
+    p.add_argument("--rounds", type=int, default=3)
+    args = p.parse_args(argv)
+    names = args.backends.split(",")
+    try:
+        batches = [int(b) for b in args.batches.split(",")]
+        if len(names) != 2 or min(batches) < 1 or args.rounds < 1 or args.new_tokens < 1:
+            raise ValueError("two backends, positive batches, rounds and new tokens")
+    except ValueError as exc:
+        print(f"bench_decode_backends: {exc}", file=sys.stderr)
+        return 2
+    from engine.model.loader import load_model
+
+    lm = load_model(args.model, dtype=args.dtype)
+    pool = max(batches) * (args.prompt_tokens + args.new_tokens + 32) * 2
+    engines = {}
+    for name in names:
+        config = EngineConfig(pool_tokens=pool, attention_backend=name)
+        engines[name] = LLMEngine(lm.model, config,
+                                  NullStoreLink(engine_namespace(lm.spec, config.block_tokens)))
+    print(f"# decode A/B on {args.model.name} ({args.dtype}): {machine()}, step threads "
+          f"{thread_plan().compute_threads}, {args.prompt_tokens}-token prompts, "
+          f"{args.new_tokens} new tokens, {args.rounds} rounds (median); load {_load()}",
+          flush=True)
+    seed = [0]
+
+    def prompts(n: int) -> list[list[int]]:
+        seed[0] += 1
+        g = torch.Generator().manual_seed(seed[0])
+        return torch.randint(0, lm.spec.vocab_size, (n, args.prompt_tokens),
+                             generator=g).tolist()
+
+    def rate(eng: LLMEngine, n: int, tokens: int) -> float:
+        seqs = eng.generate(prompts(n), SamplingParams(max_new_tokens=tokens, ignore_eos=True))
+        return sum(seq.stats.decode_tokens_per_s(len(seq.output_ids)) for seq in seqs)
+
+    try:
+        for eng in engines.values():  # warm-up: first-call costs are not the steady state
+            rate(eng, max(batches), 2)
+        rates: dict[tuple[int, str], list[float]] = {}
+        for r in range(args.rounds):
+            order = names if r % 2 == 0 else names[::-1]
+            for n in batches:
+                for name in order:
+                    rates.setdefault((n, name), []).append(
+                        rate(engines[name], n, args.new_tokens + 1))
+            last = {f"{name}@{n}": round(rates[(n, name)][-1], 2)
+                    for n in batches for name in names}
+            print(f"  round {r + 1}: {last}, load {_load()}", file=sys.stderr, flush=True)
+    finally:
+        for eng in engines.values():
+            eng.close()
+    a, b = names
+    print(f"| requests | {a} tok/s | {b} tok/s | {b} / {a} |\n|---|---|---|---|")
+    for n in batches:
+        ma, mb = (statistics.median(rates[(n, x)]) for x in names)
+        print(f"| {n} | {ma:.1f} | {mb:.1f} | {mb / ma:.2f}× |")
+    print(f"# load at end {_load()}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,62 @@
+"""The start-up check that decides whether the C kernel may be the CPU default.
+
+A build on another machine, a compiler that mis-vectorises, a libgomp clash: each would
+show as wrong numbers, not an import error. So before the backend is handed out, a few
+small shuffled-pool cases (ragged lengths, a window, ``kv_start``, forced key splits, both
+dtypes) run through the kernel and the torch reference, and must agree.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from kernels.cpu_paged import decode
+from kernels.torch_ref.decode import paged_decode as reference_decode
+
+#: Agreement the check asks for, per dtype (the reference rounds bfloat16 at other places).
+TOLERANCE: dict[torch.dtype, float] = {torch.float32: 1e-4, torch.bfloat16: 3e-2}
+
+
+@dataclass(frozen=True, slots=True)
+class SelfCheckResult:
+    ok: bool
+    worst_abs_error: float
+    detail: str  # what disagreed, or "" when ok
+
+
+def _case(dtype: torch.dtype, gen: torch.Generator):
+    heads, kv_heads, dim, bt = 6, 2, 64, 16
+    lens = [1, 37, 300, 16]
+    need = [-(-n // bt) for n in lens]
+    num_blocks = sum(need) + 2
+    perm = torch.randperm(num_blocks, generator=gen)
+    tables = torch.full((len(lens), max(need)), -1, dtype=torch.int32)
+    used = 0
+    for b, n in enumerate(need):
+        tables[b, :n] = perm[used : used + n].to(torch.int32)
+        used += n
+    k = torch.randn(num_blocks, bt, kv_heads, dim, generator=gen).to(dtype)
+    v = torch.randn(num_blocks, bt, kv_heads, dim, generator=gen).to(dtype)
+    q = torch.randn(len(lens), heads, dim, generator=gen).to(dtype)
+    return q, k, v, tables, torch.tensor(lens, dtype=torch.int32)
+
+
+def run_selfcheck() -> SelfCheckResult:
+    gen = torch.Generator().manual_seed(0)
+    worst = 0.0
+    for dtype, tol in TOLERANCE.items():
+        q, k, v, tables, lens = _case(dtype, gen)
+        kv_start = torch.tensor([0, 5, 40, 3], dtype=torch.int32)
+        for window, start, splits in ((None, None, 0), (100, kv_start, 0), (None, kv_start, 3)):
+            got = decode.paged_decode(q, k, v, tables, lens, 0.125, window, start,
+                                      splits=splits)
+            want = reference_decode(q, k, v, tables, lens, 0.125, window, start)
+            err = float((got.float() - want.float()).abs().max())
+            worst = max(worst, err)
+            if not err <= tol:  # also catches NaN
+                return SelfCheckResult(False, err, f"{dtype}, window={window}, "
+                                       f"kv_start={start is not None}, splits={splits}: "
+                                       f"max |error| {err:.3g} > {tol}")
+    return SelfCheckResult(True, worst, "")

@@ -1,0 +1,52 @@
+"""The engine on ``cpu_paged`` gives the torch backend's tokens and logits.
+
+The tiny Qwen3 checkpoint of ``kvengine make-model`` (4 query and 2 KV heads of 16) in its
+hybrid form (even layers slide over 128 tokens), a two-agent session whose prompts share a
+long header (pool prefix hits) and whose turns extend each other, prefilled in 48-token
+chunks, so decode runs over windows, prefix hits and ragged batches. The random tiny model
+repeats one token greedily whatever attention does, so every step's logits are compared
+too, as the engine's tests compare it with transformers.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from engine.connector.store_link import NullStoreLink
+from engine.core.config import EngineConfig
+from engine.core.llm_engine import LLMEngine
+from engine.kv.namespace import engine_namespace
+from engine.model.loader import LoadedModel, load_model
+from engine.model.make_model import make_model
+from kernels.cpu_paged import decode
+from tests.engine.sessions import Recorded, agent_session, assert_same_session, play_recorded
+
+pytestmark = pytest.mark.skipif(decode._ext is None, reason="kernels._paged_decode not built")
+
+
+def _play(lm: LoadedModel, backend: str | None) -> Recorded:
+    config = EngineConfig(pool_tokens=1024, max_batched_tokens=48, attention_backend=backend)
+    link = NullStoreLink(engine_namespace(lm.spec, config.block_tokens))
+    with LLMEngine(lm.model, config, link) as engine:
+        assert engine.backend.name == (backend or "cpu_paged")
+        return play_recorded(engine, lm, agent_session(turns_each=2))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_cpu_paged_gives_the_torch_backends_tokens(
+        dtype: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KVENGINE_CACHE_DIR", str(tmp_path / "cache"))
+    model = make_model("qwen3", "tiny", tmp_path / "tiny", hybrid=True).path
+    lm = load_model(model, dtype=dtype, revision_cache_dir=tmp_path / "revisions")
+    ref = _play(lm, "torch")
+    ours = _play(lm, None)  # the CPU default
+    assert ours.turns[1].hit_tokens["hbm"] > 0  # the second agent reuses the header
+    assert [t.token_ids for t in ours.turns] == [t.token_ids for t in ref.turns]
+    if dtype == "float32":
+        assert assert_same_session(ours, ref, "cpu_paged vs torch") == len(ref.turns)
+    else:  # bfloat16 activations round at other places than the reference's: a looser bound
+        for mine, theirs in zip(ours.logits(), ref.logits(), strict=True):
+            torch.testing.assert_close(mine.float(), theirs.float(), atol=2e-2, rtol=2e-2)
