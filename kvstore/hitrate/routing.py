@@ -121,17 +121,24 @@ class ConsistentHash(Router):
         return self._owners[i % len(self._owners)]
 
 
+def held_prefix(keys: Sequence[Hashable], held: Container[Hashable]) -> int:
+    """How many of ``keys``, from the first, ``held`` holds without a gap: a pool's prefix
+    hit, which both cache-aware policies route by."""
+    n = 0
+    for k in keys:
+        if k not in held:
+            break
+        n += 1
+    return n
+
+
 class CacheAware(Router):
     name = "cache_aware"
 
     def _choose(self, req: Request, hbm: Sequence[Container[Hashable]]) -> int:
         best, tied = -1, [0]
         for r, held in enumerate(hbm):
-            n = 0
-            for k in req.keys:
-                if k not in held:
-                    break
-                n += 1
+            n = held_prefix(req.keys, held)
             if n > best:
                 best, tied = n, [r]
             elif n == best:
@@ -147,11 +154,7 @@ class KvAware(Router):
     def _choose(self, req: Request, hbm: Sequence[Container[Hashable]]) -> int:
         best, pick = 0, -1
         for r, held in enumerate(hbm):
-            n = 0
-            for k in req.keys:
-                if k not in held:
-                    break
-                n += 1
+            n = held_prefix(req.keys, held)
             if n and n >= best:  # ``>=``: the last of equal maxima, as the router's
                 best, pick = n, r
         return self.least_loaded() if pick < 0 else pick
