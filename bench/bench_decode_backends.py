@@ -11,8 +11,14 @@ figure is the median of ``--rounds`` interleaved rounds (each round's pair is pr
 the ratio (second / first) comes from the same rounds. The load average is printed at start
 and end: on a shared machine absolute figures are inflated, the ratio much less.
 
+With ``--linears A,B`` the two engines differ in their linear kernel instead (``onednn``,
+``bf16gemv``, ``dense``: ``kernels/linear.py``), on the default attention backend: each gets
+its own copy of the model, whose weights are prepared for its kernel during its warm-up
+(``KERNELS_LINEAR`` set meanwhile; a prepared weight keeps the kernel it was prepared for).
+
 ``python -m bench.bench_decode_backends --model ~/.cache/kvengine/models/smollm2-135m-instruct
-[--dtype bfloat16] [--backends torch,cpu_paged] [--batches 1,8] [--rounds 3] [--new-tokens 64]``
+[--dtype bfloat16] [--backends torch,cpu_paged | --linears onednn,bf16gemv] [--batches 1,8]
+[--rounds 3] [--new-tokens 64]``
 """
 
 from __future__ import annotations
@@ -38,6 +44,15 @@ def _load() -> str:
     return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
+def _linear_kernels(model: torch.nn.Module) -> str:
+    """The kernels the model's prepared weights run on (what the A/B really compared)."""
+    from kernels.linear import PreparedWeight
+
+    names = {p._cached.kernel.name for m in model.modules() for p in vars(m).values()
+             if isinstance(p, PreparedWeight) and p._cached is not None}
+    return ", ".join(sorted(names)) or "none prepared"
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="bench_decode_backends", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -47,9 +62,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batches", default="1,8", help="concurrent requests per case")
     p.add_argument("--prompt-tokens", type=int, default=512)
     p.add_argument("--new-tokens", type=int, default=64)
+    p.add_argument("--linears", default="",
+                   help="two linear kernels to compare instead of attention backends")
     p.add_argument("--rounds", type=int, default=3)
     args = p.parse_args(argv)
-    names = args.backends.split(",")
+    names = (args.linears or args.backends).split(",")
     try:
         batches = [int(b) for b in args.batches.split(",")]
         if len(names) != 2 or min(batches) < 1 or args.rounds < 1 or args.new_tokens < 1:
@@ -63,8 +80,10 @@ def main(argv: list[str] | None = None) -> int:
     pool = max(batches) * (args.prompt_tokens + args.new_tokens + 32) * 2
     engines = {}
     for name in names:
-        config = EngineConfig(pool_tokens=pool, attention_backend=name)
-        engines[name] = LLMEngine(lm.model, config,
+        model = load_model(args.model, dtype=args.dtype).model if args.linears else lm.model
+        config = EngineConfig(pool_tokens=pool,
+                              attention_backend=None if args.linears else name)
+        engines[name] = LLMEngine(model, config,
                                   NullStoreLink(engine_namespace(lm.spec, config.block_tokens)))
     print(f"# decode A/B on {args.model.name} ({args.dtype}): {machine()}, step threads "
           f"{thread_plan().compute_threads}, {args.prompt_tokens}-token prompts, "
@@ -83,8 +102,19 @@ def main(argv: list[str] | None = None) -> int:
         return sum(seq.stats.decode_tokens_per_s(len(seq.output_ids)) for seq in seqs)
 
     try:
-        for eng in engines.values():  # warm-up: first-call costs are not the steady state
-            rate(eng, max(batches), 2)
+        for name, eng in engines.items():  # warm-up: first calls are not the steady state
+            before = os.environ.get("KERNELS_LINEAR")
+            if args.linears:  # the weights are prepared, for this kernel, on first use
+                os.environ["KERNELS_LINEAR"] = name
+            try:
+                rate(eng, max(batches), 2)
+            finally:
+                if args.linears:
+                    os.environ.pop("KERNELS_LINEAR", None)
+                    if before is not None:
+                        os.environ["KERNELS_LINEAR"] = before
+            if args.linears:
+                print(f"# {name}: linears on {_linear_kernels(eng.runner.model)}", flush=True)
         rates: dict[tuple[int, str], list[float]] = {}
         for r in range(args.rounds):
             order = names if r % 2 == 0 else names[::-1]
