@@ -16,9 +16,15 @@ With ``--linears A,B`` the two engines differ in their linear kernel instead (``
 its own copy of the model, whose weights are prepared for its kernel during its warm-up
 (``KERNELS_LINEAR`` set meanwhile; a prepared weight keeps the kernel it was prepared for).
 
+``--cpu-time`` (needs ``KVENGINE_THREADS=1``, so the step's whole compute is the calling
+thread's) rates decode by the step thread's CPU time instead of wall time: a call of
+``--new-tokens`` + 1 tokens minus a call of 1 token on prompts of the same length (prefill's
+CPU time cancels). On a host whose other tenants keep the cores busy, wall time measures the
+scheduler; CPU time still measures the work (memory contention still shows).
+
 ``python -m bench.bench_decode_backends --model ~/.cache/kvengine/models/smollm2-135m-instruct
 [--dtype bfloat16] [--backends torch,cpu_paged | --linears onednn,bf16gemv] [--batches 1,8]
-[--rounds 3] [--new-tokens 64]``
+[--rounds 3] [--new-tokens 64] [--cpu-time]``
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ import argparse
 import os
 import statistics
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -65,12 +72,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--linears", default="",
                    help="two linear kernels to compare instead of attention backends")
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--cpu-time", action="store_true",
+                   help="rate by the step thread's CPU time (needs KVENGINE_THREADS=1)")
     args = p.parse_args(argv)
     names = (args.linears or args.backends).split(",")
     try:
         batches = [int(b) for b in args.batches.split(",")]
         if len(names) != 2 or min(batches) < 1 or args.rounds < 1 or args.new_tokens < 1:
             raise ValueError("two backends, positive batches, rounds and new tokens")
+        if args.cpu_time and thread_plan().compute_threads != 1:
+            raise ValueError("--cpu-time needs KVENGINE_THREADS=1 (one compute thread)")
     except ValueError as exc:
         print(f"bench_decode_backends: {exc}", file=sys.stderr)
         return 2
@@ -98,8 +109,18 @@ def main(argv: list[str] | None = None) -> int:
                              generator=g).tolist()
 
     def rate(eng: LLMEngine, n: int, tokens: int) -> float:
+        if args.cpu_time:
+            return cpu_rate(eng, n, tokens)
         seqs = eng.generate(prompts(n), SamplingParams(max_new_tokens=tokens, ignore_eos=True))
         return sum(seq.stats.decode_tokens_per_s(len(seq.output_ids)) for seq in seqs)
+
+    def cpu_rate(eng: LLMEngine, n: int, tokens: int) -> float:
+        spent = []
+        for count in (tokens, 1):
+            t0 = time.thread_time()
+            eng.generate(prompts(n), SamplingParams(max_new_tokens=count, ignore_eos=True))
+            spent.append(time.thread_time() - t0)
+        return n * (tokens - 1) / max(spent[0] - spent[1], 1e-9)
 
     try:
         for name, eng in engines.items():  # warm-up: first calls are not the steady state
