@@ -48,6 +48,16 @@ def test_bench_kernels_refuses_bad_linear_arguments(
     assert err.startswith("bench_kernels: ") and err.count("\n") == 1
 
 
+def test_decode_ab_by_cpu_time_needs_one_compute_thread(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from bench.bench_decode_backends import main
+
+    monkeypatch.setenv("KVENGINE_THREADS", "2")
+    assert main(["--model", str(tmp_path), "--linears", "onednn,bf16gemv", "--cpu-time"]) == 2
+    assert "KVENGINE_THREADS=1" in capsys.readouterr().err
+
+
 def test_the_linear_step_is_smollm2s_decode_step() -> None:
     from bench.linear_step import step_shapes
 
