@@ -11,8 +11,20 @@ figure is the median of ``--rounds`` interleaved rounds (each round's pair is pr
 the ratio (second / first) comes from the same rounds. The load average is printed at start
 and end: on a shared machine absolute figures are inflated, the ratio much less.
 
+With ``--linears A,B`` the two engines differ in their linear kernel instead (``onednn``,
+``bf16gemv``, ``dense``: ``kernels/linear.py``), on the default attention backend: each gets
+its own copy of the model, whose weights are prepared for its kernel during its warm-up
+(``KERNELS_LINEAR`` set meanwhile; a prepared weight keeps the kernel it was prepared for).
+
+``--cpu-time`` (needs ``KVENGINE_THREADS=1``, so the step's whole compute is the calling
+thread's) rates decode by the step thread's CPU time instead of wall time: a call of
+``--new-tokens`` + 1 tokens minus a call of 1 token on prompts of the same length (prefill's
+CPU time cancels). On a host whose other tenants keep the cores busy, wall time measures the
+scheduler; CPU time still measures the work (memory contention still shows).
+
 ``python -m bench.bench_decode_backends --model ~/.cache/kvengine/models/smollm2-135m-instruct
-[--dtype bfloat16] [--backends torch,cpu_paged] [--batches 1,8] [--rounds 3] [--new-tokens 64]``
+[--dtype bfloat16] [--backends torch,cpu_paged | --linears onednn,bf16gemv] [--batches 1,8]
+[--rounds 3] [--new-tokens 64] [--cpu-time]``
 """
 
 from __future__ import annotations
@@ -21,6 +33,7 @@ import argparse
 import os
 import statistics
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -38,6 +51,15 @@ def _load() -> str:
     return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
+def _linear_kernels(model: torch.nn.Module) -> str:
+    """The kernels the model's prepared weights run on (what the A/B really compared)."""
+    from kernels.linear import PreparedWeight
+
+    names = {p._cached.kernel.name for m in model.modules() for p in vars(m).values()
+             if isinstance(p, PreparedWeight) and p._cached is not None}
+    return ", ".join(sorted(names)) or "none prepared"
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="bench_decode_backends", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -47,13 +69,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batches", default="1,8", help="concurrent requests per case")
     p.add_argument("--prompt-tokens", type=int, default=512)
     p.add_argument("--new-tokens", type=int, default=64)
+    p.add_argument("--linears", default="",
+                   help="two linear kernels to compare instead of attention backends")
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--cpu-time", action="store_true",
+                   help="rate by the step thread's CPU time (needs KVENGINE_THREADS=1)")
     args = p.parse_args(argv)
-    names = args.backends.split(",")
+    names = (args.linears or args.backends).split(",")
     try:
         batches = [int(b) for b in args.batches.split(",")]
         if len(names) != 2 or min(batches) < 1 or args.rounds < 1 or args.new_tokens < 1:
             raise ValueError("two backends, positive batches, rounds and new tokens")
+        if args.cpu_time and thread_plan().compute_threads != 1:
+            raise ValueError("--cpu-time needs KVENGINE_THREADS=1 (one compute thread)")
     except ValueError as exc:
         print(f"bench_decode_backends: {exc}", file=sys.stderr)
         return 2
@@ -63,8 +91,10 @@ def main(argv: list[str] | None = None) -> int:
     pool = max(batches) * (args.prompt_tokens + args.new_tokens + 32) * 2
     engines = {}
     for name in names:
-        config = EngineConfig(pool_tokens=pool, attention_backend=name)
-        engines[name] = LLMEngine(lm.model, config,
+        model = load_model(args.model, dtype=args.dtype).model if args.linears else lm.model
+        config = EngineConfig(pool_tokens=pool,
+                              attention_backend=None if args.linears else name)
+        engines[name] = LLMEngine(model, config,
                                   NullStoreLink(engine_namespace(lm.spec, config.block_tokens)))
     print(f"# decode A/B on {args.model.name} ({args.dtype}): {machine()}, step threads "
           f"{thread_plan().compute_threads}, {args.prompt_tokens}-token prompts, "
@@ -79,12 +109,33 @@ def main(argv: list[str] | None = None) -> int:
                              generator=g).tolist()
 
     def rate(eng: LLMEngine, n: int, tokens: int) -> float:
+        if args.cpu_time:
+            return cpu_rate(eng, n, tokens)
         seqs = eng.generate(prompts(n), SamplingParams(max_new_tokens=tokens, ignore_eos=True))
         return sum(seq.stats.decode_tokens_per_s(len(seq.output_ids)) for seq in seqs)
 
+    def cpu_rate(eng: LLMEngine, n: int, tokens: int) -> float:
+        spent = []
+        for count in (tokens, 1):
+            t0 = time.thread_time()
+            eng.generate(prompts(n), SamplingParams(max_new_tokens=count, ignore_eos=True))
+            spent.append(time.thread_time() - t0)
+        return n * (tokens - 1) / max(spent[0] - spent[1], 1e-9)
+
     try:
-        for eng in engines.values():  # warm-up: first-call costs are not the steady state
-            rate(eng, max(batches), 2)
+        for name, eng in engines.items():  # warm-up: first calls are not the steady state
+            before = os.environ.get("KERNELS_LINEAR")
+            if args.linears:  # the weights are prepared, for this kernel, on first use
+                os.environ["KERNELS_LINEAR"] = name
+            try:
+                rate(eng, max(batches), 2)
+            finally:
+                if args.linears:
+                    os.environ.pop("KERNELS_LINEAR", None)
+                    if before is not None:
+                        os.environ["KERNELS_LINEAR"] = before
+            if args.linears:
+                print(f"# {name}: linears on {_linear_kernels(eng.runner.model)}", flush=True)
         rates: dict[tuple[int, str], list[float]] = {}
         for r in range(args.rounds):
             order = names if r % 2 == 0 else names[::-1]

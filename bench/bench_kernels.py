@@ -12,14 +12,20 @@ Decode also runs each backend of ``--decode-backends`` (default ``torch,cpu_page
 reference and the compiled kernel) in the same interleaved rounds, one row each, with its
 time against the torch backend's beside it.
 
+``--ops linears`` times a decode step's linears instead (``bench/linear_step.py``: SmolLM2-135M's
+121 bf16 products back to back, each linear kernel of ``--linear-kernels`` for each row count
+of ``--linear-rows``, against the DRAM read limit from the same rounds).
+
 ``python -m bench.bench_kernels [--contexts 4096,32768] [--dtypes bf16,fp32]
-[--decode-batch 8] [--decode-backends torch,cpu_paged] [--runs 3] [--json PATH]``
+[--decode-batch 8] [--decode-backends torch,cpu_paged] [--runs 3] [--json PATH]
+[--ops prefill,decode,linears] [--linear-rows 1,2,4,8] [--linear-kernels onednn,bf16gemv]``
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -162,8 +168,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--decode-backends", default="torch,cpu_paged",
                    help="attention backends timed on decode, each against SDPA and torch "
                         "(default %(default)s)")
+    p.add_argument("--linear-rows", default="1,2,4,8", help="default %(default)s")
+    p.add_argument("--linear-kernels", default="onednn,bf16gemv",
+                   help="linear kernels timed by --ops linears, the first the baseline "
+                        "(default %(default)s)")
     p.add_argument("--json", help="also write the rows here")
     args = p.parse_args(argv)
+    ops = args.ops.split(",")
+    if "linears" in ops:
+        return _linears(args, [op for op in ops if op != "linears"])
     try:
         contexts = [int(c) for c in args.contexts.split(",")]
         dtypes = args.dtypes.split(",")
@@ -184,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for tokens in contexts:
         for dtype_name in dtypes:
-            for op in args.ops.split(","):
+            for op in ops:
                 if op == "prefill":
                     new = bench_prefill(dtype_name, tokens, args.runs, gen)
                 else:
@@ -199,6 +212,38 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"machine": machine(), "rows": [asdict(r) for r in rows]}, f, indent=1)
+    return 0
+
+
+def _linears(args: argparse.Namespace, other_ops: list[str]) -> int:
+    from bench.linear_step import bench_linear_step
+    from kernels.linear import LINEAR_KERNELS
+
+    names = args.linear_kernels.split(",")
+    try:
+        rows = [int(r) for r in args.linear_rows.split(",")]
+        if other_ops or min(rows) < 1 or args.runs < 1:
+            raise ValueError("--ops linears runs alone, with positive rows and runs")
+        unknown = [n for n in names if n not in LINEAR_KERNELS]
+        if unknown:
+            raise ValueError(f"unknown linear kernel {unknown}: choose from "
+                             f"{', '.join(LINEAR_KERNELS)}")
+    except ValueError as exc:
+        print(f"bench_kernels: {exc}", file=sys.stderr)
+        return 2
+    load = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    print(f"{machine()}, torch {torch.__version__}, {torch.get_num_threads()} threads, "
+          f"load {load}")
+    print(f"| kernel | rows | step ms | weights MB | GB/s | / DRAM limit | / {names[0]} |")
+    print("|---|---|---|---|---|---|---|")
+    out = bench_linear_step(names, rows, args.runs, torch.Generator().manual_seed(0))
+    for r in out:
+        print(f"| {r.kernel} | {r.rows} | {r.step_s * 1e3:.2f} | {r.weight_mb:.0f} | "
+              f"{r.gb_per_s:.1f} | {r.vs_dram:.2f} | {r.vs_first:.2f} |", flush=True)
+    print(f"load at end {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"machine": machine(), "rows": [asdict(r) for r in out]}, f, indent=1)
     return 0
 
 

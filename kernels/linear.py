@@ -7,9 +7,15 @@ weight reordered once into oneDNN's blocked layout (``mkldnn._reorder_linear_wei
 what inductor's weight freezing and vLLM-CPU's oneDNN GEMM do) halves a bf16 GEMV on this
 machine class and computes the same bits (``tests/kernels/test_linear.py``).
 
+A packed GEMM is still a general GEMM: for decode's one to a few rows a bf16 weight streams
+at about 60 % of DRAM bandwidth through oneDNN. ``Bf16GemvLinear`` (``bf16gemv``,
+``kernels/gemv.py`` over ``kernels/_gemv.c``) packs the weight for a skinny-GEMM kernel
+that streams it near DRAM speed for decode and keeps up with oneDNN on a prefill's many
+rows, so the model holds one prepared form.
+
 ``LinearKernel`` is the contract; ``DenseLinear`` (plain ``F.linear``) is the null object
-that every device and dtype can use; ``select_linear_kernel`` picks. ``KERNELS_LINEAR=dense``
-forces the null object (to compare, or if oneDNN misbehaves somewhere).
+that every device and dtype can use; ``select_linear_kernel`` picks. ``KERNELS_LINEAR=name``
+forces a kernel (``dense``, ``onednn``, ``bf16gemv``: to compare, or if one misbehaves).
 """
 
 from __future__ import annotations
@@ -25,6 +31,8 @@ from dataclasses import dataclass
 
 import torch
 from torch.nn import functional as F
+
+from kernels import gemv
 
 #: Row count the blocked layout is tuned for: decode's (one row per sequence).
 PACK_HINT_ROWS = 1
@@ -70,9 +78,28 @@ class OneDnnPackedLinear(LinearKernel):
         return torch.ops.mkldnn._linear_pointwise(x, prepared, bias, "none", [None], "")
 
 
+class Bf16GemvLinear(LinearKernel):
+    """bf16 on a CPU: the weight packed once for the compiled skinny GEMM (``kernels/gemv.py``,
+    ``kernels/_gemv.c``), which streams it at DRAM speed for decode's few rows and reuses it
+    from cache for a prefill's many, so one prepared form serves both."""
+
+    name = "bf16gemv"
+
+    def prepare(self, weight: torch.Tensor) -> object:
+        return gemv.pack(weight)
+
+    def apply(self, x: torch.Tensor, prepared: object, bias: torch.Tensor | None
+              ) -> torch.Tensor:
+        assert isinstance(prepared, gemv.PackedWeight)
+        if bias is not None and bias.dtype != torch.bfloat16:
+            bias = bias.to(torch.bfloat16)
+        return gemv.linear(x, prepared, bias)
+
+
 _DENSE = DenseLinear()
 _ONEDNN = OneDnnPackedLinear()
-LINEAR_KERNELS: dict[str, LinearKernel] = {k.name: k for k in (_DENSE, _ONEDNN)}
+_GEMV = Bf16GemvLinear()
+LINEAR_KERNELS: dict[str, LinearKernel] = {k.name: k for k in (_DENSE, _ONEDNN, _GEMV)}
 
 
 def _onednn_bf16() -> bool:
@@ -84,17 +111,28 @@ def _onednn_bf16() -> bool:
 
 
 def select_linear_kernel(weight: torch.Tensor) -> LinearKernel:
-    """The kernel for this weight: oneDNN's packed GEMM for bf16 on a CPU that has it
-    (unless ``KERNELS_LINEAR=dense``), else ``F.linear``."""
+    """The kernel for this weight. For bf16 on a CPU: ``bf16gemv`` where its extension is
+    built, the CPU has AVX512-BF16 and its start-up self-check passed, else oneDNN's packed
+    GEMM where oneDNN has bf16; ``F.linear`` for everything else. ``KERNELS_LINEAR=<name>``
+    forces a kernel wherever it can run (``bf16gemv`` then takes its portable path on a CPU
+    without AVX512-BF16); where it cannot, ``F.linear``."""
     forced = os.environ.get("KERNELS_LINEAR")
     if forced in LINEAR_KERNELS:
-        return LINEAR_KERNELS[forced] if forced == "dense" or _usable(weight) else _DENSE
-    return _ONEDNN if _usable(weight) else _DENSE
+        kernel = LINEAR_KERNELS[forced]
+        return kernel if _runs(kernel, weight) else _DENSE
+    if _runs(_GEMV, weight) and gemv.usable_as_default():
+        return _GEMV
+    return _ONEDNN if _runs(_ONEDNN, weight) else _DENSE
 
 
-def _usable(weight: torch.Tensor) -> bool:
-    return (weight.device.type == "cpu" and weight.dtype == torch.bfloat16
-            and weight.dim() == 2 and _onednn_bf16())
+def _runs(kernel: LinearKernel, weight: torch.Tensor) -> bool:
+    if kernel is _DENSE:
+        return True
+    bf16_cpu = (weight.device.type == "cpu" and weight.dtype == torch.bfloat16
+                and weight.dim() == 2)
+    if kernel is _GEMV:
+        return bf16_cpu and gemv.built()
+    return bf16_cpu and _onednn_bf16()
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,7 +1,7 @@
 """``nn.Linear`` whose matmul runs through ``kernels.linear``: the weight prepared once for
-the device's fastest GEMM (oneDNN's blocked layout for bf16 on a CPU), re-prepared only
-when it changes. Parameter names and ``state_dict`` are ``nn.Linear``'s, so the loader
-and checkpoints see no difference."""
+the device's fastest GEMM (for bf16 on a CPU: packed for ``bf16gemv``, else oneDNN's blocked
+layout), re-prepared only when it changes. Parameter names and ``state_dict`` are
+``nn.Linear``'s, so the loader and checkpoints see no difference."""
 
 from __future__ import annotations
 

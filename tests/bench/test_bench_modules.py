@@ -13,10 +13,10 @@ import pytest
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 MODULES = sorted(p.stem for p in BENCH.glob("*.py") if p.stem != "__init__")
 # No command line of their own: the runner of all benchmarks, a worker driven over a pipe,
-# the shared helpers, bench_router's --pd half and its prediction table, and the vLLM peer
-# bench_engine drives.
+# the shared helpers, bench_router's --pd half and its prediction table, the vLLM peer
+# bench_engine drives, and the decode step's linears bench_kernels times.
 NO_CLI = {"run_all", "daemon_bench_worker", "harness", "engine_args", "fio", "ssd_store",
-          "router_pd", "router_table", "vllm_peer"}
+          "router_pd", "router_table", "vllm_peer", "linear_step"}
 
 
 @pytest.mark.parametrize("name", MODULES)
@@ -34,6 +34,36 @@ def test_help_exits_cleanly(
         mod.main()
     assert e.value.code == 0
     assert "usage:" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv", [["--ops", "linears", "--linear-kernels", "onednn,nope"],
+                                  ["--ops", "linears,decode"],
+                                  ["--ops", "linears", "--linear-rows", "0"]])
+def test_bench_kernels_refuses_bad_linear_arguments(
+        argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    from bench.bench_kernels import main
+
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("bench_kernels: ") and err.count("\n") == 1
+
+
+def test_decode_ab_by_cpu_time_needs_one_compute_thread(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from bench.bench_decode_backends import main
+
+    monkeypatch.setenv("KVENGINE_THREADS", "2")
+    assert main(["--model", str(tmp_path), "--linears", "onednn,bf16gemv", "--cpu-time"]) == 2
+    assert "KVENGINE_THREADS=1" in capsys.readouterr().err
+
+
+def test_the_linear_step_is_smollm2s_decode_step() -> None:
+    from bench.linear_step import step_shapes
+
+    shapes = step_shapes()
+    assert len(shapes) == 121
+    assert sum(n * k * 2 for n, k in shapes) == 268_959_744  # bytes of bf16 weights
 
 
 def test_fio_runs_as_long_as_ours() -> None:

@@ -1,0 +1,296 @@
+/* bf16 skinny GEMM on the CPU: y = x @ W.T (+ b) for a weight packed once, read once per call.
+ *
+ * Decode multiplies a few rows by every weight of the model, so a step's linears are bound by
+ * how fast the weights stream from DRAM. The weight is packed (kernels/gemv.py, at prepare) in
+ * blocks of 16 output columns, each block contiguous and K-pair interleaved:
+ *
+ *     packed[block][k / 2][column][k % 2]   (bf16; columns and K zero-padded)
+ *
+ * so that one 64-byte load is one operand of one _mm512_dpbf16_ps (16 lanes, each the pair of
+ * weights of one column) and a block is one sequential stream. A thread owns a contiguous range
+ * of blocks (a static split: each thread streams its own slice); it walks its range in tiles of
+ * up to 4 blocks, and for each tile every group of up to 4 rows: 16 accumulators in registers,
+ * one broadcast of each row's x pair per K pair, the tile (at most 4 × K × 32 bytes) re-read
+ * from L2 for the row groups after the first, so a prefill-sized x also reads W once.
+ *
+ * Numerics: float32 accumulation, one accumulator per (row, column) walked over K in order, so
+ * a row's result depends on neither the other rows nor the thread count (batch-invariant);
+ * then the bias (float32), then bfloat16 by round-to-nearest-even.
+ *
+ * CPU-specific code only through target attributes: the AVX512-BF16 path is chosen at run
+ * time (__builtin_cpu_supports), else a portable C path over the same layout that GCC
+ * vectorises per target_clones. Never -march=native in the build.
+ *
+ * Threads: an OpenMP team of the calling thread's omp_get_max_threads() (the ICV that
+ * torch.set_num_threads sets; kernels/threads.py pins it). The module links libgomp.so.1, the
+ * runtime torch has loaded, as kernels/_paged_decode.c does. The GIL is released.
+ *
+ * The caller (kernels/gemv.py) checked shapes, dtypes and the packed layout; this file trusts
+ * the pointers it is given.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <omp.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#include <immintrin.h>
+#define HAVE_FAST 1
+#define FAST __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
+#define CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define HAVE_FAST 0
+#define CLONES
+#endif
+
+#define BLOCK 16        /* output columns per packed block (one zmm of float32) */
+#define TILE_BLOCKS 4   /* the most blocks streamed side by side */
+#define ROW_GROUP 16    /* the most rows sharing one pass over a tile */
+#define ACCUMULATORS 16 /* rows × blocks of a tile: zmm registers of float32 sums */
+/* Software prefetch distance, in K pairs (= 64-byte lines) ahead in each block's stream:
+ * ~DRAM latency × a thread's share of the bandwidth, spread over TILE_BLOCKS streams. */
+#define PREFETCH_PAIRS 16
+
+typedef struct {
+    const uint16_t *w;    /* packed [nb][kp][16][2] */
+    const uint32_t *x;    /* x as K pairs: row r at x + r * xs, kp pairs (K zero-padded) */
+    const uint16_t *bias; /* [n] or NULL */
+    uint16_t *out;        /* [m][out_stride] */
+    int64_t m, n, kp, nb, xs, out_stride;
+} gemv_t;
+
+static inline float bf16_to_f32(uint16_t x) {
+    uint32_t u = (uint32_t)x << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+/* Round to nearest even, as torch's float32 -> bfloat16 (NaN kept a NaN). */
+static inline uint16_t f32_to_bf16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+/* ---- portable path: one (block, row) at a time, the same order of sums per lane ---- */
+
+CLONES static void block_row_portable(const gemv_t *g, int64_t blk, int64_t row) {
+    float acc[BLOCK] = {0};
+    const uint16_t *w = g->w + blk * g->kp * (2 * BLOCK);
+    const uint32_t *x = g->x + row * g->xs;
+    for (int64_t k = 0; k < g->kp; k++) {
+        float x0 = bf16_to_f32((uint16_t)(x[k] & 0xffffu));
+        float x1 = bf16_to_f32((uint16_t)(x[k] >> 16));
+        const uint16_t *wk = w + k * (2 * BLOCK);
+        for (int c = 0; c < BLOCK; c++)
+            acc[c] = (acc[c] + bf16_to_f32(wk[2 * c]) * x0) + bf16_to_f32(wk[2 * c + 1]) * x1;
+    }
+    int64_t col0 = blk * BLOCK;
+    int64_t cols = g->n - col0 < BLOCK ? g->n - col0 : BLOCK;
+    uint16_t *out = g->out + row * g->out_stride + col0;
+    for (int64_t c = 0; c < cols; c++) {
+        float v = acc[c] + (g->bias ? bf16_to_f32(g->bias[col0 + c]) : 0.0f);
+        out[c] = f32_to_bf16(v);
+    }
+}
+
+static void tile_portable(const gemv_t *g, int64_t b0, int nbk, int64_t r0, int rows) {
+    for (int b = 0; b < nbk; b++)
+        for (int r = 0; r < rows; r++) block_row_portable(g, b0 + b, r0 + r);
+}
+
+/* ---- AVX512-BF16 path ---- */
+
+#if HAVE_FAST
+static inline __attribute__((always_inline)) FAST void
+tile_fast(const gemv_t *g, int64_t b0, const int nbk, int64_t r0, const int rows) {
+    __m512 acc[ROW_GROUP][TILE_BLOCKS]; /* only rows × nbk ≤ 16 of them live */
+    const int64_t bstride = g->kp * (2 * BLOCK);
+    const uint16_t *w = g->w + b0 * bstride;
+    const uint32_t *x = g->x + r0 * g->xs;
+#pragma GCC unroll 16
+    for (int r = 0; r < rows; r++)
+#pragma GCC unroll 4
+        for (int b = 0; b < nbk; b++) acc[r][b] = _mm512_setzero_ps();
+    for (int64_t k = 0; k < g->kp; k++) {
+        __m512bh wv[TILE_BLOCKS];
+#pragma GCC unroll 4
+        for (int b = 0; b < nbk; b++) {
+            const uint16_t *p = w + b * bstride + k * (2 * BLOCK);
+            wv[b] = (__m512bh)_mm512_loadu_si512((const void *)p);
+            /* Past the end is harmless: a prefetch never faults. */
+            _mm_prefetch((const char *)(p + PREFETCH_PAIRS * (2 * BLOCK)), _MM_HINT_T0);
+        }
+#pragma GCC unroll 16
+        for (int r = 0; r < rows; r++) {
+            __m512bh xv = (__m512bh)_mm512_set1_epi32((int)x[r * g->xs + k]);
+#pragma GCC unroll 4
+            for (int b = 0; b < nbk; b++) acc[r][b] = _mm512_dpbf16_ps(acc[r][b], wv[b], xv);
+        }
+    }
+#pragma GCC unroll 4
+    for (int b = 0; b < nbk; b++) {
+        int64_t col0 = (b0 + b) * BLOCK;
+        int64_t cols = g->n - col0 < BLOCK ? g->n - col0 : BLOCK;
+        __mmask16 mask = (__mmask16)((1u << cols) - 1u);
+        __m512 bias = _mm512_setzero_ps();
+        if (g->bias) {
+            __m256i raw = _mm256_maskz_loadu_epi16(mask, (const void *)(g->bias + col0));
+            bias = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
+        }
+#pragma GCC unroll 16
+        for (int r = 0; r < rows; r++) {
+            __m256bh y = _mm512_cvtneps_pbh(_mm512_add_ps(acc[r][b], bias));
+            _mm256_mask_storeu_epi16((void *)(g->out + (r0 + r) * g->out_stride + col0), mask,
+                                     (__m256i)y);
+        }
+    }
+}
+
+#define FAST_CASE(R, B) \
+    case (R) * 8 + (B): tile_fast(g, b0, (B), r0, (R)); break;
+
+/* Every (rows, blocks) shape plan() hands out: rows × blocks ≤ 16 accumulators. */
+static FAST void tile_fast_any(const gemv_t *g, int64_t b0, int nbk, int64_t r0, int rows) {
+    switch (rows * 8 + nbk) {
+        FAST_CASE(1, 1) FAST_CASE(1, 2) FAST_CASE(1, 3) FAST_CASE(1, 4)
+        FAST_CASE(2, 1) FAST_CASE(2, 2) FAST_CASE(2, 3) FAST_CASE(2, 4)
+        FAST_CASE(3, 1) FAST_CASE(3, 2) FAST_CASE(3, 3) FAST_CASE(3, 4)
+        FAST_CASE(4, 1) FAST_CASE(4, 2) FAST_CASE(4, 3) FAST_CASE(4, 4)
+        FAST_CASE(5, 1) FAST_CASE(5, 2) FAST_CASE(5, 3) FAST_CASE(6, 1) FAST_CASE(6, 2)
+        FAST_CASE(7, 1) FAST_CASE(7, 2) FAST_CASE(8, 1) FAST_CASE(8, 2)
+        FAST_CASE(9, 1) FAST_CASE(10, 1) FAST_CASE(11, 1) FAST_CASE(12, 1)
+        FAST_CASE(13, 1) FAST_CASE(14, 1) FAST_CASE(15, 1) FAST_CASE(16, 1)
+        default: tile_portable(g, b0, nbk, r0, rows); /* plan() hands out none of these */
+    }
+}
+#endif
+
+static int cpu_has_fast(void) {
+#if HAVE_FAST
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bf16");
+#else
+    return 0;
+#endif
+}
+
+/* The tile shape for m rows: up to 16 rows in one group, so that decode streams each weight
+ * line from DRAM once into all its rows (a second pass from L2 would leave DRAM idle
+ * meanwhile), with as many blocks side by side as the accumulators allow; more rows (a
+ * prefill) in groups of 4 over tiles of 4 blocks, re-read from L2. */
+static void plan(int64_t m, int *group, int *blocks) {
+    *group = m <= ROW_GROUP ? (int)m : 4;
+    *blocks = ACCUMULATORS / *group < TILE_BLOCKS ? ACCUMULATORS / *group : TILE_BLOCKS;
+}
+
+/* Blocks [lo, hi) for every row, in tiles × row groups. */
+static void run_range(const gemv_t *g, int64_t lo, int64_t hi, int fast) {
+    int group, blocks;
+    plan(g->m, &group, &blocks);
+    for (int64_t b0 = lo; b0 < hi; b0 += blocks) {
+        int nbk = hi - b0 < blocks ? (int)(hi - b0) : blocks;
+        for (int64_t r0 = 0; r0 < g->m; r0 += group) {
+            int rows = g->m - r0 < group ? (int)(g->m - r0) : group;
+#if HAVE_FAST
+            if (fast) {
+                tile_fast_any(g, b0, nbk, r0, rows);
+                continue;
+            }
+#endif
+            (void)fast;
+            tile_portable(g, b0, nbk, r0, rows);
+        }
+    }
+}
+
+static PyObject *py_linear(PyObject *self, PyObject *args) {
+    (void)self;
+    unsigned long long out, x, w, bias;
+    long long m, n, k, x_rs, x_cs, threads;
+    int portable;
+    if (!PyArg_ParseTuple(args, "KKKKLLLLLLp", &out, &x, &w, &bias, &m, &n, &k, &x_rs, &x_cs,
+                          &threads, &portable))
+        return NULL;
+    if (m < 0 || n <= 0 || k <= 0) {
+        PyErr_SetString(PyExc_ValueError, "gemv.linear: needs m >= 0, n > 0, k > 0");
+        return NULL;
+    }
+    int fast = !portable && cpu_has_fast();
+    int64_t kp = (k + 1) / 2;
+    gemv_t g = {
+        .w = (const uint16_t *)(uintptr_t)w, .bias = (const uint16_t *)(uintptr_t)bias,
+        .out = (uint16_t *)(uintptr_t)out, .m = m, .n = n, .kp = kp,
+        .nb = (n + BLOCK - 1) / BLOCK, .xs = 0, .out_stride = n,
+    };
+    if (m == 0) Py_RETURN_NONE;
+    const uint16_t *xp = (const uint16_t *)(uintptr_t)x;
+    uint32_t *staged = NULL;
+    /* x is read as 4-byte K pairs: used in place when its rows are contiguous, even-length
+     * and 4-byte aligned, else copied (zero-padded) into pairs: at most a few KB in decode. */
+    if (x_cs == 1 && k % 2 == 0 && x_rs % 2 == 0 && (x & 3u) == 0) {
+        g.x = (const uint32_t *)xp;
+        g.xs = x_rs / 2;
+    } else {
+        staged = calloc((size_t)m * (size_t)kp, sizeof(uint32_t));
+        if (!staged) return PyErr_NoMemory();
+        for (int64_t r = 0; r < m; r++) {
+            uint16_t *dst = (uint16_t *)(staged + r * kp);
+            for (int64_t c = 0; c < k; c++) dst[c] = xp[r * x_rs + c * x_cs];
+        }
+        g.x = staged;
+        g.xs = kp;
+    }
+    if (threads <= 0) threads = omp_get_max_threads();
+    if (threads > g.nb) threads = g.nb;
+    Py_BEGIN_ALLOW_THREADS
+    if (threads <= 1) {
+        run_range(&g, 0, g.nb, fast);
+    } else {
+#pragma omp parallel num_threads((int)threads)
+        {
+            int64_t t = omp_get_thread_num(), team = omp_get_num_threads();
+            run_range(&g, g.nb * t / team, g.nb * (t + 1) / team, fast);
+        }
+    }
+    Py_END_ALLOW_THREADS
+    free(staged);
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_has_fast(PyObject *self, PyObject *noargs) {
+    (void)self;
+    (void)noargs;
+    return PyBool_FromLong(cpu_has_fast());
+}
+
+static PyObject *py_layout(PyObject *self, PyObject *noargs) {
+    (void)self;
+    (void)noargs;
+    return Py_BuildValue("{s:i,s:i,s:i}", "block_columns", BLOCK, "tile_blocks", TILE_BLOCKS,
+                         "row_group", ROW_GROUP);
+}
+
+static PyMethodDef methods[] = {
+    {"linear", py_linear, METH_VARARGS,
+     "linear(out, x, packed_w, bias, m, n, k, x_row_stride, x_col_stride, threads, portable) "
+     "on raw data pointers (bf16); see kernels/gemv.py."},
+    {"has_fast", py_has_fast, METH_NOARGS, "Whether this CPU runs the AVX512-BF16 path."},
+    {"layout", py_layout, METH_NOARGS, "The packed layout's constants."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "_gemv",
+    "bf16 skinny GEMM over a weight packed in 16-column K-pair blocks (kernels/gemv.py).", -1,
+    methods, NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC PyInit__gemv(void) { return PyModule_Create(&module); }
