@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -19,7 +21,7 @@ from clients.contact import FirstContact
 from clients.errors import CircuitOpen
 from clients.sync_client import GrpcStore
 from kvstore.errors import StoreUnavailable
-from kvstore.testing.daemon_process import DaemonProcess
+from kvstore.testing.daemon_process import REPO, DaemonProcess
 from tests.conftest import small_ns
 from tests.kvstore.daemon.conftest import make_chain, payloads
 
@@ -124,3 +126,18 @@ def test_the_daemon_answering_ends_the_wait_for_good() -> None:
     assert contact.state == "answered"
     contact.gave_up(1.0, None)  # a later timeout does not undo it
     assert contact.state == "answered" and not contact.wait_for_ready()
+
+
+def test_kvstore_stats_at_a_closed_port_is_one_line_after_its_timeout() -> None:
+    port = closed_port()
+    start = time.monotonic()
+    r = subprocess.run(
+        [sys.executable, "-m", "kvstore", "stats", "--store", f"grpc://127.0.0.1:{port}",
+         "--timeout", "1.5"],
+        cwd=REPO, capture_output=True, text=True, timeout=120,
+    )
+    assert r.returncode == 2 and time.monotonic() - start >= 1.5
+    assert r.stderr.splitlines() == [
+        f"kvstore stats: error: kv store 127.0.0.1:{port} is not reachable: nothing answered "
+        "there within 1.5 s (Deadline Exceeded); is `kvstore serve` listening on that address?"
+    ]
