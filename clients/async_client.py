@@ -56,21 +56,22 @@ class AsyncGrpcStore:
         while True:
             remaining = attempts.start()
             try:
-                out = await self._invoke(call, remaining)
+                out = await self._invoke(call, remaining, attempts.wait_for_ready)
             except aio.AioRpcError as e:
                 await asyncio.sleep(attempts.failed(e.code(), e.details()))
                 continue
             attempts.succeeded()
             return out
 
-    async def _invoke(self, call: Call, timeout_s: float) -> Any:
+    async def _invoke(self, call: Call, timeout_s: float, wait_for_ready: bool) -> Any:
         method = getattr(self._stub, call.method)
+        kw = {"timeout": timeout_s, "metadata": self._md, "wait_for_ready": wait_for_ready}
         if call.stream is not None:
-            return await method(call.stream(), timeout=timeout_s, metadata=self._md)
+            return await method(call.stream(), **kw)
         if call.reader is None:
-            return await method(call.request, timeout=timeout_s, metadata=self._md)
+            return await method(call.request, **kw)
         reader = call.reader()
-        responses = method(call.request, timeout=timeout_s, metadata=self._md)
+        responses = method(call.request, **kw)
         try:
             async for msg in responses:
                 if not reader.feed(msg):

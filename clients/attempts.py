@@ -2,8 +2,9 @@
 
 The sync and asyncio clients differ only in how they call and how they wait; the policy
 — retry only retryable codes, only while the deadline leaves room for the backoff, tell
-the breaker about every outcome, and report the real error rather than the breaker
-when our own retries opened it — lives here once.
+the breaker about every outcome, report the real error rather than the breaker
+when our own retries opened it, and wait for a daemon not reached yet (``FirstContact``)
+— lives here once.
 """
 
 from __future__ import annotations
@@ -14,13 +15,15 @@ import grpc
 
 from clients.breaker import CircuitBreaker
 from clients.config import ClientConfig
+from clients.contact import FirstContact
 from clients.errors import CircuitOpen
 from kvstore.errors import KVStoreError, StoreUnavailable
 from kvstore.wire.status import RETRYABLE, UNAVAILABLE_CODES, error_for, too_large
 
 
 class Attempts:
-    """``deadline_s`` is on the ``time.monotonic`` clock; ``retry=False`` allows one attempt."""
+    """``deadline_s`` is on the ``time.monotonic`` clock; ``retry=False`` allows one attempt.
+    ``contact``: the client's ``FirstContact`` (none: attempts never wait for the channel)."""
 
     def __init__(
         self,
@@ -29,8 +32,13 @@ class Attempts:
         deadline_s: float,
         *,
         retry: bool = True,
+        contact: FirstContact | None = None,
     ) -> None:
         self._breaker = breaker
+        self._contact = contact
+        self._timeout_s = deadline_s - time.monotonic()
+        #: the current attempt waits for the channel to connect (gRPC's ``wait_for_ready``)
+        self.wait_for_ready = False
         self._max_backoff_s = config.retry_max_backoff_s
         self._backoff_s = config.retry_initial_backoff_s
         self._deadline = deadline_s
@@ -50,12 +58,20 @@ class Attempts:
         if remaining <= 0:
             self._breaker.on_failure()
             raise StoreUnavailable("deadline exceeded before the call could be made")
+        self.wait_for_ready = self._contact is not None and self._contact.wait_for_ready()
         return remaining
 
     def failed(self, code: grpc.StatusCode, details: str | None) -> float:
         """After an RPC error: the seconds to wait before the next attempt. Raises the
         mapped ``KVStoreError`` when the call must not be retried."""
         self._last = error_for(code, details)
+        if self._contact is not None:
+            self._contact.saw(code)
+            if self.wait_for_ready and code == grpc.StatusCode.DEADLINE_EXCEEDED:
+                # The attempt waited for the channel until the deadline: nothing listens.
+                self._breaker.on_failure()
+                self._last = self._contact.gave_up(self._timeout_s, details)
+                raise self._last from None
         if too_large(code, details):  # misuse, and no word from the daemon: no verdict
             self._breaker.abstain()
             raise self._last from None
@@ -71,4 +87,6 @@ class Attempts:
         raise self._last from None
 
     def succeeded(self) -> None:
+        if self._contact is not None:
+            self._contact.saw(None)
         self._breaker.on_success()

@@ -20,6 +20,7 @@ from clients import messages as rq
 from clients.attempts import Attempts
 from clients.breaker import CircuitBreaker
 from clients.config import ClientConfig
+from clients.contact import FirstContact
 from clients.errors import StagingLost
 from clients.identity import Identity, TenantDeleted
 from clients.plan import Call, Plan, T
@@ -42,6 +43,7 @@ class ClientCore:
     def __init__(self, config: ClientConfig) -> None:
         self.config = config
         self.breaker = CircuitBreaker(config.breaker)
+        self.contact = FirstContact(config.target)  # the first calls wait for the daemon
         self.corrupt_blocks = 0
         self.closed = False
         self.identity: Identity | None = None  # the last WhoAmI answer
@@ -61,7 +63,8 @@ class ClientCore:
         """The retry bookkeeping of one call (raises at once when the client is closed)."""
         if self.closed:
             raise StoreUnavailable("client is closed")
-        return Attempts(self.breaker, self.config, call.deadline_s, retry=call.retry)
+        return Attempts(self.breaker, self.config, call.deadline_s, retry=call.retry,
+                        contact=self.contact)
 
     def _reregistering(
         self, ns: Namespace, deadline: float, make: Callable[[], Plan[T]]

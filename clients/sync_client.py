@@ -65,21 +65,22 @@ class GrpcStore(KVStore):
         while True:
             remaining = attempts.start()
             try:
-                out = self._invoke(call, remaining)
+                out = self._invoke(call, remaining, attempts.wait_for_ready)
             except grpc.RpcError as e:
                 time.sleep(attempts.failed(e.code(), e.details()))
                 continue
             attempts.succeeded()
             return out
 
-    def _invoke(self, call: Call, timeout_s: float) -> Any:
+    def _invoke(self, call: Call, timeout_s: float, wait_for_ready: bool) -> Any:
         method = getattr(self._stub, call.method)
+        kw = {"timeout": timeout_s, "metadata": self._md, "wait_for_ready": wait_for_ready}
         if call.stream is not None:
-            return method(call.stream(), timeout=timeout_s, metadata=self._md)
+            return method(call.stream(), **kw)
         if call.reader is None:
-            return method(call.request, timeout=timeout_s, metadata=self._md)
+            return method(call.request, **kw)
         reader = call.reader()
-        responses = method(call.request, timeout=timeout_s, metadata=self._md)
+        responses = method(call.request, **kw)
         try:
             for msg in responses:
                 if not reader.feed(msg):

@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as futures_wait
 from typing import TYPE_CHECKING, Any
@@ -34,10 +35,11 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 
 from clients.vllm_connector import links
 from clients.vllm_connector.config import ConnectorConfig, ConnectorConfigError
-from clients.vllm_connector.handoff import ConsumerWaits, prefill_params
+from clients.vllm_connector.handoff import ConsumerWaits, commit_timeout_s, prefill_params
 from clients.vllm_connector.layout import (
     LayoutError,
     PagedLayout,
+    cpu_cache_writer,
     probe_layout,
     read_tokens,
     token_slots,
@@ -54,7 +56,7 @@ from clients.vllm_connector.plan import (
     SaveJob,
     usable_hit_tokens,
 )
-from clients.vllm_connector.stats import KVStoreConnectorStats, StatCounters
+from clients.vllm_connector.stats import KVStoreConnectorStats, StatCounters, store_errors
 from kvstore.keys import chain_keys
 
 if TYPE_CHECKING:
@@ -65,7 +67,8 @@ if TYPE_CHECKING:
     from vllm.v1.kv_cache_interface import KVCacheConfig
     from vllm.v1.request import Request
 
-log = logging.getLogger("kvstore.vllm")
+# Under vLLM's logger: its handler and VLLM_LOGGING_LEVEL (DEBUG shows every decision).
+log = logging.getLogger("vllm.kvstore")
 _LAYER_INDEX = re.compile(r"\.(\d+)\.")
 
 
@@ -126,6 +129,8 @@ class KVStoreConnector(KVConnectorBase_V1):
             ns = request_namespace(self._base_ns, getattr(request, "cache_salt", None))
             keys = chain_keys(ns, prompt) if len(prompt) >= self._block_tokens else []
             hit = self._link.lookup(keys, self._cfg.call_timeout_s, ns=ns).hit_blocks
+            log.debug("KVStoreConnector: %s: the store holds %d of the prompt's %d blocks",
+                      request.request_id, hit, len(keys))
             if self._remote.waiting(request.request_id,
                                     getattr(request, "kv_transfer_params", None), ns, hit,
                                     len(keys)):
@@ -139,6 +144,8 @@ class KVStoreConnector(KVConnectorBase_V1):
             state.load = None
             return 0, False
         state.load = (num_computed_tokens, usable)
+        log.debug("KVStoreConnector: %s: offering tokens %d..%d", request.request_id,
+                  num_computed_tokens, usable)
         return usable - num_computed_tokens, True
 
     def update_state_after_alloc(self, request: Request, blocks: KVCacheBlocks,
@@ -155,6 +162,7 @@ class KVStoreConnector(KVConnectorBase_V1):
             req_id=request.request_id, ns=state.ns, keys=tuple(state.keys[first:last]),
             first_block=first, start=start, end=end,
             block_ids=tuple(blocks.get_block_ids()[0]),
+            timeout_s=self._remote.load_timeout_s(request.request_id, self._cfg.call_timeout_s),
         ))
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
@@ -188,8 +196,11 @@ class KVStoreConnector(KVConnectorBase_V1):
             tokens = list(request.all_token_ids[: last * self._block_tokens])
             keys = chain_keys(state.ns, tokens)
         block_ids = self._kv_cache_manager.get_block_ids(req_id)[0]
+        timeout_s = commit_timeout_s(getattr(request, "kv_transfer_params", None),
+                                     self._cfg.call_timeout_s, self._cfg.kv_transfer_timeout_s)
         meta.saves.append(SaveJob(req_id=req_id, ns=state.ns, keys=tuple(keys),
-                                  first_block=first, block_ids=tuple(block_ids)))
+                                  first_block=first, block_ids=tuple(block_ids),
+                                  timeout_s=timeout_s))
         state.stored_blocks = last
 
     def request_finished(self, request: Request,
@@ -218,7 +229,7 @@ class KVStoreConnector(KVConnectorBase_V1):
             if first.dtype != spec.dtype:
                 raise LayoutError(f"vLLM's KV dtype {first.dtype} is not the model's "
                                   f"{spec.dtype}")
-            write = _cpu_cache_writer(first.dtype, first.shape[2], spec.head_dim)
+            write = cpu_cache_writer(first.dtype, first.shape[2], spec.head_dim)
             layout = probe_layout(write, first.shape[2], spec.num_kv_heads, spec.head_dim,
                                   first.dtype)
             for t in layers:
@@ -241,7 +252,16 @@ class KVStoreConnector(KVConnectorBase_V1):
             return job.start
         try:
             rows = torch.empty((len(job.keys), *job.ns.payload_shape), dtype=self._spec.dtype)
-            got = self._link.get_into(list(job.keys), rows, self._cfg.call_timeout_s, ns=job.ns)
+            start_s = time.monotonic()
+            got = self._link.get_into(list(job.keys), rows, job.timeout_s, ns=job.ns)
+            took_s = time.monotonic() - start_s
+            if got < len(job.keys):  # the lookup found them: say why vLLM recomputes
+                log.info("KVStoreConnector: load of %s brought %d of %d blocks in %.2f s "
+                         "(store errors so far: %s); vLLM recomputes the rest", job.req_id,
+                         got, len(job.keys), took_s, store_errors(self._link.counters()))
+            else:
+                log.debug("KVStoreConnector: load of %s: %d blocks in %.2f s", job.req_id,
+                          got, took_s)
             end = min(job.end, (job.first_block + got) * B)
             if end <= job.start:
                 return job.start
@@ -295,8 +315,17 @@ class KVStoreConnector(KVConnectorBase_V1):
 
     def _commit(self, job: SaveJob, rows: torch.Tensor) -> None:
         payloads = {job.first_block + i: rows[i] for i in range(rows.shape[0])}
-        res = self._link.commit(list(job.keys), payloads, self._cfg.call_timeout_s, ns=job.ns)
+        start_s = time.monotonic()
+        res = self._link.commit(list(job.keys), payloads, job.timeout_s, ns=job.ns)
+        took_s = time.monotonic() - start_s
         self._stats.add(saved_blocks=res.inserted, save_dropped_blocks=res.dropped)
+        if res.dropped:
+            log.info("KVStoreConnector: %s: the store dropped %d of %d blocks in %.2f s "
+                     "(store errors so far: %s)", job.req_id, res.dropped, len(payloads),
+                     took_s, store_errors(self._link.counters()))
+        else:
+            log.debug("KVStoreConnector: %s: committed blocks %d..%d in %.2f s (%d new)",
+                      job.req_id, job.first_block, len(job.keys), took_s, res.inserted)
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None,
                                                                 set[str] | None]:
@@ -372,20 +401,3 @@ def _check_deployment(vllm_config: VllmConfig, cfg: ConnectorConfig) -> None:
             "VLLM_ENABLE_V1_MULTIPROCESSING=0), or serve DIR with `kvstore serve` and use "
             "grpc://HOST:PORT"
         )
-
-
-def _cpu_cache_writer(dtype: torch.dtype, block_size: int, head_dim: int) -> Any:
-    """vLLM's CPU cache-write op with the kernel (ISA) vLLM picks for these shapes."""
-    from vllm import _custom_ops as ops
-    from vllm.v1.attention.backends.cpu_attn import _get_attn_isa
-
-    isa = _get_attn_isa(dtype, block_size, head_dim, "auto")
-
-    def write(key: torch.Tensor, value: torch.Tensor, kv: torch.Tensor,
-              slots: torch.Tensor) -> None:
-        blocks, heads, size, _ = kv.shape
-        k_cache, v_cache = kv.view(blocks, heads, 2 * size, -1).chunk(2, dim=2)
-        ops.cpu_attn_reshape_and_cache(key, value, k_cache, v_cache, slots, isa,
-                                       k_scale=1.0, v_scale=1.0, kv_cache_dtype="auto")
-
-    return write

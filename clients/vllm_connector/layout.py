@@ -119,3 +119,21 @@ def probe_layout(write: CacheWriter, block_size: int, kv_heads: int, head_dim: i
         k_pos=pos[:n].view(block_size, head_dim).contiguous(),
         v_pos=pos[n:].view(block_size, head_dim).contiguous(),
     )
+
+
+def cpu_cache_writer(dtype: torch.dtype, block_size: int, head_dim: int) -> CacheWriter:
+    """vLLM's CPU cache-write op with the kernel (ISA) vLLM picks for these shapes (imports
+    vLLM: only the connector calls it)."""
+    from vllm import _custom_ops as ops
+    from vllm.v1.attention.backends.cpu_attn import _get_attn_isa
+
+    isa = _get_attn_isa(dtype, block_size, head_dim, "auto")
+
+    def write(key: torch.Tensor, value: torch.Tensor, kv: torch.Tensor,
+              slots: torch.Tensor) -> None:
+        blocks, heads, size, _ = kv.shape
+        k_cache, v_cache = kv.view(blocks, heads, 2 * size, -1).chunk(2, dim=2)
+        ops.cpu_attn_reshape_and_cache(key, value, k_cache, v_cache, slots, isa,
+                                       k_scale=1.0, v_scale=1.0, kv_cache_dtype="auto")
+
+    return write

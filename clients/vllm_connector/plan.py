@@ -36,6 +36,7 @@ class LoadJob:
     start: int  # first token to place (vLLM already has the ones before)
     end: int  # one past the last
     block_ids: tuple[int, ...]  # the request's vLLM blocks, from token 0
+    timeout_s: float  # the get's deadline (a PD hand-off's: its transfer budget, handoff)
 
     def failed_block_ids(self, loaded_end: int, vllm_block_size: int) -> set[int]:
         """vLLM blocks holding tokens ``[loaded_end, end)``: the part that did not load."""
@@ -53,6 +54,7 @@ class SaveJob:
     keys: tuple[Key, ...]  # the chain from block 0 through the last block to save
     first_block: int  # blocks [first_block, len(keys)) are copied out and stored
     block_ids: tuple[int, ...]
+    timeout_s: float  # the commit's deadline (a PD prefill's: its transfer budget, handoff)
 
 
 @dataclass

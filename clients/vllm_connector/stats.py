@@ -60,3 +60,10 @@ class KVStoreConnectorStats(KVConnectorStats):
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.data)
+
+
+def store_errors(counters: dict[str, int]) -> str:
+    """The link's failed calls by kind, for a log line ("none" when there were none)."""
+    failed = {k.removeprefix("store_errors_"): v for k, v in counters.items()
+              if k.startswith("store_errors_") and k != "store_errors_total" and v}
+    return ", ".join(f"{k} {v}" for k, v in sorted(failed.items())) or "none"

@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import logging
 import socket
+import threading
+import time
 
 import pytest
 
 from clients.vllm_connector import links
 from clients.vllm_connector.config import ConnectorConfig
 from kvstore.keys import Namespace, chain_keys
+from kvstore.testing.daemon_process import DaemonProcess
 
 NS = Namespace("LlamaForCausalLM", "r", "float32", "mha", (0,), 1, 8)
 
@@ -37,3 +40,30 @@ def test_an_unreachable_daemon_at_start_is_misses_and_one_warning(
             links.release(cfg)
     warnings = [r for r in caplog.records if "unreachable" in r.getMessage()]
     assert len(warnings) == 1
+
+
+def test_a_daemon_started_just_after_vllm_is_used_from_the_first_call(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """The connector opens its link through the engine's path (``open_store_link``, the
+    sync client): its first call waits for a daemon that is starting (``clients.contact``)
+    instead of failing on the channel's reconnect backoff."""
+    port = closed_port()
+    cfg = ConnectorConfig.from_extra({"store": f"grpc://127.0.0.1:{port}",
+                                      "call_timeout_s": 120})
+    acquired: list[object] = []
+    with caplog.at_level(logging.WARNING, logger="engine.store"):
+        opener = threading.Thread(target=lambda: acquired.append(links.acquire(cfg, lambda t: NS)))
+        opener.start()  # vLLM starts: it asks the daemon its tenant
+        time.sleep(1.0)
+        with DaemonProcess(["--dram", "16MiB", "--listen", f"127.0.0.1:{port}"]):
+            opener.join(180)
+            (link,) = acquired
+            try:
+                keys = chain_keys(NS, list(range(256)))[:1]
+                res = link.commit(keys, {0: bytes(NS.block_bytes)}, 5.0)
+                assert res.inserted == 1, (res, link.counters(), caplog.text)
+                assert link.lookup(keys, 5.0).hit_blocks == 1
+                assert link.counters()["store_errors_total"] == 0
+            finally:
+                links.release(cfg)
+    assert not [r for r in caplog.records if "unreachable" in r.getMessage()]

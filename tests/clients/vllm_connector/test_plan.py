@@ -28,7 +28,7 @@ def test_usable_hit_bounds(hit: int, block: int, prompt: int, vllm_block: int) -
 
 def test_failed_blocks_are_the_vllm_blocks_from_the_first_missing_token() -> None:
     job = LoadJob("r", NS, (b"k" * 16,) * 4, first_block=0, start=0, end=512,
-                  block_ids=(7, 3, 9, 4, 11))
+                  block_ids=(7, 3, 9, 4, 11), timeout_s=5.0)
     assert job.failed_block_ids(512, 128) == set()
     assert job.failed_block_ids(320, 128) == {9, 4}  # token 320 sits in block 2 (256..383)
     assert job.failed_block_ids(0, 128) == {7, 3, 9, 4}

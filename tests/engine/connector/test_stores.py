@@ -7,6 +7,7 @@ import contextlib
 import logging
 import socket
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -218,3 +219,31 @@ def test_a_tenant_learned_after_start_is_checked_before_the_store_is_used(
     finally:
         link.close()
         store.inner.close()
+
+
+def test_a_daemon_started_just_after_the_engine_is_used_from_the_first_call(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """``kvengine serve --kv-store grpc://…`` and ``kvstore serve`` started together: the
+    engine's first ask (its tenant) waits for the daemon within its deadline
+    (``clients.contact``) instead of failing on the channel's reconnect backoff, so the
+    link starts with the daemon's tenant, no counted failure and no warning."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    opened: list[StoreLink] = []
+    caplog.set_level(logging.WARNING, logger="engine.store")
+    opener = threading.Thread(target=lambda: opened.append(open_store_link(
+        f"grpc://127.0.0.1:{port}", fake_ns, StoreOptions(call_timeout_s=120))))
+    opener.start()
+    time.sleep(1.0)  # the engine is asking; nothing listens yet
+    with DaemonProcess(["--dram", "16MiB", "--listen", f"127.0.0.1:{port}"]):
+        opener.join(180)
+        (link,) = opened
+        try:
+            keys = chain_keys(link.ns, list(range(BT)))
+            assert link.commit(keys, {0: bytes(link.ns.block_bytes)}, 5.0).inserted == 1
+            assert link.counters()["store_errors_total"] == 0
+        finally:
+            link.close()
+    assert "unreachable" not in caplog.text
