@@ -268,8 +268,8 @@ def fused_ops() -> FusedOps:
     """The C ops when built (each call falls back to the torch forms where it does not fit),
     unless ``KERNELS_FUSED=torch``; the torch forms while ``torch.compile`` traces (inductor
     fuses them itself, and cannot trace into the C calls)."""
-    if (_COMPILED_OPS is None or os.environ.get("KERNELS_FUSED") == "torch"
-            or torch.compiler.is_compiling()):
+    if (torch.compiler.is_compiling() or _COMPILED_OPS is None
+            or os.environ.get("KERNELS_FUSED") == "torch"):
         return TORCH_OPS
     return _COMPILED_OPS
 
