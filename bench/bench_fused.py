@@ -1,0 +1,125 @@
+"""Decode step time with the fused per-row ops (``kernels.fused``) against the torch forms,
+in one process (issue 33 item 1: everything in a decode step that is not a linear or the
+attention kernel).
+
+``KERNELS_FUSED`` is read at every step, so the two variants share the model, the engine
+and the process and run interleaved: per round and per batch size (1 and 8 requests of
+``--prompt-tokens``-token random prompts), each variant generates 1 token and then
+``--new-tokens`` + 1 tokens on fresh prompts; the difference over ``--new-tokens`` is the
+milliseconds of one decode step (prefill cancels). The median over ``--rounds`` rounds is
+printed per variant with the ratio torch / fused from the same run. ``--profile N`` then
+prints a cProfile of N decode steps of one request with the fused ops (top by own time).
+
+    python -m bench.bench_fused --model ~/.cache/kvengine/models/smollm2-135m-instruct
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import os
+import pstats
+import statistics
+import time
+from pathlib import Path
+
+from engine.thread_env import set_thread_env_defaults
+
+set_thread_env_defaults(os.environ)  # as kvengine starts torch
+
+import torch  # noqa: E402
+
+from bench.harness import machine  # noqa: E402
+from engine.connector.store_link import NullStoreLink  # noqa: E402
+from engine.core.config import EngineConfig  # noqa: E402
+from engine.core.llm_engine import LLMEngine  # noqa: E402
+from engine.core.sampling_params import SamplingParams  # noqa: E402
+from engine.kv.namespace import engine_namespace  # noqa: E402
+from engine.model.loader import load_model  # noqa: E402
+
+VARIANTS = ("torch", "fused")
+
+
+def _prompts(vocab: int, n: int, length: int, seed: int) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, vocab, (length,), generator=g).tolist() for _ in range(n)]
+
+
+def _set_variant(name: str) -> None:
+    if name == "torch":
+        os.environ["KERNELS_FUSED"] = "torch"
+    else:
+        os.environ.pop("KERNELS_FUSED", None)
+
+
+def step_ms(engine: LLMEngine, vocab: int, n: int, prompt: int, new: int, seed: int) -> float:
+    """Milliseconds of one decode step of ``n`` requests (a long minus a one-token run)."""
+    def run(tokens: int, s: int) -> float:
+        ps = _prompts(vocab, n, prompt, s)
+        t = time.perf_counter()
+        engine.generate(ps, SamplingParams(max_new_tokens=tokens, ignore_eos=True))
+        return time.perf_counter() - t
+    one = run(1, seed)
+    return (run(new + 1, seed + 1) - one) / new * 1e3
+
+
+def profile(engine: LLMEngine, vocab: int, prompt: int, steps: int) -> str:
+    _set_variant("fused")
+    ps = _prompts(vocab, 1, prompt, 99)
+    prof = cProfile.Profile()
+    prof.enable()
+    engine.generate(ps, SamplingParams(max_new_tokens=steps + 1, ignore_eos=True))
+    prof.disable()
+    out = io.StringIO()
+    pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(22)
+    return out.getvalue()
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", type=Path, required=True, help="a checkpoint directory")
+    p.add_argument("--rounds", type=int, default=3, help="interleaved rounds (median)")
+    p.add_argument("--new-tokens", type=int, default=32, help="decode steps per timed run")
+    p.add_argument("--prompt-tokens", type=int, default=512, help="tokens per prompt")
+    p.add_argument("--batches", default="1,8", help="request counts, comma-separated")
+    p.add_argument("--profile", type=int, default=0, metavar="N",
+                   help="then a cProfile of N decode steps at 1 request, fused")
+    a = p.parse_args(argv)
+    if a.rounds < 1 or a.new_tokens < 1 or a.prompt_tokens < 1:
+        p.error("--rounds, --new-tokens and --prompt-tokens must be positive")
+    batches = [int(x) for x in a.batches.split(",")]
+    lm = load_model(a.model)
+    vocab = lm.spec.vocab_size
+    config = EngineConfig(pool_tokens=16 * 1024, max_batched_tokens=2048)
+    engine = LLMEngine(lm.model, config,
+                       NullStoreLink(engine_namespace(lm.spec, config.block_tokens)))
+    print(machine())
+    step_ms(engine, vocab, 1, a.prompt_tokens, 4, 0)  # warm-up (weights packed, threads up)
+    results: dict[tuple[int, str], list[float]] = {}
+    for r in range(a.rounds):
+        order = VARIANTS if r % 2 == 0 else VARIANTS[::-1]
+        for n in batches:
+            for name in order:
+                _set_variant(name)
+                ms = step_ms(engine, vocab, n, a.prompt_tokens, a.new_tokens, 1000 * r + 10 * n)
+                results.setdefault((n, name), []).append(ms)
+        print(f"round {r + 1}: " + ", ".join(
+            f"{n} req {v} {results[(n, v)][-1]:.1f} ms" for n in batches for v in VARIANTS),
+            f"(load {os.getloadavg()[0]:.1f})", flush=True)
+    print(f"\nms per decode step, median of {a.rounds} interleaved rounds "
+          f"(prompt {a.prompt_tokens}, {a.new_tokens} steps):")
+    print("| requests | torch forms | fused | torch / fused |\n|---|---|---|---|")
+    for n in batches:
+        t = statistics.median(results[(n, "torch")])
+        f = statistics.median(results[(n, "fused")])
+        print(f"| {n} | {t:.2f} ms | {f:.2f} ms | {t / f:.2f}× |")
+    if a.profile:
+        print(profile(engine, vocab, a.prompt_tokens, a.profile))
+    _set_variant("fused")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
