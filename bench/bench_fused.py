@@ -22,6 +22,7 @@ import os
 import pstats
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from engine.thread_env import set_thread_env_defaults
@@ -37,6 +38,8 @@ from engine.core.llm_engine import LLMEngine  # noqa: E402
 from engine.core.sampling_params import SamplingParams  # noqa: E402
 from engine.kv.namespace import engine_namespace  # noqa: E402
 from engine.model.loader import load_model  # noqa: E402
+from engine.model.rope import RopeConfig, RotaryEmbedding  # noqa: E402
+from kernels import fused  # noqa: E402
 
 VARIANTS = ("torch", "fused")
 
@@ -53,13 +56,14 @@ def _set_variant(name: str) -> None:
         os.environ.pop("KERNELS_FUSED", None)
 
 
-def step_ms(engine: LLMEngine, vocab: int, n: int, prompt: int, new: int, seed: int) -> float:
+def step_ms(engine: LLMEngine, vocab: int, n: int, prompt: int, new: int, seed: int,
+            clock: Callable[[], float] = time.perf_counter) -> float:
     """Milliseconds of one decode step of ``n`` requests (a long minus a one-token run)."""
     def run(tokens: int, s: int) -> float:
         ps = _prompts(vocab, n, prompt, s)
-        t = time.perf_counter()
+        t = clock()
         engine.generate(ps, SamplingParams(max_new_tokens=tokens, ignore_eos=True))
-        return time.perf_counter() - t
+        return clock() - t
     one = run(1, seed)
     return (run(new + 1, seed + 1) - one) / new * 1e3
 
@@ -76,20 +80,77 @@ def profile(engine: LLMEngine, vocab: int, prompt: int, steps: int) -> str:
     return out.getvalue()
 
 
+def _us_per_call(fn: Callable[[], object], calls: int = 300) -> float:
+    fn()
+    t = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    return (time.perf_counter() - t) / calls * 1e6
+
+
+def ops_table(rounds: int) -> str:
+    """µs per call of each op on SmolLM2-135M's shapes, bfloat16: the torch forms, the C op
+    on the calling thread, and the C op on the OpenMP team (every call parallel)."""
+    hidden, inter, heads, kv_heads, dim = 576, 1536, 9, 3, 64
+    lines = ["| op | rows | torch forms | C, 1 thread | C, OpenMP team | torch / C |",
+             "|---|---|---|---|---|---|"]
+    c = fused.FUSED_OPS["c"]
+    rope = RotaryEmbedding(RopeConfig("default", 100_000.0), dim)
+    for rows in (1, 8, 512):
+        x = torch.randn(rows, hidden).bfloat16()
+        r = torch.randn(rows, hidden).bfloat16()
+        w = torch.rand(hidden).bfloat16()
+        gu = torch.randn(rows, 2 * inter).bfloat16()
+        qkv = torch.randn(rows, (heads + 2 * kv_heads) * dim).bfloat16()
+        cos, sin = rope(torch.arange(rows) + 500, torch.bfloat16)
+        pools = torch.zeros(2, 64, 16, kv_heads, dim, dtype=torch.bfloat16)
+        slots = torch.arange(rows) + 7
+        cases: dict[str, Callable[[fused.FusedOps], Callable[[], object]]] = {
+            "add_rms_norm": lambda o: lambda: o.add_rms_norm(x, r, w, 1e-5, False),
+            "rope_write": lambda o: lambda: o.rope_write(qkv, heads, kv_heads, dim, cos, sin,
+                                                         None, None, 1e-5, False, pools[0],
+                                                         pools[1], slots, "torch"),
+            "gated_act (silu)": lambda o: lambda: o.gated_act(gu, False),
+        }
+        for name, make in cases.items():
+            got: dict[str, list[float]] = {"torch": [], "c": [], "team": []}
+            for _ in range(rounds):  # interleaved
+                got["torch"].append(_us_per_call(make(fused.TORCH_OPS)))
+                got["c"].append(_us_per_call(make(c)))
+                before = fused.set_parallel_min_elements(0)
+                got["team"].append(_us_per_call(make(c)))
+                fused.set_parallel_min_elements(before)
+            t, one, team = (statistics.median(got[k]) for k in ("torch", "c", "team"))
+            lines.append(f"| {name} | {rows} | {t:.1f} µs | {one:.1f} µs | {team:.1f} µs | "
+                         f"{t / min(one, team):.1f}× |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", type=Path, required=True, help="a checkpoint directory")
+    p.add_argument("--model", type=Path, help="a checkpoint directory (not for --ops)")
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds (median)")
     p.add_argument("--new-tokens", type=int, default=32, help="decode steps per timed run")
     p.add_argument("--prompt-tokens", type=int, default=512, help="tokens per prompt")
     p.add_argument("--batches", default="1,8", help="request counts, comma-separated")
+    p.add_argument("--cpu-time", action="store_true",
+                   help="time by the process's CPU seconds, not the wall clock: on a shared, "
+                        "overloaded machine, with KVENGINE_THREADS=1, the steadier measure")
+    p.add_argument("--ops", action="store_true",
+                   help="only the per-op table (µs per call: torch forms, C, C on a team)")
     p.add_argument("--profile", type=int, default=0, metavar="N",
                    help="then a cProfile of N decode steps at 1 request, fused")
     a = p.parse_args(argv)
     if a.rounds < 1 or a.new_tokens < 1 or a.prompt_tokens < 1:
         p.error("--rounds, --new-tokens and --prompt-tokens must be positive")
     batches = [int(x) for x in a.batches.split(",")]
+    if a.ops:
+        print(machine())
+        print(ops_table(a.rounds))
+        return 0
+    if a.model is None:
+        p.error("--model is required (except with --ops)")
     lm = load_model(a.model)
     vocab = lm.spec.vocab_size
     config = EngineConfig(pool_tokens=16 * 1024, max_batched_tokens=2048)
@@ -103,13 +164,15 @@ def main(argv: list[str] | None = None) -> int:
         for n in batches:
             for name in order:
                 _set_variant(name)
-                ms = step_ms(engine, vocab, n, a.prompt_tokens, a.new_tokens, 1000 * r + 10 * n)
+                ms = step_ms(engine, vocab, n, a.prompt_tokens, a.new_tokens, 1000 * r + 10 * n,
+                             time.process_time if a.cpu_time else time.perf_counter)
                 results.setdefault((n, name), []).append(ms)
         print(f"round {r + 1}: " + ", ".join(
             f"{n} req {v} {results[(n, v)][-1]:.1f} ms" for n in batches for v in VARIANTS),
             f"(load {os.getloadavg()[0]:.1f})", flush=True)
-    print(f"\nms per decode step, median of {a.rounds} interleaved rounds "
-          f"(prompt {a.prompt_tokens}, {a.new_tokens} steps):")
+    clock = "CPU" if a.cpu_time else "wall"
+    print(f"\n{clock} ms per decode step, median of {a.rounds} interleaved rounds "
+          f"(prompt {a.prompt_tokens}, {a.new_tokens} steps, threads {os.environ.get('KVENGINE_THREADS', 'default')}):")
     print("| requests | torch forms | fused | torch / fused |\n|---|---|---|---|")
     for n in batches:
         t = statistics.median(results[(n, "torch")])

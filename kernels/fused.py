@@ -202,13 +202,11 @@ class CompiledFusedOps(TorchFusedOps):
         return out, h
 
     def gated_act(self, gate_up: torch.Tensor, gelu: bool) -> torch.Tensor:
-        if not _rows_ok(gate_up) or gate_up.shape[1] % 2:
+        # SiLU stays torch's: its vectorised Sleef kernel beat the C loop at 1-64 rows
+        # (kernels/README.md); gelu-tanh, four torch kernels, does not.
+        if not gelu or not _rows_ok(gate_up) or gate_up.shape[1] % 2:
             return torch_gated_act(gate_up, gelu)
-        rows, inter = gate_up.shape[0], gate_up.shape[1] // 2
-        out = torch.empty((rows, inter), dtype=gate_up.dtype)
-        _ext.gated_act(out.data_ptr(), gate_up.data_ptr(), rows, inter, gate_up.stride(0),
-                       _BF16[gate_up.dtype], int(gelu))
-        return out
+        return c_gated_act(gate_up, gelu)
 
     def rope_write(self, qkv: torch.Tensor, heads: int, kv_heads: int, head_dim: int,
                    cos: torch.Tensor, sin: torch.Tensor, q_w: torch.Tensor | None,
@@ -238,6 +236,16 @@ class CompiledFusedOps(TorchFusedOps):
                         cos.stride(0), heads, kv_heads, head_dim, _BF16[dtype], int(one_plus),
                         eps)
         return q
+
+
+def c_gated_act(gate_up: torch.Tensor, gelu: bool) -> torch.Tensor:
+    """The C ``act(gate) · up``, SiLU included (the ops use it for gelu-tanh only), on a
+    2-D CPU float32 / bfloat16 ``gate_up`` with contiguous rows."""
+    rows, inter = gate_up.shape[0], gate_up.shape[1] // 2
+    out = torch.empty((rows, inter), dtype=gate_up.dtype)
+    _ext.gated_act(out.data_ptr(), gate_up.data_ptr(), rows, inter, gate_up.stride(0),
+                   _BF16[gate_up.dtype], int(gelu))
+    return out
 
 
 def _rope_table_ok(t: torch.Tensor, tokens: int, head_dim: int, dtype: torch.dtype) -> bool:

@@ -21,7 +21,7 @@ pytestmark = pytest.mark.skipif("c" not in fused.FUSED_OPS,
 
 
 class _Counting(fused.CompiledFusedOps):
-    """The C ops, counting the calls that reached the extension (not the fallbacks)."""
+    """The C ops, counting the calls of each op."""
 
     def __init__(self) -> None:
         self.calls: dict[str, int] = {}
