@@ -81,48 +81,58 @@ def profile(engine: LLMEngine, vocab: int, prompt: int, steps: int) -> str:
 
 
 def _us_per_call(fn: Callable[[], object], calls: int = 300) -> float:
+    """CPU µs per call (one thread's ops: steadier than the wall clock on a loaded host;
+    for the team column it is the whole process's, spin-waits included)."""
     fn()
-    t = time.perf_counter()
+    t = time.process_time()
     for _ in range(calls):
         fn()
-    return (time.perf_counter() - t) / calls * 1e6
+    return (time.process_time() - t) / calls * 1e6
+
+
+def _op_cases(rows: int) -> dict[str, tuple[Callable[[], object], Callable[[], object]]]:
+    """Per op on SmolLM2-135M's shapes (bfloat16, ``rows`` rows): (torch form, C op)."""
+    hidden, inter, heads, kv_heads, dim = 576, 1536, 9, 3, 64
+    c, t = fused.FUSED_OPS["c"], fused.TORCH_OPS
+    x, r = torch.randn(rows, hidden).bfloat16(), torch.randn(rows, hidden).bfloat16()
+    w = torch.rand(hidden).bfloat16()
+    gu = torch.randn(rows, 2 * inter).bfloat16()
+    qkv = torch.randn(rows, (heads + 2 * kv_heads) * dim).bfloat16()
+    rope = RotaryEmbedding(RopeConfig("default", 100_000.0), dim)
+    cos, sin = rope(torch.arange(rows) + 500, torch.bfloat16)
+    pools = torch.zeros(2, 64, 16, kv_heads, dim, dtype=torch.bfloat16)
+    slots = torch.arange(rows) + 7
+
+    def rope_call(o: fused.FusedOps) -> Callable[[], object]:
+        return lambda: o.rope_write(qkv, heads, kv_heads, dim, cos, sin, None, None, 1e-5,
+                                    False, pools[0], pools[1], slots, "torch")
+
+    return {
+        "add_rms_norm": (lambda: t.add_rms_norm(x, r, w, 1e-5, False),
+                         lambda: c.add_rms_norm(x, r, w, 1e-5, False)),
+        "rope_write": (rope_call(t), rope_call(c)),
+        "silu · up": (lambda: t.gated_act(gu, False), lambda: fused.c_gated_act(gu, False)),
+        "gelu-tanh · up": (lambda: t.gated_act(gu, True), lambda: fused.c_gated_act(gu, True)),
+    }
 
 
 def ops_table(rounds: int) -> str:
-    """µs per call of each op on SmolLM2-135M's shapes, bfloat16: the torch forms, the C op
-    on the calling thread, and the C op on the OpenMP team (every call parallel)."""
-    hidden, inter, heads, kv_heads, dim = 576, 1536, 9, 3, 64
+    """µs per call of each op, bfloat16: the torch forms, the C op on the calling thread,
+    and the C op on the OpenMP team (every call parallel), interleaved."""
     lines = ["| op | rows | torch forms | C, 1 thread | C, OpenMP team | torch / C |",
              "|---|---|---|---|---|---|"]
-    c = fused.FUSED_OPS["c"]
-    rope = RotaryEmbedding(RopeConfig("default", 100_000.0), dim)
     for rows in (1, 8, 512):
-        x = torch.randn(rows, hidden).bfloat16()
-        r = torch.randn(rows, hidden).bfloat16()
-        w = torch.rand(hidden).bfloat16()
-        gu = torch.randn(rows, 2 * inter).bfloat16()
-        qkv = torch.randn(rows, (heads + 2 * kv_heads) * dim).bfloat16()
-        cos, sin = rope(torch.arange(rows) + 500, torch.bfloat16)
-        pools = torch.zeros(2, 64, 16, kv_heads, dim, dtype=torch.bfloat16)
-        slots = torch.arange(rows) + 7
-        cases: dict[str, Callable[[fused.FusedOps], Callable[[], object]]] = {
-            "add_rms_norm": lambda o: lambda: o.add_rms_norm(x, r, w, 1e-5, False),
-            "rope_write": lambda o: lambda: o.rope_write(qkv, heads, kv_heads, dim, cos, sin,
-                                                         None, None, 1e-5, False, pools[0],
-                                                         pools[1], slots, "torch"),
-            "gated_act (silu)": lambda o: lambda: o.gated_act(gu, False),
-        }
-        for name, make in cases.items():
+        for name, (torch_form, c_op) in _op_cases(rows).items():
             got: dict[str, list[float]] = {"torch": [], "c": [], "team": []}
-            for _ in range(rounds):  # interleaved
-                got["torch"].append(_us_per_call(make(fused.TORCH_OPS)))
-                got["c"].append(_us_per_call(make(c)))
+            for _ in range(rounds):
+                got["torch"].append(_us_per_call(torch_form))
+                got["c"].append(_us_per_call(c_op))
                 before = fused.set_parallel_min_elements(0)
-                got["team"].append(_us_per_call(make(c)))
+                got["team"].append(_us_per_call(c_op))
                 fused.set_parallel_min_elements(before)
             t, one, team = (statistics.median(got[k]) for k in ("torch", "c", "team"))
             lines.append(f"| {name} | {rows} | {t:.1f} µs | {one:.1f} µs | {team:.1f} µs | "
-                         f"{t / min(one, team):.1f}× |")
+                         f"{t / min(one, team):.2f}× |")
     return "\n".join(lines)
 
 
@@ -171,8 +181,9 @@ def main(argv: list[str] | None = None) -> int:
             f"{n} req {v} {results[(n, v)][-1]:.1f} ms" for n in batches for v in VARIANTS),
             f"(load {os.getloadavg()[0]:.1f})", flush=True)
     clock = "CPU" if a.cpu_time else "wall"
+    threads = os.environ.get("KVENGINE_THREADS", "default")
     print(f"\n{clock} ms per decode step, median of {a.rounds} interleaved rounds "
-          f"(prompt {a.prompt_tokens}, {a.new_tokens} steps, threads {os.environ.get('KVENGINE_THREADS', 'default')}):")
+          f"(prompt {a.prompt_tokens}, {a.new_tokens} steps, threads {threads}):")
     print("| requests | torch forms | fused | torch / fused |\n|---|---|---|---|")
     for n in batches:
         t = statistics.median(results[(n, "torch")])
