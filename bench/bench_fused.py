@@ -68,15 +68,22 @@ def step_ms(engine: LLMEngine, vocab: int, n: int, prompt: int, new: int, seed: 
     return (run(new + 1, seed + 1) - one) / new * 1e3
 
 
-def profile(engine: LLMEngine, vocab: int, prompt: int, steps: int) -> str:
-    _set_variant("fused")
-    ps = _prompts(vocab, 1, prompt, 99)
+def profile(engine: LLMEngine, vocab: int, prompt: int, steps: int, fused_on: bool) -> str:
+    """cProfile of ``steps`` decode steps of one request (the prefill runs before)."""
+    _set_variant("fused" if fused_on else "torch")
+    (ids,) = _prompts(vocab, 1, prompt, 99)
+    seq = engine.add_request(ids, SamplingParams(max_new_tokens=steps + 2, ignore_eos=True))
+    engine.step()  # the prefill (one chunk: the budget is 2 048) and the first token
+    engine.step()  # one decode step, so the profile starts in steady state
     prof = cProfile.Profile()
     prof.enable()
-    engine.generate(ps, SamplingParams(max_new_tokens=steps + 1, ignore_eos=True))
+    for _ in range(steps):
+        engine.step()
     prof.disable()
+    while not seq.is_finished:
+        engine.step()
     out = io.StringIO()
-    pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(22)
+    pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(25)
     return out.getvalue()
 
 
@@ -140,7 +147,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", type=Path, help="a checkpoint directory (not for --ops)")
-    p.add_argument("--rounds", type=int, default=3, help="interleaved rounds (median)")
+    p.add_argument("--rounds", type=int, default=3,
+                   help="interleaved rounds (median); 0 with --profile: the profile only")
     p.add_argument("--new-tokens", type=int, default=32, help="decode steps per timed run")
     p.add_argument("--prompt-tokens", type=int, default=512, help="tokens per prompt")
     p.add_argument("--batches", default="1,8", help="request counts, comma-separated")
@@ -150,10 +158,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ops", action="store_true",
                    help="only the per-op table (µs per call: torch forms, C, C on a team)")
     p.add_argument("--profile", type=int, default=0, metavar="N",
-                   help="then a cProfile of N decode steps at 1 request, fused")
+                   help="then a cProfile of N decode steps at 1 request, torch forms and fused")
     a = p.parse_args(argv)
-    if a.rounds < 1 or a.new_tokens < 1 or a.prompt_tokens < 1:
-        p.error("--rounds, --new-tokens and --prompt-tokens must be positive")
+    if a.rounds < 0 or a.profile < 0:
+        p.error("--rounds and --profile must not be negative")
+    if a.new_tokens < 1 or a.prompt_tokens < 1 or a.prompt_tokens > 2048:
+        p.error("--new-tokens must be positive, --prompt-tokens in 1..2048")
     batches = [int(x) for x in a.batches.split(",")]
     if a.ops:
         print(machine())
@@ -182,15 +192,19 @@ def main(argv: list[str] | None = None) -> int:
             f"(load {os.getloadavg()[0]:.1f})", flush=True)
     clock = "CPU" if a.cpu_time else "wall"
     threads = os.environ.get("KVENGINE_THREADS", "default")
-    print(f"\n{clock} ms per decode step, median of {a.rounds} interleaved rounds "
-          f"(prompt {a.prompt_tokens}, {a.new_tokens} steps, threads {threads}):")
-    print("| requests | torch forms | fused | torch / fused |\n|---|---|---|---|")
-    for n in batches:
-        t = statistics.median(results[(n, "torch")])
-        f = statistics.median(results[(n, "fused")])
-        print(f"| {n} | {t:.2f} ms | {f:.2f} ms | {t / f:.2f}× |")
+    if a.rounds:
+        print(f"\n{clock} ms per decode step, median of {a.rounds} interleaved rounds "
+              f"(prompt {a.prompt_tokens}, {a.new_tokens} steps, threads {threads}):")
+        print("| requests | torch forms | fused | torch / fused |\n|---|---|---|---|")
+        for n in batches:
+            t = statistics.median(results[(n, "torch")])
+            f = statistics.median(results[(n, "fused")])
+            print(f"| {n} | {t:.2f} ms | {f:.2f} ms | {t / f:.2f}× |")
     if a.profile:
-        print(profile(engine, vocab, a.prompt_tokens, a.profile))
+        for on in (False, True):
+            print(f"cProfile, {a.profile} decode steps, 1 request, "
+                  f"{'fused' if on else 'torch forms'}:")
+            print(profile(engine, vocab, a.prompt_tokens, a.profile, on))
     _set_variant("fused")
     return 0
 
