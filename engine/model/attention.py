@@ -9,6 +9,8 @@ chunk's included, from where it lies (``kernels.paged_prefill_attention`` for th
 metadata was validated once (``ForwardBatch.validate``), so each call passes
 ``validated=True``. The write and the kernels (``attend``) run behind
 ``engine.model.attention_op.attend``, one opaque call a compiled step keeps out of its graph.
+Eager, the q/k norms, RoPE and the K/V write are one fused call (``kernels.fused``'s
+``rope_write``) and the kernels run on the pool directly (``attend_written``).
 """
 
 from __future__ import annotations
@@ -22,7 +24,9 @@ from engine.model import attention_op
 from engine.model.config import ModelConfig
 from engine.model.linear import Linear
 from engine.model.norm import RMSNorm
+from engine.model.registry import NormStyle
 from engine.model.rope import apply_rotary
+from kernels.fused import TORCH_OPS, FusedOps
 
 
 class Attention(nn.Module):
@@ -46,10 +50,34 @@ class Attention(nn.Module):
         if cfg.qk_norm:
             self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps, cfg.norm_style)
             self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps, cfg.norm_style)
+        self.norm_eps = cfg.rms_norm_eps
+        self.norm_one_plus = cfg.norm_style is NormStyle.ONE_PLUS
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                ops: FusedOps = TORCH_OPS) -> torch.Tensor:
         tokens = x.shape[0]
-        qkv = self.qkv_proj(x)
+        qkv = self.qkv_proj.forward(x)
+        if torch.compiler.is_compiling():
+            out = self._traced(qkv, cos, sin)
+        else:
+            # Eager: q/k norms, RoPE and the K/V write in one fused call straight into the
+            # pool, then the kernels on the pool (no opaque op needed outside a graph).
+            ctx = attention_op.current_step()
+            batch, layer = ctx.batch, self.layer
+            k_pool, v_pool = ctx.kv.k[layer], ctx.kv.v[layer]
+            q_norm, k_norm = self.q_norm, self.k_norm
+            q = ops.rope_write(
+                qkv, self.num_heads, self.num_kv_heads, self.head_dim, cos, sin,
+                None if q_norm is None else q_norm.weight,
+                None if k_norm is None else k_norm.weight, self.norm_eps, self.norm_one_plus,
+                k_pool, v_pool, self.slots(batch), batch.backend)
+            out = self.attend_written(q, batch, k_pool, v_pool)
+        return self.o_proj.forward(out.reshape(tokens, self.q_size))
+
+    def _traced(self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """The torch forms, for a graph ``torch.compile`` traces (inductor fuses them); the
+        K/V write and attention are the opaque ``attention_op.attend``."""
+        tokens = qkv.shape[0]
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         v = v.view(tokens, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None and self.k_norm is not None:
@@ -64,18 +92,28 @@ class Attention(nn.Module):
             qk = apply_rotary(qkv[:, : self.q_size + self.kv_size].view(
                 tokens, heads, self.head_dim), cos, sin)
             q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]
-        out = attention_op.attend(q, k, v, self.layer)
-        return self.o_proj(out.reshape(tokens, self.q_size))
+        return attention_op.attend(q, k, v, self.layer)
 
-    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: ForwardBatch,
-               k_pool: torch.Tensor, v_pool: torch.Tensor) -> torch.Tensor:
-        """Write the step's K/V at its slots, then attend: ``[tokens, heads, head_dim]``."""
-        backend = batch.backend
+    def slots(self, batch: ForwardBatch) -> torch.Tensor:
+        """The flat pool slots this layer writes the step's K/V at."""
         group = batch.kv_group(self.layer)  # a hybrid pool's sliding groups have own pages
         slots = batch.slot_mapping if group == 0 else batch.group_slot_mappings[group - 1]
         if self.window is None and batch.full_slot_mapping is not None:
             slots = batch.full_slot_mapping  # a replay keeps the cached full-layer KV
-        kernels.write_kv_slots(k, v, k_pool, v_pool, slots, backend=backend, validated=True)
+        return slots
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: ForwardBatch,
+               k_pool: torch.Tensor, v_pool: torch.Tensor) -> torch.Tensor:
+        """Write the step's K/V at its slots, then attend: ``[tokens, heads, head_dim]``."""
+        kernels.write_kv_slots(k, v, k_pool, v_pool, self.slots(batch), backend=batch.backend,
+                               validated=True)
+        return self.attend_written(q, batch, k_pool, v_pool)
+
+    def attend_written(self, q: torch.Tensor, batch: ForwardBatch, k_pool: torch.Tensor,
+                       v_pool: torch.Tensor) -> torch.Tensor:
+        """Attention over the pools, the step's K/V already in them."""
+        backend = batch.backend
+        group = batch.kv_group(self.layer)
         parts = []
         n_pre = batch.num_prefill_tokens
         if batch.prefill is not None:

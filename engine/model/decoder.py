@@ -26,8 +26,10 @@ from engine.model.config import ModelConfig
 from engine.model.linear import Linear
 from engine.model.mlp import GatedMLP
 from engine.model.norm import RMSNorm
+from engine.model.registry import NormStyle
 from engine.model.rope import RopeConfig, RotaryEmbedding, inverse_frequencies
 from engine.model.spec import ModelSpec
+from kernels.fused import TORCH_OPS, FusedOps, fused_ops
 from kernels.linear import PreparedWeight
 
 #: ``(input_ids, positions, logits_indices) -> float32 logits``: ``DecoderLM.dense_step``.
@@ -51,14 +53,30 @@ class DecoderLayer(nn.Module):
             self.pre_feedforward_layernorm = RMSNorm(cfg.hidden_size, eps, style)
             self.post_feedforward_layernorm = RMSNorm(cfg.hidden_size, eps, style)
         self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias, cfg.activation)
+        self.eps = eps
+        self.one_plus = style is NormStyle.ONE_PLUS
 
-    def forward(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        a = self.self_attn(self.input_layernorm(h), cos, sin)
-        if self.pre_feedforward_layernorm is None or self.post_feedforward_layernorm is None:
-            h = h + a
-            return h + self.mlp(self.post_attention_layernorm(h))
-        h = h + self.post_attention_layernorm(a)
-        return h + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(h)))
+    def forward(self, h: torch.Tensor, residual: torch.Tensor | None, cos: torch.Tensor,
+                sin: torch.Tensor, ops: FusedOps = TORCH_OPS
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(out, residual)``: the stream is ``residual + out``, the add left to the next
+        norm, which does both in one pass (``ops.add_rms_norm``). ``residual`` None: ``h``
+        is the stream itself (the first layer)."""
+        eps, one_plus = self.eps, self.one_plus
+        in_w = self.input_layernorm.weight
+        if residual is None:
+            x, residual = ops.rms_norm(h, in_w, eps, one_plus), h
+        else:
+            x, residual = ops.add_rms_norm(h, residual, in_w, eps, one_plus)
+        a = self.self_attn.forward(x, cos, sin, ops)
+        post_w = self.post_attention_layernorm.weight
+        pre_ff, post_ff = self.pre_feedforward_layernorm, self.post_feedforward_layernorm
+        if pre_ff is None or post_ff is None:
+            x, residual = ops.add_rms_norm(a, residual, post_w, eps, one_plus)
+            return self.mlp.forward(x, ops), residual
+        x, residual = ops.add_rms_norm(ops.rms_norm(a, post_w, eps, one_plus), residual,
+                                       pre_ff.weight, eps, one_plus)
+        return ops.rms_norm(self.mlp.forward(x, ops), post_ff.weight, eps, one_plus), residual
 
 
 class DecoderStack(nn.Module):
@@ -123,11 +141,20 @@ class DecoderLM(CausalLM):
         if self.cfg.embed_scale:
             h = h * torch.tensor(self.cfg.hidden_size**0.5).to(embed.weight.dtype)
         cos_sin = [rotary(positions, h.dtype) for rotary in self.rotaries]
+        ops = fused_ops()  # the torch forms while torch.compile traces
+        residual: torch.Tensor | None = None
+        layer_rotary = self.layer_rotary
         for i, layer in enumerate(self.model.layers):
-            cos, sin = cos_sin[self.layer_rotary[i]]
-            h = layer(h, cos, sin)
-        # Norm and logits only for the rows the runner asked for.
-        h = self.model.norm(h.index_select(0, logits_indices))
+            cos, sin = cos_sin[layer_rotary[i]]
+            h, residual = layer.forward(h, residual, cos, sin, ops)
+        # The last add, norm and logits only for the rows the runner asked for.
+        norm = self.model.norm
+        rows = h.index_select(0, logits_indices)
+        if residual is None:  # no layers
+            h = ops.rms_norm(rows, norm.weight, norm.eps, norm.one_plus)
+        else:
+            h = ops.add_rms_norm(rows, residual.index_select(0, logits_indices), norm.weight,
+                                 norm.eps, norm.one_plus)[0]
         if self.lm_head is None:
             logits = self.tied_logits.linear(h, embed.weight, None)
         else:

@@ -3,6 +3,7 @@
 Both normalise in float32. Llama's casts back to the activations' dtype and then scales by
 ``weight``; Gemma's scales by ``1 + weight`` while still in float32 and casts at the end
 (its weights are stored as offsets from 1). The order of cast and scale matters in bf16.
+The formula lives in ``kernels.fused.torch_rms_norm``, beside its fused C form.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import torch
 from torch import nn
 
 from engine.model.registry import NormStyle
+from kernels.fused import torch_rms_norm
 
 
 class RMSNorm(nn.Module):
@@ -21,13 +23,9 @@ class RMSNorm(nn.Module):
         self.one_plus = style is NormStyle.ONE_PLUS
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        h = x.to(torch.float32)
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        if self.one_plus:
-            return (h * (1.0 + self.weight.float())).to(dtype)
-        # The cast back comes before the scale, as in transformers (it matters in bf16).
-        return self.weight * h.to(dtype)
+        # The torch form (kernels.fused); a model step calls the fused ops with this
+        # module's weight instead (DecoderLM.dense_step).
+        return torch_rms_norm(x, self.weight, self.eps, self.one_plus)
 
     def extra_repr(self) -> str:
         style = ", 1 + weight" if self.one_plus else ""

@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from engine.errors import ConfigError, UnsupportedModel
+from kernels.fused import torch_apply_rotary
 
 DEFAULT_THETA = 10_000.0
 ROPE_TYPES = ("default", "linear", "llama3")
@@ -170,14 +171,8 @@ def inverse_frequencies(rope: RopeConfig, head_dim: int) -> torch.Tensor:
     return inv_freq
 
 
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-
-
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """``x`` (``[tokens, heads, head_dim]``) rotated by its tokens' ``cos``/``sin``."""
-    return x * cos + rotate_half(x) * sin
+#: RoPE's rotation, ``x·cos + rotate_half(x)·sin`` (kept in kernels.fused beside its C form).
+apply_rotary = torch_apply_rotary
 
 
 class RotaryEmbedding(nn.Module):
