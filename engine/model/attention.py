@@ -9,6 +9,9 @@ chunk's included, from where it lies (``kernels.paged_prefill_attention`` for th
 metadata was validated once (``ForwardBatch.validate``), so each call passes
 ``validated=True``. The write and the kernels (``attend``) run behind
 ``engine.model.attention_op.attend``, one opaque call a compiled step keeps out of its graph.
+
+With ``rows`` (a bounded replay's ``RowCut`` at this layer) every row's K/V is written and
+only ``rows``' queries attend: the other rows are replayed tokens whose output nothing reads.
 """
 
 from __future__ import annotations
@@ -47,7 +50,8 @@ class Attention(nn.Module):
             self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps, cfg.norm_style)
             self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps, cfg.norm_style)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                rows: torch.Tensor | None = None) -> torch.Tensor:
         tokens = x.shape[0]
         qkv = self.qkv_proj(x)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
@@ -64,18 +68,26 @@ class Attention(nn.Module):
             qk = apply_rotary(qkv[:, : self.q_size + self.kv_size].view(
                 tokens, heads, self.head_dim), cos, sin)
             q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]
+        if rows is not None:
+            # Row-wise ops above, so the kept rows' q are the bits they would be uncut.
+            q = q.index_select(0, rows)
         out = attention_op.attend(q, k, v, self.layer)
-        return self.o_proj(out.reshape(tokens, self.q_size))
+        return self.o_proj(out.reshape(q.shape[0], self.q_size))
 
-    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: ForwardBatch,
-               k_pool: torch.Tensor, v_pool: torch.Tensor) -> torch.Tensor:
-        """Write the step's K/V at its slots, then attend: ``[tokens, heads, head_dim]``."""
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, write: ForwardBatch,
+               batch: ForwardBatch, k_pool: torch.Tensor, v_pool: torch.Tensor
+               ) -> torch.Tensor:
+        """Write ``k``/``v`` at ``write``'s slots, then attend ``q`` (``batch``'s rows):
+        ``[tokens, heads, head_dim]``. ``write`` and ``batch`` differ only in the layer a
+        ``RowCut`` stops at (``ForwardBatch.write_batch`` / ``read_batch``)."""
         backend = batch.backend
         group = batch.kv_group(self.layer)  # a hybrid pool's sliding groups have own pages
-        slots = batch.slot_mapping if group == 0 else batch.group_slot_mappings[group - 1]
-        if self.window is None and batch.full_slot_mapping is not None:
-            slots = batch.full_slot_mapping  # a replay keeps the cached full-layer KV
+        slots = write.slot_mapping if group == 0 else write.group_slot_mappings[group - 1]
+        if self.window is None and write.full_slot_mapping is not None:
+            slots = write.full_slot_mapping  # a replay keeps the cached full-layer KV
         kernels.write_kv_slots(k, v, k_pool, v_pool, slots, backend=backend, validated=True)
+        if batch.num_tokens == 0:
+            return q  # every row of the step stopped below this layer: no query
         parts = []
         n_pre = batch.num_prefill_tokens
         if batch.prefill is not None:

@@ -30,8 +30,10 @@ from engine.model.rope import RopeConfig, RotaryEmbedding, inverse_frequencies
 from engine.model.spec import ModelSpec
 from kernels.linear import PreparedWeight
 
-#: ``(input_ids, positions, logits_indices) -> float32 logits``: ``DecoderLM.dense_step``.
-DenseStep = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+#: ``(input_ids, positions, logits_indices, cut_rows, cut_layer) -> float32 logits``:
+#: ``DecoderLM.dense_step``.
+DenseStep = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None, int],
+                     torch.Tensor]
 
 
 class DecoderLayer(nn.Module):
@@ -52,8 +54,12 @@ class DecoderLayer(nn.Module):
             self.post_feedforward_layernorm = RMSNorm(cfg.hidden_size, eps, style)
         self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias, cfg.activation)
 
-    def forward(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        a = self.self_attn(self.input_layernorm(h), cos, sin)
+    def forward(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                rows: torch.Tensor | None = None) -> torch.Tensor:
+        """``rows``: only these rows go on past the attention's KV write (``RowCut``)."""
+        a = self.self_attn(self.input_layernorm(h), cos, sin, rows)
+        if rows is not None:
+            h = h.index_select(0, rows)
         if self.pre_feedforward_layernorm is None or self.post_feedforward_layernorm is None:
             h = h + a
             return h + self.mlp(self.post_attention_layernorm(h))
@@ -111,13 +117,20 @@ class DecoderLM(CausalLM):
         batch.validate(kv.k[0], kv.v[0])  # once for every layer's kernel calls
         attention: list[Attention] = [layer.self_attn for layer in self.model.layers]  # type: ignore[misc]
         ctx = StepContext(batch, kv, attention)
+        cut = batch.row_cut
         with step_context(ctx):
-            return dense(batch.input_ids, batch.positions, batch.logits_indices)
+            if cut is None:
+                return dense(batch.input_ids, batch.positions, batch.logits_indices, None, -1)
+            return dense(batch.input_ids, batch.positions, cut.tail.logits_indices, cut.rows,
+                         cut.layer)
 
     def dense_step(self, input_ids: torch.Tensor, positions: torch.Tensor,
-                   logits_indices: torch.Tensor) -> torch.Tensor:
+                   logits_indices: torch.Tensor, cut_rows: torch.Tensor | None = None,
+                   cut_layer: int = -1) -> torch.Tensor:
         """The step as a function of its tokens alone (attention reads the rest from the
-        ``StepContext``), so ``torch.compile`` can trace it whole."""
+        ``StepContext``), so ``torch.compile`` can trace it whole. With ``cut_rows`` only
+        those rows go on past layer ``cut_layer``'s KV write (``engine.core.row_cut``), and
+        ``logits_indices`` number them."""
         embed = self.model.embed_tokens
         h = embed(input_ids)
         if self.cfg.embed_scale:
@@ -125,7 +138,12 @@ class DecoderLM(CausalLM):
         cos_sin = [rotary(positions, h.dtype) for rotary in self.rotaries]
         for i, layer in enumerate(self.model.layers):
             cos, sin = cos_sin[self.layer_rotary[i]]
-            h = layer(h, cos, sin)
+            if i != cut_layer or cut_rows is None:
+                h = layer(h, cos, sin)
+                continue
+            h = layer(h, cos, sin, cut_rows)
+            cos_sin = [(c.index_select(0, cut_rows), s.index_select(0, cut_rows))
+                       for c, s in cos_sin]
         # Norm and logits only for the rows the runner asked for.
         h = self.model.norm(h.index_select(0, logits_indices))
         if self.lm_head is None:
