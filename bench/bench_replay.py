@@ -18,6 +18,12 @@ idle machine::
 
     python -m bench.bench_replay --sizes 4096,16384 --new-tokens 1024
     python -m bench.bench_replay --model DIR --sizes 31744 --keeps default,140
+
+``--ab-cut`` adds, beside each bounded mode, the same mode with its replayed tokens run
+through every layer (``EngineConfig.replay_row_cut=False``; ``-nocut`` cases), and prints
+each bounded mode's TTFT over its uncut twin: the saving of stopping replayed tokens at the
+last sliding layer (``engine.core.row_cut``), measured in one run. Rounds alternate the
+order of the bounded modes, so neither twin always runs first.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ import shutil
 import statistics
 import sys
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -88,7 +95,8 @@ class ReadOnlyLink(KVStoreLink):
 
 class Bench:
     def __init__(self, lm: LoadedModel, pool_tokens: int, budget: int, store_root: Path,
-                 dram_bytes: int, ssd_bytes: int, keeps: tuple[int, ...] = ()) -> None:
+                 dram_bytes: int, ssd_bytes: int, keeps: tuple[int, ...] = (),
+                 ab_cut: bool = False) -> None:
         self.lm = lm
         default = default_keep_tokens(lm.spec.layer_windows)
         self.configs = {
@@ -98,9 +106,12 @@ class Bench:
         # opted into (exact is the default): the safe keep, largest window + 12, unless
         # --keeps names others (below it, forced: issue 30's keep 140)
         for keep in keeps or (default,):
-            self.configs[mode_name(keep, default)] = EngineConfig(
-                pool_tokens=pool_tokens, max_batched_tokens=budget,
-                replay_keep_tokens=keep, replay_force=keep < default)
+            cfg = EngineConfig(pool_tokens=pool_tokens, max_batched_tokens=budget,
+                               replay_keep_tokens=keep, replay_force=keep < default)
+            self.configs[mode_name(keep, default)] = cfg
+            if ab_cut:
+                self.configs[mode_name(keep, default) + "-nocut"] = replace(
+                    cfg, replay_row_cut=False)
         self.modes = tuple(self.configs)
         self.ns = {m: engine_namespaces(lm.spec, c.block_tokens,
                                         c.replay_policy(lm.spec.layer_windows))
@@ -152,8 +163,12 @@ class Bench:
                 "loaded_bytes": eng.store_counters().get("loaded_bytes_total", 0),
                 "stored_bytes_per_token": eng.stored_bytes_per_token}
 
-    def round(self, n: int, new: int, seed: int, cases: str) -> dict[str, dict[str, Any]]:
+    def round(self, n: int, new: int, seed: int, cases: str, reverse: bool = False
+              ) -> dict[str, dict[str, Any]]:
+        """One prompt: cold, the fill, every mode's hit from DRAM, then from SSD; with
+        ``reverse`` the bounded modes run in the opposite order."""
         ids = self.prompt(n + new, seed)
+        order = (self.modes[0], *(self.modes[:0:-1] if reverse else self.modes[1:]))
         out: dict[str, dict[str, Any]] = {}
         if cases in ("all", "cold"):
             with self.engine("exact") as eng:
@@ -166,15 +181,18 @@ class Bench:
             try:
                 with self.engine("exact", store, fill=True) as eng:  # N tokens, cold
                     self.run_one(eng, ids[:n])
-                for mode in self.modes[1:]:
-                    self.copy_full_layers(store, ids[:n], mode)
+                copied: set[Namespace] = set()
+                for mode in self.modes[1:]:  # a -nocut twin shares its mode's namespace
+                    if self.ns[mode].primary not in copied:
+                        self.copy_full_layers(store, ids[:n], mode)
+                        copied.add(self.ns[mode].primary)
                 store.flush()
-                for mode in self.modes:
+                for mode in order:
                     with self.engine(mode, store) as eng:
                         out[f"{mode}_dram"] = self.case(eng, ids)
             finally:
                 store.close()
-            for mode in self.modes:  # reopened: an empty DRAM tier, reads from the SSD
+            for mode in order:  # reopened: an empty DRAM tier, reads from the SSD
                 store = self.open_store(directory)
                 try:
                     with self.engine(mode, store) as eng:
@@ -200,6 +218,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="bounded modes' keeps, comma-separated: 'default' (largest window "
                         "+ 12: 524 on Gemma 3) and token counts; one below the default is "
                         "measured forced (e.g. default,140: the window-blind keep of issue 12)")
+    p.add_argument("--ab-cut", action="store_true",
+                   help="also run each bounded mode with its replayed tokens through every "
+                        "layer (-nocut cases) and print bounded / bounded-nocut")
     args = p.parse_args(argv)
     model_dir, store_root = model_and_store_root(args, hybrid=True)
     sizes = [int(s) for s in args.sizes.split(",")]
@@ -209,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
     except ReplayError as e:
         p.error(str(e))
     pool = (max(sizes) + args.new_tokens) * 2 + 4096
-    b = Bench(lm, pool, args.budget, store_root, args.dram, args.ssd, keeps)
+    b = Bench(lm, pool, args.budget, store_root, args.dram, args.ssd, keeps, args.ab_cut)
     keep = ", ".join(str(b.configs[m].replay_policy(lm.spec.layer_windows).keep_tokens)
                      for m in b.modes[1:])
     print(f"# bench_replay on {model_dir.name}: {machine()}, torch threads "
@@ -220,8 +241,11 @@ def main(argv: list[str] | None = None) -> int:
     print("| context | case | TTFT s | computed | replayed | loaded MiB | stored B/token "
           "| cold/case | case/exact (same tier) |\n|---|---|---|---|---|---|---|---|---|")
     rows = []
+    samples: dict[int, list[dict[str, float]]] = {}
     for n in sizes:
-        runs = [b.round(n, args.new_tokens, n + r, args.cases) for r in range(args.rounds)]
+        runs = [b.round(n, args.new_tokens, n + r, args.cases, reverse=r % 2 == 1)
+                for r in range(args.rounds)]
+        samples[n] = [{k: v["ttft_s"] for k, v in run.items()} for run in runs]
         med = {k: statistics.median(run[k]["ttft_s"] for run in runs) for k in runs[0]}
         for k, first in runs[0].items():
             tier = k.rsplit("_", 1)[-1]
@@ -237,8 +261,15 @@ def main(argv: list[str] | None = None) -> int:
                   f"{first['replayed_tokens']} | {first['loaded_bytes'] / 2**20:.1f} | "
                   f"{first['stored_bytes_per_token']:.0f} | {vs_cold} | "
                   f"{vs_exact} |", flush=True)
+        for k in med:
+            twin = k.replace("_", "-nocut_", 1)
+            if twin in med:
+                per = [run[k]["ttft_s"] / run[twin]["ttft_s"] for run in runs]
+                print(f"# {n}: {k} / {twin} = {med[k] / med[twin]:.3f} (medians); per "
+                      f"round {', '.join(f'{x:.3f}' for x in per)}", flush=True)
     if args.json:
-        args.json.write_text(json.dumps({"keep_tokens": list(keeps), "rows": rows}, indent=1))
+        args.json.write_text(json.dumps({"keep_tokens": list(keeps), "rows": rows,
+                                         "rounds": samples}, indent=1))
     return 0
 
 
