@@ -163,18 +163,25 @@ class Bench:
                 "loaded_bytes": eng.store_counters().get("loaded_bytes_total", 0),
                 "stored_bytes_per_token": eng.stored_bytes_per_token}
 
-    def round(self, n: int, new: int, seed: int, cases: str, reverse: bool = False
-              ) -> dict[str, dict[str, Any]]:
-        """One prompt: cold, the fill, every mode's hit from DRAM, then from SSD; with
-        ``reverse`` the bounded modes run in the opposite order."""
+    def order(self, reverse: bool) -> tuple[str, ...]:
+        """Exact mode, then the bounded modes, in reverse with ``reverse``."""
+        return (self.modes[0], *(self.modes[:0:-1] if reverse else self.modes[1:]))
+
+    def round(self, n: int, new: int, seed: int, cases: str, *, repeats: int = 1,
+              tiers: tuple[str, ...] = ("dram", "ssd"), flip: bool = False
+              ) -> list[dict[str, dict[str, Any]]]:
+        """One prompt: cold, the fill, then ``repeats`` times every mode's hit from DRAM,
+        then ``repeats`` times from SSD; one sample per repeat (cold in the first only).
+        The bounded modes' order alternates between repeats (``flip``: starting reversed),
+        so neither of two twins always runs first."""
         ids = self.prompt(n + new, seed)
-        order = (self.modes[0], *(self.modes[:0:-1] if reverse else self.modes[1:]))
-        out: dict[str, dict[str, Any]] = {}
+        orders = [self.order(flip != (r % 2 == 1)) for r in range(repeats)]
+        out: list[dict[str, dict[str, Any]]] = [{} for _ in range(repeats)]
         if cases in ("all", "cold"):
             with self.engine("exact") as eng:
-                out["cold"] = self.case(eng, ids)
+                out[0]["cold"] = self.case(eng, ids)
         if cases == "cold":
-            return out
+            return out[:1]
         directory = Path(tempfile.mkdtemp(dir=self.store_root, prefix="bench-replay-"))
         try:
             store = self.open_store(directory)
@@ -187,18 +194,20 @@ class Bench:
                         self.copy_full_layers(store, ids[:n], mode)
                         copied.add(self.ns[mode].primary)
                 store.flush()
-                for mode in order:
-                    with self.engine(mode, store) as eng:
-                        out[f"{mode}_dram"] = self.case(eng, ids)
+                for r, order in enumerate(orders if "dram" in tiers else ()):
+                    for mode in order:
+                        with self.engine(mode, store) as eng:
+                            out[r][f"{mode}_dram"] = self.case(eng, ids)
             finally:
                 store.close()
-            for mode in order:  # reopened: an empty DRAM tier, reads from the SSD
-                store = self.open_store(directory)
-                try:
-                    with self.engine(mode, store) as eng:
-                        out[f"{mode}_ssd"] = self.case(eng, ids)
-                finally:
-                    store.close()
+            for r, order in enumerate(orders if "ssd" in tiers else ()):
+                for mode in order:  # reopened: an empty DRAM tier, reads from the SSD
+                    store = self.open_store(directory)
+                    try:
+                        with self.engine(mode, store) as eng:
+                            out[r][f"{mode}_ssd"] = self.case(eng, ids)
+                    finally:
+                        store.close()
         finally:
             shutil.rmtree(directory, ignore_errors=True)
         return out
@@ -218,10 +227,17 @@ def main(argv: list[str] | None = None) -> int:
                    help="bounded modes' keeps, comma-separated: 'default' (largest window "
                         "+ 12: 524 on Gemma 3) and token counts; one below the default is "
                         "measured forced (e.g. default,140: the window-blind keep of issue 12)")
+    p.add_argument("--repeats", type=int, default=1,
+                   help="hits of each mode per fill (one fill per round): samples interleaved "
+                        "across the modes, the median over rounds × repeats")
+    p.add_argument("--tiers", default="dram,ssd", help="store tiers hit: dram, ssd or both")
     p.add_argument("--ab-cut", action="store_true",
                    help="also run each bounded mode with its replayed tokens through every "
                         "layer (-nocut cases) and print bounded / bounded-nocut")
     args = p.parse_args(argv)
+    tiers = tuple(t.strip() for t in args.tiers.split(","))
+    if args.repeats < 1 or not tiers or not set(tiers) <= {"dram", "ssd"}:
+        p.error("--repeats must be >= 1 and --tiers name dram and/or ssd")
     model_dir, store_root = model_and_store_root(args, hybrid=True)
     sizes = [int(s) for s in args.sizes.split(",")]
     lm = load_model(model_dir)
@@ -235,7 +251,8 @@ def main(argv: list[str] | None = None) -> int:
                      for m in b.modes[1:])
     print(f"# bench_replay on {model_dir.name}: {machine()}, torch threads "
           f"{torch.get_num_threads()}, budget {args.budget} tokens/step, keep {keep}, "
-          f"{args.new_tokens} new tokens, {args.rounds} round(s) (median)")
+          f"{args.new_tokens} new tokens, {args.rounds} round(s) × {args.repeats} "
+          f"repeat(s) (median), tiers {','.join(tiers)}")
     with b.engine("exact") as eng:  # warm-up: first-call costs are not the steady state
         b.run_one(eng, b.prompt(256, 1))
     print("| context | case | TTFT s | computed | replayed | loaded MiB | stored B/token "
@@ -243,10 +260,12 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     samples: dict[int, list[dict[str, float]]] = {}
     for n in sizes:
-        runs = [b.round(n, args.new_tokens, n + r, args.cases, reverse=r % 2 == 1)
-                for r in range(args.rounds)]
+        runs = [sample for r in range(args.rounds)
+                for sample in b.round(n, args.new_tokens, n + r, args.cases,
+                                      repeats=args.repeats, tiers=tiers, flip=r % 2 == 1)]
         samples[n] = [{k: v["ttft_s"] for k, v in run.items()} for run in runs]
-        med = {k: statistics.median(run[k]["ttft_s"] for run in runs) for k in runs[0]}
+        med = {k: statistics.median(run[k]["ttft_s"] for run in runs if k in run)
+               for k in runs[0]}
         for k, first in runs[0].items():
             tier = k.rsplit("_", 1)[-1]
             exact = med.get(f"exact_{tier}")
@@ -262,11 +281,18 @@ def main(argv: list[str] | None = None) -> int:
                   f"{first['stored_bytes_per_token']:.0f} | {vs_cold} | "
                   f"{vs_exact} |", flush=True)
         for k in med:
+            exact_k = f"exact_{k.rsplit('_', 1)[-1]}"
+            if k != "cold" and k != exact_k:
+                per = [run[k]["ttft_s"] / run[exact_k]["ttft_s"] for run in runs]
+                print(f"# {n}: {k} / {exact_k}: median of the per-sample ratios "
+                      f"{statistics.median(per):.3f}; per sample "
+                      f"{', '.join(f'{x:.3f}' for x in per)}", flush=True)
             twin = k.replace("_", "-nocut_", 1)
             if twin in med:
                 per = [run[k]["ttft_s"] / run[twin]["ttft_s"] for run in runs]
-                print(f"# {n}: {k} / {twin} = {med[k] / med[twin]:.3f} (medians); per "
-                      f"round {', '.join(f'{x:.3f}' for x in per)}", flush=True)
+                print(f"# {n}: {k} / {twin} = {med[k] / med[twin]:.3f} (medians), "
+                      f"median of the per-sample ratios {statistics.median(per):.3f}; "
+                      f"per sample {', '.join(f'{x:.3f}' for x in per)}", flush=True)
     if args.json:
         args.json.write_text(json.dumps({"keep_tokens": list(keeps), "rows": rows,
                                          "rounds": samples}, indent=1))
