@@ -34,6 +34,7 @@ import shutil
 import statistics
 import sys
 import tempfile
+import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -156,9 +157,11 @@ class Bench:
         store.commit(dst, dst_keys, {i: rows[i] for i in range(got)})
 
     def case(self, eng: LLMEngine, ids: list[int]) -> dict[str, Any]:
+        cpu0 = time.process_time()
         seq = self.run_one(eng, ids)
+        cpu_s = time.process_time() - cpu0
         s = seq.stats
-        return {"ttft_s": s.ttft_s, "hit_tokens": dict(s.hit_tokens),
+        return {"ttft_s": s.ttft_s, "cpu_s": cpu_s, "hit_tokens": dict(s.hit_tokens),
                 "computed_tokens": s.computed_tokens, "replayed_tokens": s.replayed_tokens,
                 "loaded_bytes": eng.store_counters().get("loaded_bytes_total", 0),
                 "stored_bytes_per_token": eng.stored_bytes_per_token}
@@ -263,7 +266,8 @@ def main(argv: list[str] | None = None) -> int:
         runs = [sample for r in range(args.rounds)
                 for sample in b.round(n, args.new_tokens, n + r, args.cases,
                                       repeats=args.repeats, tiers=tiers, flip=r % 2 == 1)]
-        samples[n] = [{k: v["ttft_s"] for k, v in run.items()} for run in runs]
+        samples[n] = [{k: {"ttft_s": v["ttft_s"], "cpu_s": v["cpu_s"]} for k, v in run.items()}
+                      for run in runs]
         med = {k: statistics.median(run[k]["ttft_s"] for run in runs if k in run)
                for k in runs[0]}
         for k, first in runs[0].items():
@@ -284,15 +288,24 @@ def main(argv: list[str] | None = None) -> int:
             exact_k = f"exact_{k.rsplit('_', 1)[-1]}"
             if k != "cold" and k != exact_k:
                 per = [run[k]["ttft_s"] / run[exact_k]["ttft_s"] for run in runs]
+                cpu = [run[k]["cpu_s"] / run[exact_k]["cpu_s"] for run in runs]
                 print(f"# {n}: {k} / {exact_k}: median of the per-sample ratios "
-                      f"{statistics.median(per):.3f}; per sample "
-                      f"{', '.join(f'{x:.3f}' for x in per)}", flush=True)
+                      f"{statistics.median(per):.3f} (CPU seconds "
+                      f"{statistics.median(cpu):.3f}); per sample "
+                      f"{', '.join(f'{x:.3f}' for x in per)} (CPU "
+                      f"{', '.join(f'{x:.3f}' for x in cpu)})", flush=True)
             twin = k.replace("_", "-nocut_", 1)
             if twin in med:
                 per = [run[k]["ttft_s"] / run[twin]["ttft_s"] for run in runs]
                 print(f"# {n}: {k} / {twin} = {med[k] / med[twin]:.3f} (medians), "
                       f"median of the per-sample ratios {statistics.median(per):.3f}; "
                       f"per sample {', '.join(f'{x:.3f}' for x in per)}", flush=True)
+                # CPU seconds of the process (one torch thread): what the step computed,
+                # less swayed than the wall clock by other jobs on an oversubscribed machine.
+                cpu = [run[k]["cpu_s"] / run[twin]["cpu_s"] for run in runs]
+                print(f"# {n}: {k} / {twin}, CPU seconds: median of the per-sample ratios "
+                      f"{statistics.median(cpu):.3f}; per sample "
+                      f"{', '.join(f'{x:.3f}' for x in cpu)}", flush=True)
     if args.json:
         args.json.write_text(json.dumps({"keep_tokens": list(keeps), "rows": rows,
                                          "rounds": samples}, indent=1))

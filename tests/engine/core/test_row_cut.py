@@ -190,3 +190,33 @@ def test_decode_and_logits_rows_are_never_cut() -> None:
         cut_rows(batch, keep[:-1] + [False], 1)
     with pytest.raises(EngineIntegrityError, match="logits"):
         cut_rows(batch, [False] * 5 + [True, True], 1)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(3600)
+def test_trained_gemma3_270m_new_tokens_are_bitwise_unchanged(
+        tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The trained model's own pattern (the cut at sliding layer 16 skips full layer 17):
+    a store hit of 640 tokens replayed from 116 (keep 524), 96 new tokens, chunked so one
+    step mixes replayed and new rows, in deterministic mode."""
+    from tests.engine.model.real_models import real_model, real_text
+
+    lm = load_model(real_model("gemma3-270m"), dtype="bfloat16",
+                    revision_cache_dir=tmp_path_factory.mktemp("revisions"))
+    assert last_sliding_layer(lm.spec.layer_windows) == lm.spec.num_layers - 2
+    prompt = lm.tokenizer.encode(real_text(6000))[:736]
+    runs = []
+    for cut in (True, False):
+        cfg = replace(config(524, budget=512, pool_tokens=4096), replay_row_cut=cut,
+                      deterministic=True, attention_backend=None)
+        store = open_embedded(dram_bytes=256 << 20)
+        try:
+            fill(lm, cfg, store, prompt[:640])
+            with engine(lm, cfg, store) as eng:
+                runs.append(request(eng, prompt, 2))
+                assert eng.runner.counters["cut_rows_total"] == (524 if cut else 0)
+        finally:
+            store.close()
+    assert runs[0].seq.stats.replayed_tokens == 524
+    assert runs[0].seq.output_ids == runs[1].seq.output_ids
+    assert torch.equal(runs[0].logits, runs[1].logits)
