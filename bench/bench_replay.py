@@ -261,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
     print("| context | case | TTFT s | computed | replayed | loaded MiB | stored B/token "
           "| cold/case | case/exact (same tier) |\n|---|---|---|---|---|---|---|---|---|")
     rows = []
-    samples: dict[int, list[dict[str, float]]] = {}
+    samples: dict[int, list[dict[str, dict[str, float]]]] = {}
     for n in sizes:
         runs = [sample for r in range(args.rounds)
                 for sample in b.round(n, args.new_tokens, n + r, args.cases,

@@ -51,7 +51,8 @@ class Shape:
 
     @property
     def dense(self) -> int:
-        return self.qkv + self.heads * self.head_dim * self.hidden + 3 * self.hidden * self.intermediate
+        o_proj = self.heads * self.head_dim * self.hidden
+        return self.qkv + o_proj + 3 * self.hidden * self.intermediate
 
     def token(self, pos: int, layers: Sequence[int]) -> int:
         keys = [pos + 1 if self.windows[i] is None else min(pos + 1, self.windows[i] or 0)

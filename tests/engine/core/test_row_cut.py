@@ -25,9 +25,9 @@ from engine.errors import EngineIntegrityError
 from engine.model.loader import LoadedModel, load_model
 from engine.model.make_model import make_model
 from kvstore.embedded import open_embedded
+from tests.engine.model.hf_checkpoints import write_case
 from tests.engine.replay.conftest import DEEP
 from tests.engine.replay.harness import BT, Run, config, engine, fill, request, tokens
-from tests.engine.model.hf_checkpoints import write_case
 
 HIT_BLOCKS = 16  # 256 tokens cached
 PROMPT = 400
@@ -187,7 +187,7 @@ def test_a_kept_row_before_a_cut_one_is_refused() -> None:
 def test_decode_and_logits_rows_are_never_cut() -> None:
     batch, keep = _step([(2, 3)], 2)
     with pytest.raises(EngineIntegrityError, match="decode row"):
-        cut_rows(batch, keep[:-1] + [False], 1)
+        cut_rows(batch, [*keep[:-1], False], 1)
     with pytest.raises(EngineIntegrityError, match="logits"):
         cut_rows(batch, [False] * 5 + [True, True], 1)
 
