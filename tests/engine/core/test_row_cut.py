@@ -94,6 +94,40 @@ def test_the_cut_changes_no_bit_of_the_new_tokens_logits(lm: LoadedModel, hit, b
     assert torch.equal(with_cut.logits, without.logits)
 
 
+def test_a_replay_sharing_its_steps_with_other_requests(lm: LoadedModel) -> None:
+    """A replayed hit batched with a cold request and a second hit (ragged chunks, decodes
+    of the others in the replay's steps): every request's logits bitwise as uncut."""
+    from engine.core.sampling_params import SamplingParams
+
+    vocab = lm.spec.vocab_size
+    prompts = [tokens(PROMPT, 5, vocab), tokens(150, 9, vocab), tokens(PROMPT - 37, 5, vocab)]
+    prompts[2][: HIT_BLOCKS * BT] = prompts[0][: HIT_BLOCKS * BT]
+    out = []
+    for cut in (True, False):
+        cfg = replace(config(keep_of(lm), budget=160, force=True), replay_row_cut=cut,
+                      deterministic=True, attention_backend=None)
+        rows: dict[int, list[torch.Tensor]] = {}
+
+        def observe(seqs, logits) -> None:  # type: ignore[no-untyped-def]
+            for seq, row in zip(seqs, logits, strict=True):
+                rows.setdefault(seq.seq_id, []).append(row.clone())
+
+        store = open_embedded(dram_bytes=64 << 20)
+        try:
+            fill(lm, cfg, store, prompts[0][: HIT_BLOCKS * BT])
+            with engine(lm, cfg, store) as eng:
+                eng.runner.logits_observers.append(observe)
+                seqs = eng.generate(prompts, SamplingParams(max_new_tokens=3, ignore_eos=True))
+                eng.check_integrity()
+                assert (eng.runner.counters["cut_rows_total"] > 0) == cut
+        finally:
+            store.close()
+        assert sum(s.stats.replayed_tokens for s in seqs) > 0
+        out.append([torch.stack(rows[s.seq_id]) for s in seqs])
+    for a, b in zip(*out, strict=True):
+        assert torch.equal(a, b)
+
+
 def test_the_cut_layer_is_the_last_sliding_one() -> None:
     assert last_sliding_layer([512, 512, None, 512, None]) == 3
     assert last_sliding_layer([None, 8]) == 1
