@@ -108,7 +108,7 @@ def test_a_replay_sharing_its_steps_with_other_requests(lm: LoadedModel) -> None
                       deterministic=True, attention_backend=None)
         rows: dict[int, list[torch.Tensor]] = {}
 
-        def observe(seqs, logits) -> None:  # type: ignore[no-untyped-def]
+        def observe(seqs, logits, rows=rows) -> None:  # type: ignore[no-untyped-def]
             for seq, row in zip(seqs, logits, strict=True):
                 rows.setdefault(seq.seq_id, []).append(row.clone())
 
