@@ -18,6 +18,12 @@ idle machine::
 
     python -m bench.bench_replay --sizes 4096,16384 --new-tokens 1024
     python -m bench.bench_replay --model DIR --sizes 31744 --keeps default,140
+
+``--ab-cut`` adds, beside each bounded mode, the same mode with its replayed tokens run
+through every layer (``EngineConfig.replay_row_cut=False``; ``-nocut`` cases), and prints
+each bounded mode's TTFT over its uncut twin: the saving of stopping replayed tokens at the
+last sliding layer (``engine.core.row_cut``), measured in one run. Rounds alternate the
+order of the bounded modes, so neither twin always runs first.
 """
 
 from __future__ import annotations
@@ -28,6 +34,8 @@ import shutil
 import statistics
 import sys
 import tempfile
+import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -88,7 +96,8 @@ class ReadOnlyLink(KVStoreLink):
 
 class Bench:
     def __init__(self, lm: LoadedModel, pool_tokens: int, budget: int, store_root: Path,
-                 dram_bytes: int, ssd_bytes: int, keeps: tuple[int, ...] = ()) -> None:
+                 dram_bytes: int, ssd_bytes: int, keeps: tuple[int, ...] = (),
+                 ab_cut: bool = False) -> None:
         self.lm = lm
         default = default_keep_tokens(lm.spec.layer_windows)
         self.configs = {
@@ -98,9 +107,12 @@ class Bench:
         # opted into (exact is the default): the safe keep, largest window + 12, unless
         # --keeps names others (below it, forced: issue 30's keep 140)
         for keep in keeps or (default,):
-            self.configs[mode_name(keep, default)] = EngineConfig(
-                pool_tokens=pool_tokens, max_batched_tokens=budget,
-                replay_keep_tokens=keep, replay_force=keep < default)
+            cfg = EngineConfig(pool_tokens=pool_tokens, max_batched_tokens=budget,
+                               replay_keep_tokens=keep, replay_force=keep < default)
+            self.configs[mode_name(keep, default)] = cfg
+            if ab_cut:
+                self.configs[mode_name(keep, default) + "-nocut"] = replace(
+                    cfg, replay_row_cut=False)
         self.modes = tuple(self.configs)
         self.ns = {m: engine_namespaces(lm.spec, c.block_tokens,
                                         c.replay_policy(lm.spec.layer_windows))
@@ -145,42 +157,60 @@ class Bench:
         store.commit(dst, dst_keys, {i: rows[i] for i in range(got)})
 
     def case(self, eng: LLMEngine, ids: list[int]) -> dict[str, Any]:
+        cpu0 = time.process_time()
         seq = self.run_one(eng, ids)
+        cpu_s = time.process_time() - cpu0
         s = seq.stats
-        return {"ttft_s": s.ttft_s, "hit_tokens": dict(s.hit_tokens),
+        return {"ttft_s": s.ttft_s, "cpu_s": cpu_s, "hit_tokens": dict(s.hit_tokens),
                 "computed_tokens": s.computed_tokens, "replayed_tokens": s.replayed_tokens,
                 "loaded_bytes": eng.store_counters().get("loaded_bytes_total", 0),
                 "stored_bytes_per_token": eng.stored_bytes_per_token}
 
-    def round(self, n: int, new: int, seed: int, cases: str) -> dict[str, dict[str, Any]]:
+    def order(self, reverse: bool) -> tuple[str, ...]:
+        """Exact mode, then the bounded modes, in reverse with ``reverse``."""
+        return (self.modes[0], *(self.modes[:0:-1] if reverse else self.modes[1:]))
+
+    def round(self, n: int, new: int, seed: int, cases: str, *, repeats: int = 1,
+              tiers: tuple[str, ...] = ("dram", "ssd"), flip: bool = False
+              ) -> list[dict[str, dict[str, Any]]]:
+        """One prompt: cold, the fill, then ``repeats`` times every mode's hit from DRAM,
+        then ``repeats`` times from SSD; one sample per repeat (cold in the first only).
+        The bounded modes' order alternates between repeats (``flip``: starting reversed),
+        so neither of two twins always runs first."""
         ids = self.prompt(n + new, seed)
-        out: dict[str, dict[str, Any]] = {}
+        orders = [self.order(flip != (r % 2 == 1)) for r in range(repeats)]
+        out: list[dict[str, dict[str, Any]]] = [{} for _ in range(repeats)]
         if cases in ("all", "cold"):
             with self.engine("exact") as eng:
-                out["cold"] = self.case(eng, ids)
+                out[0]["cold"] = self.case(eng, ids)
         if cases == "cold":
-            return out
+            return out[:1]
         directory = Path(tempfile.mkdtemp(dir=self.store_root, prefix="bench-replay-"))
         try:
             store = self.open_store(directory)
             try:
                 with self.engine("exact", store, fill=True) as eng:  # N tokens, cold
                     self.run_one(eng, ids[:n])
-                for mode in self.modes[1:]:
-                    self.copy_full_layers(store, ids[:n], mode)
+                copied: set[Namespace] = set()
+                for mode in self.modes[1:]:  # a -nocut twin shares its mode's namespace
+                    if self.ns[mode].primary not in copied:
+                        self.copy_full_layers(store, ids[:n], mode)
+                        copied.add(self.ns[mode].primary)
                 store.flush()
-                for mode in self.modes:
-                    with self.engine(mode, store) as eng:
-                        out[f"{mode}_dram"] = self.case(eng, ids)
+                for r, order in enumerate(orders if "dram" in tiers else ()):
+                    for mode in order:
+                        with self.engine(mode, store) as eng:
+                            out[r][f"{mode}_dram"] = self.case(eng, ids)
             finally:
                 store.close()
-            for mode in self.modes:  # reopened: an empty DRAM tier, reads from the SSD
-                store = self.open_store(directory)
-                try:
-                    with self.engine(mode, store) as eng:
-                        out[f"{mode}_ssd"] = self.case(eng, ids)
-                finally:
-                    store.close()
+            for r, order in enumerate(orders if "ssd" in tiers else ()):
+                for mode in order:  # reopened: an empty DRAM tier, reads from the SSD
+                    store = self.open_store(directory)
+                    try:
+                        with self.engine(mode, store) as eng:
+                            out[r][f"{mode}_ssd"] = self.case(eng, ids)
+                    finally:
+                        store.close()
         finally:
             shutil.rmtree(directory, ignore_errors=True)
         return out
@@ -200,7 +230,17 @@ def main(argv: list[str] | None = None) -> int:
                    help="bounded modes' keeps, comma-separated: 'default' (largest window "
                         "+ 12: 524 on Gemma 3) and token counts; one below the default is "
                         "measured forced (e.g. default,140: the window-blind keep of issue 12)")
+    p.add_argument("--repeats", type=int, default=1,
+                   help="hits of each mode per fill (one fill per round): samples interleaved "
+                        "across the modes, the median over rounds × repeats")
+    p.add_argument("--tiers", default="dram,ssd", help="store tiers hit: dram, ssd or both")
+    p.add_argument("--ab-cut", action="store_true",
+                   help="also run each bounded mode with its replayed tokens through every "
+                        "layer (-nocut cases) and print bounded / bounded-nocut")
     args = p.parse_args(argv)
+    tiers = tuple(t.strip() for t in args.tiers.split(","))
+    if args.repeats < 1 or not tiers or not set(tiers) <= {"dram", "ssd"}:
+        p.error("--repeats must be >= 1 and --tiers name dram and/or ssd")
     model_dir, store_root = model_and_store_root(args, hybrid=True)
     sizes = [int(s) for s in args.sizes.split(",")]
     lm = load_model(model_dir)
@@ -209,20 +249,27 @@ def main(argv: list[str] | None = None) -> int:
     except ReplayError as e:
         p.error(str(e))
     pool = (max(sizes) + args.new_tokens) * 2 + 4096
-    b = Bench(lm, pool, args.budget, store_root, args.dram, args.ssd, keeps)
+    b = Bench(lm, pool, args.budget, store_root, args.dram, args.ssd, keeps, args.ab_cut)
     keep = ", ".join(str(b.configs[m].replay_policy(lm.spec.layer_windows).keep_tokens)
                      for m in b.modes[1:])
     print(f"# bench_replay on {model_dir.name}: {machine()}, torch threads "
           f"{torch.get_num_threads()}, budget {args.budget} tokens/step, keep {keep}, "
-          f"{args.new_tokens} new tokens, {args.rounds} round(s) (median)")
+          f"{args.new_tokens} new tokens, {args.rounds} round(s) × {args.repeats} "
+          f"repeat(s) (median), tiers {','.join(tiers)}")
     with b.engine("exact") as eng:  # warm-up: first-call costs are not the steady state
         b.run_one(eng, b.prompt(256, 1))
     print("| context | case | TTFT s | computed | replayed | loaded MiB | stored B/token "
           "| cold/case | case/exact (same tier) |\n|---|---|---|---|---|---|---|---|---|")
     rows = []
+    samples: dict[int, list[dict[str, dict[str, float]]]] = {}
     for n in sizes:
-        runs = [b.round(n, args.new_tokens, n + r, args.cases) for r in range(args.rounds)]
-        med = {k: statistics.median(run[k]["ttft_s"] for run in runs) for k in runs[0]}
+        runs = [sample for r in range(args.rounds)
+                for sample in b.round(n, args.new_tokens, n + r, args.cases,
+                                      repeats=args.repeats, tiers=tiers, flip=r % 2 == 1)]
+        samples[n] = [{k: {"ttft_s": v["ttft_s"], "cpu_s": v["cpu_s"]} for k, v in run.items()}
+                      for run in runs]
+        med = {k: statistics.median(run[k]["ttft_s"] for run in runs if k in run)
+               for k in runs[0]}
         for k, first in runs[0].items():
             tier = k.rsplit("_", 1)[-1]
             exact = med.get(f"exact_{tier}")
@@ -237,8 +284,31 @@ def main(argv: list[str] | None = None) -> int:
                   f"{first['replayed_tokens']} | {first['loaded_bytes'] / 2**20:.1f} | "
                   f"{first['stored_bytes_per_token']:.0f} | {vs_cold} | "
                   f"{vs_exact} |", flush=True)
+        for k in med:
+            exact_k = f"exact_{k.rsplit('_', 1)[-1]}"
+            if k != "cold" and k != exact_k:
+                per = [run[k]["ttft_s"] / run[exact_k]["ttft_s"] for run in runs]
+                cpu = [run[k]["cpu_s"] / run[exact_k]["cpu_s"] for run in runs]
+                print(f"# {n}: {k} / {exact_k}: median of the per-sample ratios "
+                      f"{statistics.median(per):.3f} (CPU seconds "
+                      f"{statistics.median(cpu):.3f}); per sample "
+                      f"{', '.join(f'{x:.3f}' for x in per)} (CPU "
+                      f"{', '.join(f'{x:.3f}' for x in cpu)})", flush=True)
+            twin = k.replace("_", "-nocut_", 1)
+            if twin in med:
+                per = [run[k]["ttft_s"] / run[twin]["ttft_s"] for run in runs]
+                print(f"# {n}: {k} / {twin} = {med[k] / med[twin]:.3f} (medians), "
+                      f"median of the per-sample ratios {statistics.median(per):.3f}; "
+                      f"per sample {', '.join(f'{x:.3f}' for x in per)}", flush=True)
+                # CPU seconds of the process (one torch thread): what the step computed,
+                # less swayed than the wall clock by other jobs on an oversubscribed machine.
+                cpu = [run[k]["cpu_s"] / run[twin]["cpu_s"] for run in runs]
+                print(f"# {n}: {k} / {twin}, CPU seconds: median of the per-sample ratios "
+                      f"{statistics.median(cpu):.3f}; per sample "
+                      f"{', '.join(f'{x:.3f}' for x in cpu)}", flush=True)
     if args.json:
-        args.json.write_text(json.dumps({"keep_tokens": list(keeps), "rows": rows}, indent=1))
+        args.json.write_text(json.dumps({"keep_tokens": list(keeps), "rows": rows,
+                                         "rounds": samples}, indent=1))
     return 0
 
 

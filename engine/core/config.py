@@ -28,6 +28,10 @@ class EngineConfig:
     # 0: exact mode (bounded_replay/README.md: the rule's measurement made exact the default).
     replay_keep_tokens: int | None = None
     replay_force: bool = False  # accept a keep below the safe default
+    # A replayed token stops at the last sliding layer (engine.core.row_cut): nothing above
+    # it reads its hidden state. False runs it through every layer, for the A/B of
+    # bench/bench_replay.py (--ab-cut) only: the new tokens' logits are the same.
+    replay_row_cut: bool = True
     cache_all_layers: bool = False  # exact mode: the store keeps every layer
     # False: only the prompt's full blocks are indexed in the pool and committed, so a trace
     # replay leaves in the caches exactly the blocks the trace names (kvengine bench-serve).

@@ -5,6 +5,10 @@ forward pass serves both; every attention layer reads its metadata from here and
 kernels with it (``kernels.paged_prefill_attention`` for rows ``[0, num_prefill_tokens)``,
 ``kernels.paged_decode_attention`` for the rest) after writing the step's K/V to
 ``slot_mapping``.
+
+A bounded replay's step may carry a ``RowCut``: its replayed rows stop at the model's last
+sliding layer (their logits are never read, and the full-attention layers above keep the
+cached KV), so the layers above it run only the other rows, described by ``RowCut.tail``.
 """
 
 from __future__ import annotations
@@ -61,6 +65,9 @@ class ForwardBatch:
     # and per sliding group the slots its layers write. Empty: one group.
     layer_groups: tuple[int, ...] = ()
     group_slot_mappings: tuple[torch.Tensor, ...] = ()
+    # Replayed rows that stop at a layer (bounded replay, ``engine.core.row_cut``); None:
+    # every row runs every layer. ``logits_indices`` then number the tail's rows.
+    row_cut: RowCut | None = None
 
     def kv_group(self, layer: int) -> int:
         return self.layer_groups[layer] if self.layer_groups else 0
@@ -86,3 +93,30 @@ class ForwardBatch:
                                           pre.sliding_kv_start),
                 None if dec is None else (dec.group_tables[g], dec.seq_lens,
                                           dec.sliding_kv_start))
+        if self.row_cut is not None:
+            self.row_cut.tail.validate(k_pool, v_pool)
+
+    def write_batch(self, layer: int) -> ForwardBatch:
+        """The rows whose K/V ``layer`` writes: every row up to the cut layer, then the
+        tail's."""
+        cut = self.row_cut
+        return self if cut is None or layer <= cut.layer else cut.tail
+
+    def read_batch(self, layer: int) -> ForwardBatch:
+        """The rows whose queries ``layer`` attends for: every row below the cut layer,
+        from it on the tail's (the cut layer writes every row's K/V, attends for the
+        tail's)."""
+        cut = self.row_cut
+        return self if cut is None or layer < cut.layer else cut.tail
+
+
+@dataclass(frozen=True, slots=True)
+class RowCut:
+    """Rows ``rows`` of a step (ascending) run every layer; the others stop at ``layer``,
+    of which they need only the K/V (its attention, output projection and MLP, and every
+    layer above, run ``rows`` only). ``tail`` is the metadata of ``rows`` alone, in their
+    order: the attention of ``layer`` and above reads it (``ForwardBatch.read_batch``)."""
+
+    layer: int
+    rows: torch.Tensor  # [K] int64, indices into the step's rows
+    tail: ForwardBatch

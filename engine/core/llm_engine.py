@@ -105,7 +105,7 @@ class LLMEngine:
         self.committer = self.connector.committer
         compiler = self.numerics.compiler(config.compile_step)
         self.runner = ModelRunner(compiler.prepare(self.numerics.prepare(model)), self.cache,
-                                  self.kv, self.backend)
+                                  self.kv, self.backend, row_cut=config.replay_row_cut)
         # Structured outputs (engine.structured.backend.GrammarBackend), set by a server
         # that offers them: a request with ``params.constraint`` gets a matcher from it.
         self.grammar: GrammarBackend | None = None

@@ -4,16 +4,21 @@ the sampled tokens.
 A sequence admitted with a bounded replay (``seq.plan``) runs its replayed tokens like any
 prefill, except that its full-attention layers do not write K/V below the hit's end (they
 keep the cached KV: ``full_slot_mapping``) and its sliding layers see no key before the
-replay start (``sliding_kv_start``), in the prefill and in every decode step after it."""
+replay start (``sliding_kv_start``), in the prefill and in every decode step after it.
+Its replayed rows (those full layers do not write) stop at the model's last sliding layer
+(``engine.core.row_cut``) unless the engine is told otherwise (``row_cut=False``: the A/B
+of ``bench/bench_replay.py``)."""
 
 from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import replace
 
 import torch
 
 from engine.core.forward_batch import DecodeMeta, ForwardBatch, PrefillMeta
+from engine.core.row_cut import cut_rows, last_sliding_layer
 from engine.core.sampler import sample
 from engine.core.scheduled_batch import ScheduledBatch
 from engine.core.sequence import Sequence
@@ -25,7 +30,8 @@ from kernels import AttentionBackend
 
 class ModelRunner:
     def __init__(
-        self, model: CausalLM, cache: KVCache, blocks: KVManager, backend: AttentionBackend
+        self, model: CausalLM, cache: KVCache, blocks: KVManager, backend: AttentionBackend,
+        *, row_cut: bool = True,
     ) -> None:
         self.model = model
         self.cache = cache
@@ -40,6 +46,8 @@ class ModelRunner:
         layout = blocks.layout
         self._layer_groups = (tuple(layout.group_of(i) for i in range(layout.num_layers))
                               if layout.is_hybrid else ())
+        # Where a replayed row stops (None: it runs every layer).
+        self.cut_layer = last_sliding_layer(model.spec.layer_windows) if row_cut else None
 
     @torch.inference_mode()
     def run(self, batch: ScheduledBatch) -> dict[int, int]:
@@ -49,6 +57,8 @@ class ModelRunner:
         logits = self.model(fb, self.cache)
         self.counters["forward_tokens_total"] += fb.num_tokens
         self.counters["forward_steps_total"] += 1
+        if fb.row_cut is not None:
+            self.counters["cut_rows_total"] += fb.num_tokens - int(fb.row_cut.rows.shape[0])
         for observe in self.logits_observers:
             observe(sampled_seqs, logits)
         tokens = sample(logits, sampled_seqs)
@@ -136,6 +146,10 @@ class ModelRunner:
             group_slot_mappings=tuple(torch.tensor(sl, dtype=torch.int64, device=self.device)
                                       for sl in g_slots),
         )
+        # Replayed rows: those whose full-layer KV is the cached one (slot −1).
+        if self.cut_layer is not None and fb.full_slot_mapping is not None:
+            fb = replace(fb, row_cut=cut_rows(fb, [s >= 0 for s in full_slots],
+                                              self.cut_layer))
         return fb, sampled
 
     def _starts(self, starts: list[int]) -> torch.Tensor | None:

@@ -11,6 +11,9 @@ metadata was validated once (``ForwardBatch.validate``), so each call passes
 ``engine.model.attention_op.attend``, one opaque call a compiled step keeps out of its graph.
 Eager, the q/k norms, RoPE and the K/V write are one fused call (``kernels.fused``'s
 ``rope_write``) and the kernels run on the pool directly (``attend_written``).
+
+With ``rows`` (a bounded replay's ``RowCut`` at this layer) every row's K/V is written and
+only ``rows``' queries attend: the other rows are replayed tokens whose output nothing reads.
 """
 
 from __future__ import annotations
@@ -54,27 +57,31 @@ class Attention(nn.Module):
         self.norm_one_plus = cfg.norm_style is NormStyle.ONE_PLUS
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                ops: FusedOps = TORCH_OPS) -> torch.Tensor:
-        tokens = x.shape[0]
+                ops: FusedOps = TORCH_OPS, rows: torch.Tensor | None = None) -> torch.Tensor:
         qkv = self.qkv_proj.forward(x)
         if torch.compiler.is_compiling():
-            out = self._traced(qkv, cos, sin)
+            out = self._traced(qkv, cos, sin, rows)
         else:
             # Eager: q/k norms, RoPE and the K/V write in one fused call straight into the
             # pool, then the kernels on the pool (no opaque op needed outside a graph).
             ctx = attention_op.current_step()
-            batch, layer = ctx.batch, self.layer
+            layer = self.layer
+            write, batch = ctx.batch.write_batch(layer), ctx.batch.read_batch(layer)
             k_pool, v_pool = ctx.kv.k[layer], ctx.kv.v[layer]
             q_norm, k_norm = self.q_norm, self.k_norm
             q = ops.rope_write(
                 qkv, self.num_heads, self.num_kv_heads, self.head_dim, cos, sin,
                 None if q_norm is None else q_norm.weight,
                 None if k_norm is None else k_norm.weight, self.norm_eps, self.norm_one_plus,
-                k_pool, v_pool, self.slots(batch), batch.backend)
+                k_pool, v_pool, self.slots(write), batch.backend)
+            if rows is not None:
+                # Row-wise ops above, so the kept rows' q are the bits they would be uncut.
+                q = q.index_select(0, rows)
             out = self.attend_written(q, batch, k_pool, v_pool)
-        return self.o_proj.forward(out.reshape(tokens, self.q_size))
+        return self.o_proj.forward(out.reshape(out.shape[0], self.q_size))
 
-    def _traced(self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def _traced(self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                rows: torch.Tensor | None) -> torch.Tensor:
         """The torch forms, for a graph ``torch.compile`` traces (inductor fuses them); the
         K/V write and attention are the opaque ``attention_op.attend``."""
         tokens = qkv.shape[0]
@@ -92,6 +99,9 @@ class Attention(nn.Module):
             qk = apply_rotary(qkv[:, : self.q_size + self.kv_size].view(
                 tokens, heads, self.head_dim), cos, sin)
             q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]
+        if rows is not None:
+            # Row-wise ops above, so the kept rows' q are the bits they would be uncut.
+            q = q.index_select(0, rows)
         return attention_op.attend(q, k, v, self.layer)
 
     def slots(self, batch: ForwardBatch) -> torch.Tensor:
@@ -102,16 +112,21 @@ class Attention(nn.Module):
             slots = batch.full_slot_mapping  # a replay keeps the cached full-layer KV
         return slots
 
-    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: ForwardBatch,
-               k_pool: torch.Tensor, v_pool: torch.Tensor) -> torch.Tensor:
-        """Write the step's K/V at its slots, then attend: ``[tokens, heads, head_dim]``."""
-        kernels.write_kv_slots(k, v, k_pool, v_pool, self.slots(batch), backend=batch.backend,
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, write: ForwardBatch,
+               batch: ForwardBatch, k_pool: torch.Tensor, v_pool: torch.Tensor
+               ) -> torch.Tensor:
+        """Write ``k``/``v`` at ``write``'s slots, then attend ``q`` (``batch``'s rows):
+        ``[tokens, heads, head_dim]``. ``write`` and ``batch`` differ only in the layer a
+        ``RowCut`` stops at (``ForwardBatch.write_batch`` / ``read_batch``)."""
+        kernels.write_kv_slots(k, v, k_pool, v_pool, self.slots(write), backend=batch.backend,
                                validated=True)
         return self.attend_written(q, batch, k_pool, v_pool)
 
     def attend_written(self, q: torch.Tensor, batch: ForwardBatch, k_pool: torch.Tensor,
                        v_pool: torch.Tensor) -> torch.Tensor:
         """Attention over the pools, the step's K/V already in them."""
+        if batch.num_tokens == 0:
+            return q  # every row of the step stopped below this layer: no query
         backend = batch.backend
         group = batch.kv_group(self.layer)
         parts = []

@@ -34,8 +34,9 @@ from engine.kv.cache import KVCache
 
 
 class LayerAttention(Protocol):
-    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: ForwardBatch,
-               k_pool: torch.Tensor, v_pool: torch.Tensor) -> torch.Tensor: ...
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, write: ForwardBatch,
+               batch: ForwardBatch, k_pool: torch.Tensor, v_pool: torch.Tensor
+               ) -> torch.Tensor: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,15 +71,17 @@ def current_step() -> StepContext:
 
 def _attend_now(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int) -> torch.Tensor:
     ctx = current_step()
-    return ctx.layers[layer].attend(q, k, v, ctx.batch, ctx.kv.k[layer], ctx.kv.v[layer])
+    b = ctx.batch
+    return ctx.layers[layer].attend(q, k, v, b.write_batch(layer), b.read_batch(layer),
+                                    ctx.kv.k[layer], ctx.kv.v[layer])
 
 
 @torch.library.custom_op("kvengine::paged_attention", mutates_args=())
 def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int
                     ) -> torch.Tensor:
     """Layer ``layer``'s KV-slot write and paged attention for the current step: ``q``
-    ``[tokens, heads, head_dim]``, ``k``/``v`` ``[tokens, kv_heads, head_dim]``; returns
-    ``[tokens, heads, head_dim]``."""
+    ``[tokens, heads, head_dim]``, ``k``/``v`` ``[tokens', kv_heads, head_dim]`` (more rows
+    than ``q`` in the layer a ``RowCut`` stops at); returns ``[tokens, heads, head_dim]``."""
     out = _attend_now(q, k, v, layer).contiguous()  # the strides the fake promises
     # A custom op's output may not alias an input; a backend may hand back a view.
     return out.clone() if out.data_ptr() in (q.data_ptr(), k.data_ptr(), v.data_ptr()) else out

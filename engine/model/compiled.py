@@ -144,20 +144,26 @@ class CompiledModel(CausalLM):
             mode=None if options.mode == "default" else options.mode, options=inductor)
 
     def _dense(self, input_ids: torch.Tensor, positions: torch.Tensor,
-               logits_indices: torch.Tensor) -> torch.Tensor:
-        for t in (input_ids, positions, logits_indices):
-            torch._dynamo.maybe_mark_dynamic(t, 0)
+               logits_indices: torch.Tensor, cut_rows: torch.Tensor | None,
+               cut_layer: int) -> torch.Tensor:
+        for t in (input_ids, positions, logits_indices, cut_rows):
+            if t is not None:
+                torch._dynamo.maybe_mark_dynamic(t, 0)
         kernels_linear.compiled_linear_mode = self.options.linear_mode
         if logits_indices.numel() == 0:
             # A graph whose output has no rows reads none of the layers' outputs, so
             # inductor drops them, attention ops (and their KV writes) included: ask for
             # one row and return none, so every layer still runs.
-            return self._compiled(input_ids, positions, logits_indices.new_zeros(1))[:0]
-        return self._compiled(input_ids, positions, logits_indices)
+            return self._compiled(input_ids, positions, logits_indices.new_zeros(1),
+                                  cut_rows, cut_layer)[:0]
+        return self._compiled(input_ids, positions, logits_indices, cut_rows, cut_layer)
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, kv: KVCache) -> torch.Tensor:
-        if self.failed:
+        cut = batch.row_cut
+        if self.failed or (cut is not None and cut.rows.numel() == 0):
+            # A step whose rows all stop below the last layer has no row to ask logits of,
+            # and a graph without one drops its layers (``_dense``): eager, as is.
             return self.inner(batch, kv)
         # A new size class (1 row or several, of tokens and of logits) builds a graph:
         # torch specialises a size of 1, every larger size shares one dynamic graph.

@@ -32,8 +32,10 @@ from engine.model.spec import ModelSpec
 from kernels.fused import TORCH_OPS, FusedOps, fused_ops
 from kernels.linear import PreparedWeight
 
-#: ``(input_ids, positions, logits_indices) -> float32 logits``: ``DecoderLM.dense_step``.
-DenseStep = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+#: ``(input_ids, positions, logits_indices, cut_rows, cut_layer) -> float32 logits``:
+#: ``DecoderLM.dense_step``.
+DenseStep = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None, int],
+                     torch.Tensor]
 
 
 class DecoderLayer(nn.Module):
@@ -57,18 +59,21 @@ class DecoderLayer(nn.Module):
         self.one_plus = style is NormStyle.ONE_PLUS
 
     def forward(self, h: torch.Tensor, residual: torch.Tensor | None, cos: torch.Tensor,
-                sin: torch.Tensor, ops: FusedOps = TORCH_OPS
+                sin: torch.Tensor, ops: FusedOps = TORCH_OPS, rows: torch.Tensor | None = None
                 ) -> tuple[torch.Tensor, torch.Tensor]:
         """``(out, residual)``: the stream is ``residual + out``, the add left to the next
         norm, which does both in one pass (``ops.add_rms_norm``). ``residual`` None: ``h``
-        is the stream itself (the first layer)."""
+        is the stream itself (the first layer). ``rows``: only these rows go on past the
+        attention's KV write (``RowCut``)."""
         eps, one_plus = self.eps, self.one_plus
         in_w = self.input_layernorm.weight
         if residual is None:
             x, residual = ops.rms_norm(h, in_w, eps, one_plus), h
         else:
             x, residual = ops.add_rms_norm(h, residual, in_w, eps, one_plus)
-        a = self.self_attn.forward(x, cos, sin, ops)
+        a = self.self_attn.forward(x, cos, sin, ops, rows)
+        if rows is not None:
+            residual = residual.index_select(0, rows)
         post_w = self.post_attention_layernorm.weight
         pre_ff, post_ff = self.pre_feedforward_layernorm, self.post_feedforward_layernorm
         if pre_ff is None or post_ff is None:
@@ -129,13 +134,20 @@ class DecoderLM(CausalLM):
         batch.validate(kv.k[0], kv.v[0])  # once for every layer's kernel calls
         attention: list[Attention] = [layer.self_attn for layer in self.model.layers]  # type: ignore[misc]
         ctx = StepContext(batch, kv, attention)
+        cut = batch.row_cut
         with step_context(ctx):
-            return dense(batch.input_ids, batch.positions, batch.logits_indices)
+            if cut is None:
+                return dense(batch.input_ids, batch.positions, batch.logits_indices, None, -1)
+            return dense(batch.input_ids, batch.positions, cut.tail.logits_indices, cut.rows,
+                         cut.layer)
 
     def dense_step(self, input_ids: torch.Tensor, positions: torch.Tensor,
-                   logits_indices: torch.Tensor) -> torch.Tensor:
+                   logits_indices: torch.Tensor, cut_rows: torch.Tensor | None = None,
+                   cut_layer: int = -1) -> torch.Tensor:
         """The step as a function of its tokens alone (attention reads the rest from the
-        ``StepContext``), so ``torch.compile`` can trace it whole."""
+        ``StepContext``), so ``torch.compile`` can trace it whole. With ``cut_rows`` only
+        those rows go on past layer ``cut_layer``'s KV write (``engine.core.row_cut``), and
+        ``logits_indices`` number them."""
         embed = self.model.embed_tokens
         h = embed(input_ids)
         if self.cfg.embed_scale:
@@ -146,7 +158,12 @@ class DecoderLM(CausalLM):
         layer_rotary = self.layer_rotary
         for i, layer in enumerate(self.model.layers):
             cos, sin = cos_sin[layer_rotary[i]]
-            h, residual = layer.forward(h, residual, cos, sin, ops)
+            if i != cut_layer or cut_rows is None:
+                h, residual = layer.forward(h, residual, cos, sin, ops)
+                continue
+            h, residual = layer.forward(h, residual, cos, sin, ops, cut_rows)
+            cos_sin = [(c.index_select(0, cut_rows), s.index_select(0, cut_rows))
+                       for c, s in cos_sin]
         # The last add, norm and logits only for the rows the runner asked for.
         norm = self.model.norm
         rows = h.index_select(0, logits_indices)

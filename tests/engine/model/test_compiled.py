@@ -77,9 +77,11 @@ class _Unsupported(DecoderLM):
     """A dense step with a data-dependent branch, which fullgraph tracing refuses."""
 
     def dense_step(self, input_ids: torch.Tensor, positions: torch.Tensor,
-                   logits_indices: torch.Tensor) -> torch.Tensor:
+                   logits_indices: torch.Tensor, cut_rows: torch.Tensor | None = None,
+                   cut_layer: int = -1) -> torch.Tensor:
         if int(input_ids.sum()) >= 0:  # reads a tensor's value on the host
-            return super().dense_step(input_ids, positions, logits_indices)
+            return super().dense_step(input_ids, positions, logits_indices, cut_rows,
+                                      cut_layer)
         raise AssertionError("unreachable")
 
 
