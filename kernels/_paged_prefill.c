@@ -76,8 +76,8 @@ static inline void load_rows(float *restrict dst, const pjob_t *j, const void *p
     }
 }
 
-/* The portable path: any dtype the module takes, any head_dim. */
-CLONES static void item_generic(const pjob_t *j, const pitem_t *it, float *scr) {
+/* The portable path for one row tile: any dtype the module takes, any head_dim. */
+CLONES static void tile_generic(const pjob_t *j, const pitem_t *it, float *scr) {
     const int64_t D = j->dim;
     float *restrict qt = scr;            /* [D][ROWS], scaled to base 2 */
     float *restrict o = qt + D * ROWS;   /* [D][ROWS] */
@@ -152,6 +152,13 @@ CLONES static void item_generic(const pjob_t *j, const pitem_t *it, float *scr) 
     pf_write_rows(j, it, o, l, bd.n);
 }
 
+static void item_generic(const pjob_t *j, const pitem_t *it, float *scr) {
+    for (int64_t k = 0; it->r0 + k * ROWS < it->r1; k++) {
+        pitem_t sub = pf_sub_item(it, k);
+        tile_generic(j, &sub, scr);
+    }
+}
+
 static int use_bf16_path(const pjob_t *j) {
     return j->dtype == PF_BF16 && j->dim % 32 == 0 && pf_bf16_path_built()
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -165,27 +172,40 @@ static int by_cost_desc(const void *a, const void *b) {
     return ca < cb ? 1 : ca > cb ? -1 : 0;
 }
 
-/* Every (sequence, KV head, row tile) with its cost, heaviest first. */
-static pitem_t *make_items(const pjob_t *j, int64_t batch, int64_t *count) {
+/* Every (sequence, KV head, run of up to RT row tiles) with its cost, heaviest first. Runs
+ * are shortened when long ones would leave fewer than ~8 items per thread. */
+static pitem_t *make_items(const pjob_t *j, int64_t batch, int threads, int forced,
+                           int64_t *count) {
     const int64_t G = j->heads / j->kv_heads;
+    int64_t tiles = 0;
+    for (int64_t b = 0; b < batch; b++)
+        tiles += j->kv_heads * (((j->cu[b + 1] - j->cu[b]) * G + ROWS - 1) / ROWS);
+    int64_t run = tiles / (8 * (int64_t)threads);
+    if (forced > 0) run = forced;
+    run = run < 1 ? 1 : run > RT ? RT : run;
+    const int64_t span = run * ROWS;
     int64_t n = 0;
     for (int64_t b = 0; b < batch; b++)
-        n += j->kv_heads * (((j->cu[b + 1] - j->cu[b]) * G + ROWS - 1) / ROWS);
+        n += j->kv_heads * (((j->cu[b + 1] - j->cu[b]) * G + span - 1) / span);
     pitem_t *items = malloc((size_t)(n > 0 ? n : 1) * sizeof *items);
     if (!items) return NULL;
     int64_t k = 0;
     for (int64_t b = 0; b < batch; b++) {
         int64_t rows = (j->cu[b + 1] - j->cu[b]) * G;
         for (int64_t g = 0; g < j->kv_heads; g++)
-            for (int64_t r0 = 0; r0 < rows; r0 += ROWS) {
+            for (int64_t r0 = 0; r0 < rows; r0 += span) {
                 pitem_t *it = &items[k++];
                 it->b = b;
                 it->g = g;
                 it->r0 = r0;
-                it->r1 = r0 + ROWS < rows ? r0 + ROWS : rows;
-                pbounds_t bd;
-                pf_bounds(j, it, &bd);
-                it->cost = (it->r1 - it->r0) * (bd.hi - bd.lo);
+                it->r1 = r0 + span < rows ? r0 + span : rows;
+                it->cost = 0;
+                for (int64_t t = 0; it->r0 + t * ROWS < it->r1; t++) {
+                    pitem_t sub = pf_sub_item(it, t);
+                    pbounds_t bd;
+                    pf_bounds(j, &sub, &bd);
+                    it->cost += (sub.r1 - sub.r0) * (bd.hi - bd.lo);
+                }
             }
     }
     qsort(items, (size_t)n, sizeof *items, by_cost_desc);
@@ -216,11 +236,11 @@ static PyObject *py_paged_prefill(PyObject *self, PyObject *args) {
     (void)self;
     unsigned long long out, q, k, v, tables, cu, lens, kv_start;
     long long qst, qsh, tstride, batch, heads, kv_heads, dim, bt, window;
-    int dtype, index64, threads, path;
+    int dtype, index64, threads, path, run;
     double scale;
-    if (!PyArg_ParseTuple(args, "KKKKKKKKLLLLLLLLLiidii", &out, &q, &k, &v, &tables, &cu,
+    if (!PyArg_ParseTuple(args, "KKKKKKKKLLLLLLLLLiidiii", &out, &q, &k, &v, &tables, &cu,
                           &lens, &kv_start, &qst, &qsh, &tstride, &batch, &heads, &kv_heads,
-                          &dim, &bt, &window, &dtype, &index64, &scale, &threads, &path))
+                          &dim, &bt, &window, &dtype, &index64, &scale, &threads, &path, &run))
         return NULL;
     if (heads <= 0 || kv_heads <= 0 || heads % kv_heads || dim <= 0 || bt <= 0 || batch < 0 ||
         (dtype != PF_F32 && dtype != PF_BF16)) {
@@ -239,10 +259,10 @@ static PyObject *py_paged_prefill(PyObject *self, PyObject *args) {
     };
     /* path: 0 the best this CPU runs, 1 the portable path (tests cover both). */
     int fast = path == 0 && use_bf16_path(&j);
-    int64_t n = 0;
-    pitem_t *items = make_items(&j, batch, &n);
-    if (!items) return PyErr_NoMemory();
     if (threads <= 0) threads = omp_get_max_threads();
+    int64_t n = 0;
+    pitem_t *items = make_items(&j, batch, threads, run, &n);
+    if (!items) return PyErr_NoMemory();
     int team = n < threads ? (int)n : threads;
     int failed = 0;
     Py_BEGIN_ALLOW_THREADS
@@ -264,8 +284,8 @@ static PyMethodDef methods[] = {
     {"paged_prefill", py_paged_prefill, METH_VARARGS,
      "paged_prefill(out, q, k_pool, v_pool, tables, cu, lens, kv_start, q_stride_t, "
      "q_stride_h, table_stride, batch, heads, kv_heads, head_dim, block_tokens, window, "
-     "dtype, index64, scale, threads, path) on raw data pointers (cu, lens, kv_start "
-     "int64); returns whether the AVX-512 BF16 path ran. See kernels/cpu_paged/prefill.py."},
+     "dtype, index64, scale, threads, path, tiles_per_item) on raw data pointers (cu, lens, "
+     "kv_start int64; tiles_per_item 0: chosen here); returns whether the AVX-512 BF16 path ran. See kernels/cpu_paged/prefill.py."},
     {"bf16_path", py_bf16_path, METH_NOARGS,
      "Whether bfloat16 calls (head_dim a multiple of 32) take the AVX-512 BF16 path here."},
     {NULL, NULL, 0, NULL},

@@ -15,6 +15,11 @@ enum { PF_F32 = 0, PF_BF16 = 1 };
 #define ROWS 48
 /* Keys per tile (a tile may span pool blocks: each key's row is found through the table). */
 #define KT 32
+/* An item holds up to RT consecutive row tiles of one (sequence, KV head), and the fast
+ * path runs all of them on each key tile while its K/V rows are in L1: a long prefix is
+ * then streamed from memory once per RT tiles (a 6 K-token sequence's K and V rows
+ * of one KV head are ~1.5 MiB at head_dim 64, more than L2). */
+#define RT 4
 
 typedef struct {
     const void *q, *k, *v;
@@ -29,7 +34,7 @@ typedef struct {
 } pjob_t;
 
 typedef struct {
-    int64_t b, g, r0, r1; /* rows [r0, r1) of (b, g), r1 - r0 <= ROWS */
+    int64_t b, g, r0, r1; /* rows [r0, r1) of (b, g), r1 - r0 <= RT × ROWS */
     int64_t cost;         /* rows × visible keys, for the schedule's order */
 } pitem_t;
 
@@ -101,9 +106,18 @@ static inline uint16_t pf_f32_to_bf16(float f) {
     return (uint16_t)(u >> 16);
 }
 
-/* Scratch floats an item path needs per thread for head_dim D (the larger of the two). */
+/* Scratch floats an item path needs per thread for head_dim D (the larger of the two):
+ * per row tile Q and the accumulator, per key tile the K/V rows or pairs and the scores. */
 static inline int64_t pf_scratch_floats(int64_t D) {
-    return 2 * D * ROWS + (int64_t)KT * D + 2 * (int64_t)KT * ROWS + 256;
+    return RT * 2 * D * ROWS + (int64_t)KT * D + 2 * (int64_t)KT * ROWS + 256;
+}
+
+/* Row tile k of a multi-tile item, as an item of its own. */
+static inline pitem_t pf_sub_item(const pitem_t *it, int64_t k) {
+    pitem_t sub = *it;
+    sub.r0 = it->r0 + k * ROWS;
+    sub.r1 = sub.r0 + ROWS < it->r1 ? sub.r0 + ROWS : it->r1;
+    return sub;
 }
 
 /* Final rows: out = o[d][r] / l[r], in the output's dtype. */

@@ -116,25 +116,29 @@ TGT static void softmax_tile(const pjob_t *j, const pbounds_t *bd, int64_t t0, i
     }
 }
 
-/* pp[i][r] = (P[r, 2i], P[r, 2i+1]) as bf16; vp[i][d] = (V[2i, d], V[2i+1, d]). */
-TGT static void pair_tile(const float *s, const uint16_t *const *vrow, int64_t n, int64_t D,
-                          uint32_t *pp, uint32_t *vp) {
-    uint16_t ilv[32], lo[32], hi[32];
-    for (int k = 0; k < 16; k++) {
-        ilv[2 * k] = (uint16_t)k, ilv[2 * k + 1] = (uint16_t)(16 + k);
-        lo[2 * k] = (uint16_t)k, lo[2 * k + 1] = (uint16_t)(32 + k);
-        hi[2 * k] = (uint16_t)(16 + k), hi[2 * k + 1] = (uint16_t)(48 + k);
-    }
-    const __m512i ilv_v = _mm512_loadu_si512(ilv), lo_v = _mm512_loadu_si512(lo),
-                  hi_v = _mm512_loadu_si512(hi);
-    const int64_t pairs = (n + 1) / 2;
-    for (int64_t i = 0; i < pairs; i++) {
+/* pp[i][r] = (P[r, 2i], P[r, 2i+1]) as bf16, for the n keys of a tile. */
+TGT static void pair_p(const float *s, int64_t n, uint32_t *pp) {
+    uint16_t ilv[32];
+    for (int k = 0; k < 16; k++) ilv[2 * k] = (uint16_t)k, ilv[2 * k + 1] = (uint16_t)(16 + k);
+    const __m512i ilv_v = _mm512_loadu_si512(ilv);
+    for (int64_t i = 0; i < (n + 1) / 2; i++)
         for (int v = 0; v < RV; v++) {
             __m512bh b = _mm512_cvtne2ps_pbh(_mm512_load_ps(s + (2 * i + 1) * ROWS + 16 * v),
                                              _mm512_load_ps(s + 2 * i * ROWS + 16 * v));
             _mm512_store_si512(pp + i * ROWS + 16 * v,
                                _mm512_permutexvar_epi16(ilv_v, (__m512i)b));
         }
+}
+
+/* vp[i][d] = (V[2i, d], V[2i+1, d]) for the n keys whose rows start at vrow[i]. */
+TGT static void pair_v(const uint16_t *const *vrow, int64_t n, int64_t D, uint32_t *vp) {
+    uint16_t lo[32], hi[32];
+    for (int k = 0; k < 16; k++) {
+        lo[2 * k] = (uint16_t)k, lo[2 * k + 1] = (uint16_t)(32 + k);
+        hi[2 * k] = (uint16_t)(16 + k), hi[2 * k + 1] = (uint16_t)(48 + k);
+    }
+    const __m512i lo_v = _mm512_loadu_si512(lo), hi_v = _mm512_loadu_si512(hi);
+    for (int64_t i = 0; i < (n + 1) / 2; i++) {
         const uint16_t *a = vrow[2 * i], *b = vrow[2 * i + 1 < n ? 2 * i + 1 : 2 * i];
         for (int64_t d = 0; d < D; d += 32) {
             __m512i x = _mm512_loadu_si512(a + d), y = _mm512_loadu_si512(b + d);
@@ -171,38 +175,56 @@ TGT static void pv_tile(const uint32_t *pp, const uint32_t *vp, int64_t pairs, i
     }
 }
 
+/* An item's row tiles share each key tile: its K rows are read (and its V rows paired)
+ * once for all of them while they are in L1. */
 TGT void pf_item_bf16(const pjob_t *j, const pitem_t *it, float *scr) {
     const int64_t D = j->dim, pairs = D / 2;
-    uint32_t *qp = (uint32_t *)scr;                 /* [D/2][ROWS] */
-    float *o = scr + pairs * ROWS;                  /* [D][ROWS] */
-    uint32_t *vp = (uint32_t *)(o + D * ROWS);      /* [KT/2][D] */
+    const int64_t nt = (it->r1 - it->r0 + ROWS - 1) / ROWS;
+    uint32_t *vp = (uint32_t *)scr;                 /* [KT/2][D] */
     float *s = (float *)(vp + (KT / 2) * D);        /* [KT][ROWS] */
     uint32_t *pp = (uint32_t *)(s + KT * ROWS);     /* [KT/2][ROWS] */
-    float m[ROWS] __attribute__((aligned(64))), l[ROWS] __attribute__((aligned(64)));
+    uint32_t *qp[RT];                               /* per tile [D/2][ROWS] */
+    float *o[RT];                                   /* per tile [D][ROWS] */
+    float m[RT][ROWS] __attribute__((aligned(64))), l[RT][ROWS] __attribute__((aligned(64)));
     float alpha[ROWS] __attribute__((aligned(64)));
     const uint16_t *krow[KT], *vrow[KT];
-    pbounds_t bd;
-    pf_bounds(j, it, &bd);
-    for (int64_t r = 0; r < ROWS; r++) {
-        const uint16_t *q = (const uint16_t *)j->q + pf_q_offset(j, it, r < bd.n ? r : bd.n - 1);
-        for (int64_t p = 0; p < pairs; p++) memcpy(qp + p * ROWS + r, q + 2 * p, 4);
-        m[r] = -INFINITY;
-        l[r] = 0.0f;
+    pitem_t sub[RT];
+    pbounds_t bd[RT];
+    int64_t lo = INT64_MAX, hi = 0;
+    for (int64_t k = 0; k < nt; k++) {
+        qp[k] = (uint32_t *)(pp + (KT / 2) * ROWS) + k * 3 * pairs * ROWS;
+        o[k] = (float *)(qp[k] + pairs * ROWS);
+        sub[k] = pf_sub_item(it, k);
+        pf_bounds(j, &sub[k], &bd[k]);
+        lo = bd[k].lo < lo ? bd[k].lo : lo;
+        hi = bd[k].hi > hi ? bd[k].hi : hi;
+        for (int64_t r = 0; r < ROWS; r++) {
+            int64_t rr = r < bd[k].n ? r : bd[k].n - 1;
+            const uint16_t *q = (const uint16_t *)j->q + pf_q_offset(j, &sub[k], rr);
+            for (int64_t p = 0; p < pairs; p++) memcpy(qp[k] + p * ROWS + r, q + 2 * p, 4);
+            m[k][r] = -INFINITY;
+            l[k][r] = 0.0f;
+        }
+        memset(o[k], 0, (size_t)(D * ROWS) * sizeof(float));
     }
-    memset(o, 0, (size_t)(D * ROWS) * sizeof(float));
-    for (int64_t t0 = bd.lo; t0 < bd.hi; t0 += KT) {
-        const int64_t n = bd.hi - t0 < KT ? bd.hi - t0 : KT;
+    for (int64_t t0 = lo; t0 < hi; t0 += KT) {
+        const int64_t n = hi - t0 < KT ? hi - t0 : KT;
         for (int64_t i = 0; i < n; i++) {
             int64_t off = pf_key_offset(j, it->b, it->g, t0 + i);
             krow[i] = (const uint16_t *)j->k + off;
             vrow[i] = (const uint16_t *)j->v + off;
         }
-        qk_tile(qp, krow, n, pairs, s);
-        softmax_tile(j, &bd, t0, n, s, m, l, alpha);
-        pair_tile(s, vrow, n, D, pp, vp);
-        pv_tile(pp, vp, (n + 1) / 2, D, alpha, o);
+        int paired = 0;
+        for (int64_t k = 0; k < nt; k++) {
+            if (t0 >= bd[k].hi || t0 + n <= bd[k].lo) continue; /* no row of it sees these */
+            qk_tile(qp[k], krow, n, pairs, s);
+            softmax_tile(j, &bd[k], t0, n, s, m[k], l[k], alpha);
+            pair_p(s, n, pp);
+            if (!paired) pair_v(vrow, n, D, vp), paired = 1;
+            pv_tile(pp, vp, (n + 1) / 2, D, alpha, o[k]);
+        }
     }
-    pf_write_rows(j, it, o, l, bd.n);
+    for (int64_t k = 0; k < nt; k++) pf_write_rows(j, &sub[k], o[k], l[k], bd[k].n);
 }
 
 #else /* no AVX-512 BF16 path in this build: the portable path serves every call */

@@ -65,10 +65,12 @@ def paged_prefill(
     kv_start: torch.Tensor | None,
     *,
     path: int = PATH_BEST,
+    tiles_per_item: int = 0,
 ) -> torch.Tensor:
     """``[tokens, heads, head_dim]``: the ragged chunks ``q[cu[b]:cu[b+1]]`` against their
     sequences' paged keys, on arguments ``kernels.checks`` validated and that ``supports``
-    accepts."""
+    accepts. ``path`` and ``tiles_per_item`` (> 0: that many 48-row tiles per work item, at
+    most 4) force what the kernel otherwise picks (tests)."""
     tokens, heads, head_dim = q.shape
     _, block_tokens, kv_heads, _ = k_pool.shape
     out = torch.empty((tokens, heads, head_dim), dtype=q.dtype)
@@ -88,5 +90,6 @@ def paged_prefill(
         block_tables.data_ptr(), cu.data_ptr(), lens.data_ptr(),
         0 if start is None else start.data_ptr(), q.stride(0), q.stride(1),
         block_tables.stride(0), batch, heads, kv_heads, head_dim, block_tokens, window or 0,
-        _DTYPES[q.dtype], int(block_tables.dtype == torch.int64), float(scale), 0, path)
+        _DTYPES[q.dtype], int(block_tables.dtype == torch.int64), float(scale), 0, path,
+        tiles_per_item)
     return out

@@ -48,10 +48,10 @@ def prefill_cases(draw: st.DrawFn) -> dict:
     )
 
 
-def _run(case: PagedCase, path: int = prefill.PATH_BEST) -> torch.Tensor:
+def _run(case: PagedCase, path: int = prefill.PATH_BEST, tiles: int = 0) -> torch.Tensor:
     return prefill.paged_prefill(case.q, case.k_pool, case.v_pool, case.cu_seqlens_q,
                                  case.block_tables, case.seq_lens, case.scale, case.window,
-                                 case.kv_start, path=path)
+                                 case.kv_start, path=path, tiles_per_item=tiles)
 
 
 def _reference(case: PagedCase) -> torch.Tensor:
@@ -61,10 +61,10 @@ def _reference(case: PagedCase) -> torch.Tensor:
 
 
 @settings(max_examples=80, deadline=None)
-@given(kw=prefill_cases(), path=st.sampled_from(PATHS))
-def test_matches_dense_and_reference(kw: dict, path: int) -> None:
+@given(kw=prefill_cases(), path=st.sampled_from(PATHS), tiles=st.sampled_from([0, 1, 2, 4]))
+def test_matches_dense_and_reference(kw: dict, path: int, tiles: int) -> None:
     case = make_case(**kw)
-    got = _run(case, path)
+    got = _run(case, path, tiles)
     assert got.dtype == case.q.dtype and got.shape == case.q.shape
     assert torch.isfinite(got).all()
     tol = TOLERANCE[case.q.dtype]
@@ -86,7 +86,9 @@ def test_long_chunk_after_long_prefix(dtype: torch.dtype, heads: int, kv_heads: 
                      head_dim=head_dim, block_tokens=16, dtype=dtype, window=window, seed=7)
     want = dense_reference(case)
     for path in PATHS:
-        assert (_run(case, path).double() - want).abs().max() <= TOLERANCE[dtype]
+        for tiles in (1, 3, 4):  # one row tile per item, or several sharing each key tile
+            got = _run(case, path, tiles)
+            assert (got.double() - want).abs().max() <= TOLERANCE[dtype], (path, tiles)
 
 
 def test_bfloat16_paths_agree_and_the_fast_one_runs_here() -> None:
