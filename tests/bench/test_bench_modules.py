@@ -13,10 +13,10 @@ import pytest
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 MODULES = sorted(p.stem for p in BENCH.glob("*.py") if p.stem != "__init__")
 # No command line of their own: the runner of all benchmarks, a worker driven over a pipe,
-# the shared helpers, bench_router's --pd half and its prediction table, and the vLLM peer
-# bench_engine drives.
+# the shared helpers, bench_router's --pd half and its prediction table, the vLLM peer
+# bench_engine drives, and bench_kernels' prefill-kernel table.
 NO_CLI = {"run_all", "daemon_bench_worker", "harness", "engine_args", "fio", "ssd_store",
-          "router_pd", "router_table", "vllm_peer"}
+          "router_pd", "router_table", "vllm_peer", "prefill_table"}
 
 
 @pytest.mark.parametrize("name", MODULES)
