@@ -16,9 +16,14 @@ time against the torch backend's beside it.
 121 bf16 products back to back, each linear kernel of ``--linear-kernels`` for each row count
 of ``--linear-rows``, against the DRAM read limit from the same rounds).
 
+``--ops prefill-kernel`` prints a second table (``bench/prefill_table.py``): ``cpu_paged``'s
+C prefill kernel against the torch backend in GFLOP/s, on SmolLM2's and Gemma 3's attention
+shapes, 2 K x 2 K causal and a 2 K chunk after 4 K cached, at ``--prefill-threads``.
+
 ``python -m bench.bench_kernels [--contexts 4096,32768] [--dtypes bf16,fp32]
 [--decode-batch 8] [--decode-backends torch,cpu_paged] [--runs 3] [--json PATH]
-[--ops prefill,decode,linears] [--linear-rows 1,2,4,8] [--linear-kernels onednn,bf16gemv]``
+[--ops prefill,decode,linears,prefill-kernel] [--linear-rows 1,2,4,8]
+[--linear-kernels onednn,bf16gemv] [--prefill-threads 1,2]``
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ import torch.nn.functional as F
 
 import kernels
 from bench.harness import machine, median_interleaved, timed
+from bench.prefill_table import run_table
 
 HEADS, KV_HEADS, HEAD_DIM, BLOCK_TOKENS = 8, 2, 64, 64
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp16": torch.float16}
@@ -164,7 +170,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dtypes", default="bf16,fp32", help="default %(default)s")
     p.add_argument("--decode-batch", type=int, default=8, help="default %(default)s")
     p.add_argument("--runs", type=int, default=3, help="interleaved rounds (default %(default)s)")
-    p.add_argument("--ops", default="prefill,decode", help="default %(default)s")
+    p.add_argument("--ops", default="prefill,decode",
+                   help="prefill, decode (paged vs SDPA, per context) and prefill-kernel "
+                        "(the C prefill kernel vs the torch backend, its own table); or "
+                        "linears alone (a decode step's products); default %(default)s")
+    p.add_argument("--prefill-threads", default="1,2",
+                   help="thread counts of the prefill-kernel table (default %(default)s)")
     p.add_argument("--decode-backends", default="torch,cpu_paged",
                    help="attention backends timed on decode, each against SDPA and torch "
                         "(default %(default)s)")
@@ -181,7 +192,12 @@ def main(argv: list[str] | None = None) -> int:
         contexts = [int(c) for c in args.contexts.split(",")]
         dtypes = args.dtypes.split(",")
         backends = args.decode_backends.split(",")
-        for name in backends:
+        ops = args.ops.split(",")
+        threads = [int(n) for n in args.prefill_threads.split(",")]
+        unknown = [op for op in ops if op not in ("prefill", "decode", "prefill-kernel")]
+        if unknown or min(threads) < 1:
+            raise ValueError(f"unknown op {unknown}" if unknown else "threads must be >= 1")
+        for name in [*backends, *(["cpu_paged"] if "prefill-kernel" in ops else [])]:
             kernels.get_backend(name)
         bad = [d for d in dtypes if d not in DTYPES]
         if bad or min(contexts) < 1 or args.runs < 1 or args.decode_batch < 1:
@@ -191,10 +207,16 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     gen = torch.Generator().manual_seed(0)
     print(f"{machine()}, torch {torch.__version__}, {torch.get_num_threads()} threads")
+    rows: list[Row] = []
+    table = []
+    if "prefill-kernel" in ops:
+        table = run_table({d: DTYPES[d] for d in dtypes}, threads, args.runs, gen)
+        ops = [op for op in ops if op != "prefill-kernel"]
+    if not ops:
+        return _dump(args.json, rows, table)
     print("| op | backend | dtype | context | batch | paged s | SDPA s | SDPA call "
           "| paged / SDPA | / torch | max abs diff |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
-    rows = []
     for tokens in contexts:
         for dtype_name in dtypes:
             for op in ops:
@@ -209,9 +231,14 @@ def main(argv: list[str] | None = None) -> int:
                           f"{row.batch} | {row.paged_s:.4f} | {row.sdpa_s:.4f} | "
                           f"{row.sdpa_call} | {row.ratio:.2f} | {row.vs_torch:.2f} | "
                           f"{row.max_abs_diff:.1e} |", flush=True)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"machine": machine(), "rows": [asdict(r) for r in rows]}, f, indent=1)
+    return _dump(args.json, rows, table)
+
+
+def _dump(path: str | None, rows: list[Row], table: list) -> int:
+    if path:
+        with open(path, "w") as f:
+            json.dump({"machine": machine(), "rows": [asdict(r) for r in rows],
+                       "prefill_kernel": [asdict(r) for r in table]}, f, indent=1)
     return 0
 
 

@@ -54,10 +54,12 @@ def bench_linear_step(kernel_names: list[str], rows_list: list[int], runs: int,
     for rows in rows_list:
         xs = {k: torch.randn(rows, k, generator=gen).bfloat16() for k in (HIDDEN, 1536)}
 
-        def step(kernel: LinearKernel, forms: list[object]) -> Callable[[], float]:
+        def step(kernel: LinearKernel, forms: list[object],
+                 xs: dict[int, torch.Tensor] = xs) -> Callable[[], float]:
             def run() -> float:
                 return timed(lambda: [kernel.apply(xs[k], p, None)
-                                      for (_, k), p in zip(step_shapes(), forms)], REPEAT)
+                                      for (_, k), p in zip(step_shapes(), forms, strict=True)],
+                             REPEAT)
             return run
 
         cases = {name: step(k, prepared[name]) for name, k in kernels.items()}

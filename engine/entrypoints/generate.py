@@ -155,8 +155,8 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
     flags ``kvengine generate`` and ``kvengine serve`` share."""
     p.add_argument("--attention-backend", choices=("torch", "cpu_paged", "triton"),
                    help="attention and KV-copy kernels (default: the device's: on CPU "
-                        "cpu_paged, the compiled decode kernel, when it is built and passes "
-                        "its self-check, else torch)")
+                        "cpu_paged, the compiled prefill and decode kernels, when built and "
+                        "passing their self-checks, else torch)")
     p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"),
                    help="weights and KV dtype (default: the checkpoint's)")
     p.add_argument("--device", default="cpu",

@@ -14,9 +14,10 @@ BENCH = Path(__file__).resolve().parents[2] / "bench"
 MODULES = sorted(p.stem for p in BENCH.glob("*.py") if p.stem != "__init__")
 # No command line of their own: the runner of all benchmarks, a worker driven over a pipe,
 # the shared helpers, bench_router's --pd half and its prediction table, the vLLM peer
-# bench_engine drives, and the decode step's linears bench_kernels times.
+# bench_engine drives, the decode step's linears and the prefill-kernel table bench_kernels
+# times.
 NO_CLI = {"run_all", "daemon_bench_worker", "harness", "engine_args", "fio", "ssd_store",
-          "router_pd", "router_table", "vllm_peer", "linear_step"}
+          "router_pd", "router_table", "vllm_peer", "linear_step", "prefill_table"}
 
 
 @pytest.mark.parametrize("name", MODULES)

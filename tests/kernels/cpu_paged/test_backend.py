@@ -11,7 +11,7 @@ import torch
 import kernels
 import kernels.cpu_paged as cpu_paged
 from kernels import backend as registry
-from kernels.cpu_paged import decode
+from kernels.cpu_paged import decode, prefill
 from kernels.cpu_paged.selfcheck import SelfCheckResult, run_selfcheck
 from tests.kernels.paged_case import TOLERANCE, dense_reference, make_case
 
@@ -72,27 +72,71 @@ def test_unbuilt_extension_falls_back_to_torch(
         kernels.get_backend("cpu_paged")
 
 
+def _counted(monkeypatch: pytest.MonkeyPatch, module: object, name: str) -> list[int]:
+    seen: list[int] = []
+    real = getattr(module, name)
+
+    def counted(*a: object, **k: object) -> torch.Tensor:
+        seen.append(1)
+        return real(*a, **k)
+
+    monkeypatch.setattr(module, name, counted)
+    return seen
+
+
 @built
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_prefill_is_the_reference_and_decode_the_kernel(
+def test_prefill_and_decode_are_the_kernels(
         dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch) -> None:
-    case = make_case([40, 90], [40, 7], heads=9, kv_heads=3, dtype=dtype, seed=5)
+    case = make_case([40, 90], [40, 7], heads=9, kv_heads=3, head_dim=64, dtype=dtype, seed=5)
     want = dense_reference(case)
     args = (case.q, case.k_pool, case.v_pool, case.cu_seqlens_q, case.block_tables,
             case.seq_lens, case.scale)
+    assert kernels.get_backend("cpu_paged").prefill_refusal == ""
+    prefilled = _counted(monkeypatch, prefill, "paged_prefill")
     ours = kernels.paged_prefill_attention(*args, backend="cpu_paged")
-    assert torch.equal(ours, kernels.paged_prefill_attention(*args, backend="torch"))
+    assert prefilled == [1]
     assert (ours.double() - want).abs().max() <= TOLERANCE[dtype]
-    seen = []
-    real = decode.paged_decode
-    def counted(*a: object, **k: object) -> torch.Tensor:
-        seen.append(1)
-        return real(*a, **k)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(decode, "paged_decode", counted)
+    decoded = _counted(monkeypatch, decode, "paged_decode")
     last = case.cu_seqlens_q[1:].long() - 1
     got = kernels.paged_decode_attention(case.q[last], case.k_pool, case.v_pool,
                                          case.block_tables, case.seq_lens, case.scale,
                                          backend="cpu_paged")
-    assert seen == [1]
+    assert decoded == [1]
     assert (got.double() - want[last]).abs().max() <= TOLERANCE[dtype]
+
+
+@built
+def test_float16_prefill_goes_to_the_reference(monkeypatch: pytest.MonkeyPatch) -> None:
+    case = make_case([40, 90], [40, 7], heads=4, kv_heads=2, dtype=torch.float16, seed=6)
+    args = (case.q, case.k_pool, case.v_pool, case.cu_seqlens_q, case.block_tables,
+            case.seq_lens, case.scale)
+    prefilled = _counted(monkeypatch, prefill, "paged_prefill")
+    ours = kernels.paged_prefill_attention(*args, backend="cpu_paged")
+    assert prefilled == []
+    assert torch.equal(ours, kernels.paged_prefill_attention(*args, backend="torch"))
+
+
+@built
+@pytest.mark.parametrize("why", ["unbuilt", "selfcheck"])
+def test_prefill_falls_back_to_the_reference_with_one_line(
+        why: str, fresh_registry, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Without a usable prefill kernel the backend still serves decode from its kernel and
+    prefill from the reference, bit for bit, and says why once."""
+    if why == "unbuilt":
+        monkeypatch.setattr(prefill, "_ext", None)
+    else:
+        monkeypatch.setattr(cpu_paged, "run_prefill_selfcheck",
+                            lambda: SelfCheckResult(False, 1.0, "prefill: max |error| 1"))
+    with caplog.at_level(logging.WARNING, logger="kernels.cpu_paged"):
+        for _ in range(3):
+            assert kernels.default_backend_name("cpu") == "cpu_paged"
+    lines = [r.getMessage() for r in caplog.records if "prefill falls back" in r.getMessage()]
+    assert len(lines) == 1 and ("not built" if why == "unbuilt" else "self-check") in lines[0]
+    case = make_case([40, 90], [40, 7], heads=9, kv_heads=3, head_dim=64,
+                     dtype=torch.bfloat16, seed=5)
+    args = (case.q, case.k_pool, case.v_pool, case.cu_seqlens_q, case.block_tables,
+            case.seq_lens, case.scale)
+    ours = kernels.paged_prefill_attention(*args, backend="cpu_paged")
+    assert torch.equal(ours, kernels.paged_prefill_attention(*args, backend="torch"))

@@ -21,14 +21,15 @@ from engine.core.llm_engine import LLMEngine
 from engine.kv.namespace import engine_namespace
 from engine.model.loader import LoadedModel, load_model
 from engine.model.make_model import make_model
-from kernels.cpu_paged import decode
+from kernels.cpu_paged import decode, prefill
 from tests.engine.sessions import Recorded, agent_session, assert_same_session, play_recorded
 
 pytestmark = pytest.mark.skipif(decode._ext is None, reason="kernels._paged_decode not built")
 
 
-def _play(lm: LoadedModel, backend: str | None) -> Recorded:
-    config = EngineConfig(pool_tokens=1024, max_batched_tokens=48, attention_backend=backend)
+def _play(lm: LoadedModel, backend: str | None, budget: int = 48) -> Recorded:
+    config = EngineConfig(pool_tokens=1024, max_batched_tokens=budget,
+                          attention_backend=backend)
     link = NullStoreLink(engine_namespace(lm.spec, config.block_tokens))
     with LLMEngine(lm.model, config, link) as engine:
         assert engine.backend.name == (backend or "cpu_paged")
@@ -50,3 +51,28 @@ def test_cpu_paged_gives_the_torch_backends_tokens(
     else:  # bfloat16 activations round at other places than the reference's: a looser bound
         for mine, theirs in zip(ours.logits(), ref.logits(), strict=True):
             torch.testing.assert_close(mine.float(), theirs.float(), atol=2e-2, rtol=2e-2)
+
+
+def test_fast_prefill_path_gives_the_torch_backends_tokens(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The ``small`` preset (head_dim 64) in bfloat16: the prefill kernel's AVX-512 BF16 path
+    where the CPU has it, over sliding and full layers, in 64-token chunks after cached
+    prefixes."""
+    monkeypatch.setenv("KVENGINE_CACHE_DIR", str(tmp_path / "cache"))
+    model = make_model("qwen3", "small", tmp_path / "small", hybrid=True).path
+    lm = load_model(model, dtype="bfloat16", revision_cache_dir=tmp_path / "revisions")
+    calls = []
+    real = prefill.paged_prefill
+
+    def counted(*a: object, **k: object) -> torch.Tensor:
+        calls.append(1)
+        return real(*a, **k)  # type: ignore[arg-type]
+
+    ref = _play(lm, "torch", budget=64)
+    monkeypatch.setattr(prefill, "paged_prefill", counted)
+    ours = _play(lm, None, budget=64)
+    assert calls  # the kernel served the prefill
+    assert ours.turns[1].hit_tokens["hbm"] > 0
+    assert [t.token_ids for t in ours.turns] == [t.token_ids for t in ref.turns]
+    for mine, theirs in zip(ours.logits(), ref.logits(), strict=True):
+        torch.testing.assert_close(mine.float(), theirs.float(), atol=5e-2, rtol=5e-2)
