@@ -36,6 +36,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "_bf16.h"
+
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #include <immintrin.h>
 #define HAVE_FAST 1
@@ -62,21 +64,6 @@ typedef struct {
     int64_t m, n, kp, nb, xs, out_stride;
 } gemv_t;
 
-static inline float bf16_to_f32(uint16_t x) {
-    uint32_t u = (uint32_t)x << 16;
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
-
-/* Round to nearest even, as torch's float32 -> bfloat16 (NaN kept a NaN). */
-static inline uint16_t f32_to_bf16(float f) {
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
-}
 
 /* ---- portable path: one (block, row) at a time, the same order of sums per lane ---- */
 

@@ -29,6 +29,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "_bf16.h"
+
 enum { DT_F32 = 0, DT_BF16 = 1 };
 
 /* Scores are computed for at most this many keys at a time (a block is walked in chunks). */
@@ -67,21 +69,6 @@ static inline int64_t read_index(const void *p, int64_t i, int index64) {
     return index64 ? ((const int64_t *)p)[i] : (int64_t)((const int32_t *)p)[i];
 }
 
-static inline float bf16_to_f32(uint16_t x) {
-    uint32_t u = (uint32_t)x << 16;
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
-
-/* Round to nearest even, as torch's float32 -> bfloat16 (NaN kept a NaN). */
-static inline uint16_t f32_to_bf16(float f) {
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
-}
 
 /* The visible key range [lo, hi) of sequence b. */
 static inline void key_range(const job_t *j, int64_t b, int64_t *lo, int64_t *hi) {

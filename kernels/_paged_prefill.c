@@ -69,7 +69,7 @@ static inline void load_rows(float *restrict dst, const pjob_t *j, const void *p
     for (int64_t i = 0; i < n; i++) {
         if (j->dtype == PF_BF16) {
             const uint16_t *src = (const uint16_t *)pool + off[i];
-            for (int64_t d = 0; d < D; d++) dst[i * D + d] = pf_bf16_to_f32(src[d]);
+            for (int64_t d = 0; d < D; d++) dst[i * D + d] = bf16_to_f32(src[d]);
         } else {
             memcpy(dst + i * D, (const float *)pool + off[i], (size_t)D * sizeof(float));
         }
@@ -91,7 +91,7 @@ CLONES static void tile_generic(const pjob_t *j, const pitem_t *it, float *scr) 
     for (int64_t r = 0; r < ROWS; r++) {
         int64_t qo = pf_q_offset(j, it, r < bd.n ? r : bd.n - 1);
         for (int64_t d = 0; d < D; d++) {
-            float x = j->dtype == PF_BF16 ? pf_bf16_to_f32(((const uint16_t *)j->q)[qo + d])
+            float x = j->dtype == PF_BF16 ? bf16_to_f32(((const uint16_t *)j->q)[qo + d])
                                           : ((const float *)j->q)[qo + d];
             qt[d * ROWS + r] = x * c;
             o[d * ROWS + r] = 0.0f;

@@ -6,6 +6,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "_bf16.h"
+
 enum { PF_F32 = 0, PF_BF16 = 1 };
 
 /* A work item is ROWS query rows of one (sequence, KV head): the rows of (b, g) are its
@@ -90,21 +92,6 @@ static inline int64_t pf_out_offset(const pjob_t *j, const pitem_t *it, int64_t 
     return ((j->cu[it->b] + rr / G) * j->heads + it->g * G + rr % G) * j->dim;
 }
 
-static inline float pf_bf16_to_f32(uint16_t x) {
-    uint32_t u = (uint32_t)x << 16;
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
-
-/* Round to nearest even, as torch's float32 -> bfloat16 (NaN kept a NaN). */
-static inline uint16_t pf_f32_to_bf16(float f) {
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
-}
 
 /* Scratch floats an item path needs per thread for head_dim D (the larger of the two):
  * per row tile Q and the accumulator, per key tile the K/V rows or pairs and the scores. */
@@ -129,7 +116,7 @@ static inline void pf_write_rows(const pjob_t *j, const pitem_t *it, const float
         int64_t off = pf_out_offset(j, it, r);
         if (j->dtype == PF_BF16) {
             uint16_t *dst = (uint16_t *)j->out + off;
-            for (int64_t d = 0; d < D; d++) dst[d] = pf_f32_to_bf16(o[d * ROWS + r] * inv);
+            for (int64_t d = 0; d < D; d++) dst[d] = f32_to_bf16(o[d * ROWS + r] * inv);
         } else {
             float *dst = (float *)j->out + off;
             for (int64_t d = 0; d < D; d++) dst[d] = o[d * ROWS + r] * inv;
