@@ -16,9 +16,9 @@ import grpc
 
 from clients.breaker import CircuitBreaker
 from clients.config import ClientConfig
-from clients.contact import NO_ANSWER, FirstContact
 from clients.errors import CircuitOpen
 from kvstore.errors import KVStoreError, StoreUnavailable
+from kvstore.wire.contact import NO_ANSWER, FirstContact
 from kvstore.wire.status import RETRYABLE, UNAVAILABLE_CODES, error_for, too_large
 
 
@@ -72,11 +72,12 @@ class Attempts:
         if self._on_no_answer is not None and code in NO_ANSWER:
             self._on_no_answer()
         if self._contact is not None:
-            self._contact.saw(code)
-            if self.wait_for_ready and code == grpc.StatusCode.DEADLINE_EXCEEDED:
-                # The attempt waited for the channel until the deadline: nothing listens.
+            gave_up = self._contact.failed(
+                code, details, waited=self.wait_for_ready, timeout_s=self._timeout_s
+            )
+            if gave_up is not None:  # it waited for the channel until the deadline
                 self._breaker.on_failure()
-                self._last = self._contact.gave_up(self._timeout_s, details)
+                self._last = gave_up
                 raise self._last from None
         if too_large(code, details):  # misuse, and no word from the daemon: no verdict
             self._breaker.abstain()

@@ -4,9 +4,10 @@ State shared by a client's calls lives here: the circuit breaker, the namespaces
 client registered (so a daemon that restarted and forgot one gets it again instead of
 the engine seeing misuse), and the same-host staging segment (``clients.staging_slot``:
 remapped when the daemon no longer knows it, retired when a call on it went unanswered,
-so the daemon never writes a range another call has been given). Each public method returns a ``Plan`` (see
-``clients.plan``); ``GrpcStore`` runs it with blocking stubs, ``AsyncGrpcStore`` with
-``grpc.aio`` ones. Every operation has one deadline, shared by all the calls it makes.
+so the daemon never writes a range another call has been given). Each public method
+returns a ``Plan`` (see ``clients.plan``); ``GrpcStore`` runs it with blocking stubs,
+``AsyncGrpcStore`` with ``grpc.aio`` ones. Every operation has one deadline, shared by all
+the calls it makes.
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ from clients import messages as rq
 from clients.attempts import Attempts
 from clients.breaker import CircuitBreaker
 from clients.config import ClientConfig
-from clients.contact import FirstContact
 from clients.identity import Identity, TenantDeleted
 from clients.plan import Call, Plan, T
 from clients.shm import Staging
@@ -30,6 +30,7 @@ from kvstore.errors import InvalidArgument, StoreUnavailable, UnknownNamespace
 from kvstore.keys import Key, Namespace
 from kvstore.tier import CommitResult, LookupResult, StoreStats
 from kvstore.wire import codec
+from kvstore.wire.contact import FirstContact
 from kvstore.wire.proto import kvstore_pb2 as pb
 from kvstore.wire.stats import stats_from_proto
 
