@@ -308,6 +308,8 @@ class ClientCore:
         # the segment or in the daemon's memory) count as corrupt too.
         counters = dict(st.counters)
         counters["client_corrupt_blocks_total"] = self.corrupt_blocks
+        # Staging segments given up after an unanswered same-host call (a slow daemon).
+        counters["client_staging_retired_total"] = self.slot.retired_total
         counters["corrupt_blocks_total"] = counters.get("corrupt_blocks_total", 0) + (
             self.corrupt_blocks
         )

@@ -46,6 +46,7 @@ class StagingSlot:
         self._staging: Staging | None = None
         self._retired: list[int] = []  # ids of retired segments not handed back yet
         self._closed = False
+        self.retired_total = 0  # segments retired so far
         # "untried" -> "opening" -> "done"; back to "untried" when the segment is lost,
         # retired or the daemon could not be asked. Calls racing the first open use gRPC.
         self._state = "untried" if enabled else "done"
@@ -115,6 +116,7 @@ class StagingSlot:
             if not st.retired:
                 st.retired = True
                 self._retired.append(st.staging_id)
+                self.retired_total += 1
 
     def _close_retired(self) -> Plan[None]:
         with self._lock:

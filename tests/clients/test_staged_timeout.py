@@ -169,6 +169,7 @@ def test_the_retired_segment_goes_back_to_the_daemon(
     while first.staging_id in d.staging._segments and time.monotonic() < deadline:
         time.sleep(0.05)
     assert set(d.staging._segments) == {second.staging_id}
+    assert c.stats().counters["client_staging_retired_total"] == 1
     first.allocator.check_integrity()
     second.allocator.check_integrity()
 
