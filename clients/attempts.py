@@ -10,20 +10,22 @@ when our own retries opened it, and wait for a daemon not reached yet (``FirstCo
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import grpc
 
 from clients.breaker import CircuitBreaker
 from clients.config import ClientConfig
-from clients.contact import FirstContact
 from clients.errors import CircuitOpen
 from kvstore.errors import KVStoreError, StoreUnavailable
+from kvstore.wire.contact import NO_ANSWER, FirstContact
 from kvstore.wire.status import RETRYABLE, UNAVAILABLE_CODES, error_for, too_large
 
 
 class Attempts:
     """``deadline_s`` is on the ``time.monotonic`` clock; ``retry=False`` allows one attempt.
-    ``contact``: the client's ``FirstContact`` (none: attempts never wait for the channel)."""
+    ``contact``: the client's ``FirstContact`` (none: attempts never wait for the channel).
+    ``on_no_answer``: run after each attempt the daemon did not answer (``Call.on_no_answer``)."""
 
     def __init__(
         self,
@@ -33,8 +35,10 @@ class Attempts:
         *,
         retry: bool = True,
         contact: FirstContact | None = None,
+        on_no_answer: Callable[[], None] | None = None,
     ) -> None:
         self._breaker = breaker
+        self._on_no_answer = on_no_answer
         self._contact = contact
         self._timeout_s = deadline_s - time.monotonic()
         #: the current attempt waits for the channel to connect (gRPC's ``wait_for_ready``)
@@ -65,12 +69,15 @@ class Attempts:
         """After an RPC error: the seconds to wait before the next attempt. Raises the
         mapped ``KVStoreError`` when the call must not be retried."""
         self._last = error_for(code, details)
+        if self._on_no_answer is not None and code in NO_ANSWER:
+            self._on_no_answer()
         if self._contact is not None:
-            self._contact.saw(code)
-            if self.wait_for_ready and code == grpc.StatusCode.DEADLINE_EXCEEDED:
-                # The attempt waited for the channel until the deadline: nothing listens.
+            gave_up = self._contact.failed(
+                code, details, waited=self.wait_for_ready, timeout_s=self._timeout_s
+            )
+            if gave_up is not None:  # it waited for the channel until the deadline
                 self._breaker.on_failure()
-                self._last = self._contact.gave_up(self._timeout_s, details)
+                self._last = gave_up
                 raise self._last from None
         if too_large(code, details):  # misuse, and no word from the daemon: no verdict
             self._breaker.abstain()

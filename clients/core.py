@@ -2,15 +2,16 @@
 
 State shared by a client's calls lives here: the circuit breaker, the namespaces this
 client registered (so a daemon that restarted and forgot one gets it again instead of
-the engine seeing misuse), and the same-host staging segment (dropped and remapped when
-the daemon no longer knows it). Each public method returns a ``Plan`` (see
-``clients.plan``); ``GrpcStore`` runs it with blocking stubs, ``AsyncGrpcStore`` with
-``grpc.aio`` ones. Every operation has one deadline, shared by all the calls it makes.
+the engine seeing misuse), and the same-host staging segment (``clients.staging_slot``:
+remapped when the daemon no longer knows it, retired when a call on it went unanswered,
+so the daemon never writes a range another call has been given). Each public method
+returns a ``Plan`` (see ``clients.plan``); ``GrpcStore`` runs it with blocking stubs,
+``AsyncGrpcStore`` with ``grpc.aio`` ones. Every operation has one deadline, shared by all
+the calls it makes.
 """
 
 from __future__ import annotations
 
-import contextlib
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -20,20 +21,18 @@ from clients import messages as rq
 from clients.attempts import Attempts
 from clients.breaker import CircuitBreaker
 from clients.config import ClientConfig
-from clients.contact import FirstContact
-from clients.errors import StagingLost
 from clients.identity import Identity, TenantDeleted
 from clients.plan import Call, Plan, T
-from clients.shm import Staging, map_segment
+from clients.shm import Staging
+from clients.staging_slot import StagingSlot
 from kvstore.block import verify_rows
-from kvstore.errors import InvalidArgument, KVStoreError, StoreUnavailable, UnknownNamespace
+from kvstore.errors import InvalidArgument, StoreUnavailable, UnknownNamespace
 from kvstore.keys import Key, Namespace
 from kvstore.tier import CommitResult, LookupResult, StoreStats
 from kvstore.wire import codec
+from kvstore.wire.contact import FirstContact
 from kvstore.wire.proto import kvstore_pb2 as pb
 from kvstore.wire.stats import stats_from_proto
-
-_CLOSE_SEGMENT_S = 2.0
 
 
 class ClientCore:
@@ -49,10 +48,7 @@ class ClientCore:
         self.identity: Identity | None = None  # the last WhoAmI answer
         self._registered: dict[bytes, Namespace] = {}
         self._lock = threading.Lock()
-        self._staging: Staging | None = None
-        # "untried" -> "opening" -> "done"; back to "untried" when the segment is lost or
-        # the daemon could not be asked. Calls racing the first open use the gRPC path.
-        self._staging_state = "done" if config.shm == "off" else "untried"
+        self.slot = StagingSlot(config.shm_bytes, enabled=config.shm != "off")
 
     # -- plumbing -------------------------------------------------------------------
     def deadline(self, timeout_s: float | None) -> float:
@@ -64,7 +60,7 @@ class ClientCore:
         if self.closed:
             raise StoreUnavailable("client is closed")
         return Attempts(self.breaker, self.config, call.deadline_s, retry=call.retry,
-                        contact=self.contact)
+                        contact=self.contact, on_no_answer=call.on_no_answer)
 
     def _reregistering(
         self, ns: Namespace, deadline: float, make: Callable[[], Plan[T]]
@@ -83,62 +79,18 @@ class ClientCore:
     @property
     def staging(self) -> Staging | None:
         """The mapped segment, if any (without trying to map one)."""
-        return self._staging
+        return self.slot.current
 
     def staging_area(self) -> Plan[Staging | None]:
         """The mapped segment, mapping one first if none was tried yet."""
-        with self._lock:
-            if self._staging_state != "untried":
-                return self._staging
-            self._staging_state = "opening"
-        st: Staging | None = None
-        state = "done"
-        try:
-            req = pb.OpenStagingRequest(size_bytes=self.config.shm_bytes)
-            resp = yield Call("OpenStaging", self.deadline(None), req)
-            st = map_segment(resp)
-            if st is None:  # another host: hand the segment back
-                yield from self._close_segment(resp.staging_id)
-        except StoreUnavailable:
-            state = "untried"  # the daemon did not answer: ask again on a later call
-        except KVStoreError:
-            pass  # the daemon offers no staging: the gRPC path from now on
-        finally:
-            with self._lock:
-                if self.closed and st is not None:
-                    st.close()
-                    st = None
-                self._staging, self._staging_state = st, state
-        return st
-
-    def _drop_staging(self, st: Staging) -> None:
-        """The daemon restarted and forgot ``st``: map a fresh segment on the next call.
-        The old mapping is not closed here (other calls may still hold views of it); it
-        goes when the last of them does."""
-        with self._lock:
-            if self._staging is st:
-                self._staging = None
-                self._staging_state = "untried"
-
-    def _close_segment(self, staging_id: int) -> Plan[None]:
-        with contextlib.suppress(KVStoreError):  # the daemon reaps idle segments itself
-            yield Call(
-                "CloseStaging",
-                time.monotonic() + _CLOSE_SEGMENT_S,
-                pb.CloseStagingRequest(staging_id=staging_id),
-                retry=False,
-            )
+        return self.slot.area(self.deadline(None))
 
     def close(self) -> Plan[None]:
-        """Hand the staging segment back; later calls raise ``StoreUnavailable``."""
-        with self._lock:
-            if self.closed:
-                return
-            st, self._staging, self._staging_state = self._staging, None, "done"
+        """Hand the staging segments back; later calls raise ``StoreUnavailable``."""
+        if self.closed:
+            return
         try:
-            if st is not None:
-                yield from self._close_segment(st.staging_id)
-                st.close()
+            yield from self.slot.close()
         finally:
             self.closed = True
 
@@ -240,10 +192,8 @@ class ClientCore:
                 keys=keys,
                 staging=pb.StagingRef(staging_id=st.staging_id, offset=off),
             )
-            try:
-                done = yield Call("GetStaged", deadline, req)
-            except StagingLost:
-                self._drop_staging(st)
+            done = yield from self.slot.call(st, "GetStaged", deadline, req)
+            if done is None:
                 return None
             hit = int(done.hit_blocks)
             bb = ns.block_bytes
@@ -255,7 +205,7 @@ class ClientCore:
             checksums.extend(sums[:good])
             return good
         finally:
-            if owned:
+            if owned and not st.retired:
                 st.allocator.free(off)
 
     def commit(
@@ -322,14 +272,10 @@ class ClientCore:
                     area[j * bb : (j + 1) * bb] = v
             ref = pb.StagingRef(staging_id=st.staging_id, offset=off)
             req = rq.staged_commit(ns, keys, views, durability, ref)
-            try:
-                resp = yield Call("CommitStaged", deadline, req)
-            except StagingLost:
-                self._drop_staging(st)
-                return None
-            return rq.commit_result(resp)
+            resp = yield from self.slot.call(st, "CommitStaged", deadline, req)
+            return None if resp is None else rq.commit_result(resp)
         finally:
-            if owned:
+            if owned and not st.retired:
                 st.allocator.free(off)
 
     def prefetch(self, ns: Namespace, keys: Sequence[Key], timeout_s: float | None) -> Plan[int]:
@@ -362,6 +308,8 @@ class ClientCore:
         # the segment or in the daemon's memory) count as corrupt too.
         counters = dict(st.counters)
         counters["client_corrupt_blocks_total"] = self.corrupt_blocks
+        # Staging segments given up after an unanswered same-host call (a slow daemon).
+        counters["client_staging_retired_total"] = self.slot.retired_total
         counters["corrupt_blocks_total"] = counters.get("corrupt_blocks_total", 0) + (
             self.corrupt_blocks
         )

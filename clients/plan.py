@@ -28,7 +28,10 @@ class Call:
     Unary calls send ``request`` and resume the plan with the response. A client stream
     (``stream`` set) sends a fresh iterator per attempt. A server stream (``reader`` set)
     feeds its messages to a fresh reader per attempt and resumes the plan with that reader.
-    ``retry=False`` makes one attempt only (best-effort housekeeping calls)."""
+    ``retry=False`` makes one attempt only (best-effort housekeeping calls).
+    ``on_no_answer`` runs after each attempt the daemon did not answer (UNAVAILABLE,
+    DEADLINE_EXCEEDED, CANCELLED): the daemon may have received it and still be running
+    it, so a same-host call must not hand its staging range to another call."""
 
     method: str
     deadline_s: float
@@ -36,6 +39,7 @@ class Call:
     stream: Callable[[], Iterator[Any]] | None = None
     reader: Callable[[], StreamReader] | None = None
     retry: bool = True
+    on_no_answer: Callable[[], None] | None = None
 
 
 Plan = Generator[Call, Any, T]

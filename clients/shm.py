@@ -85,13 +85,16 @@ class RangeAllocator:
 
 @dataclass
 class Staging:
-    """A mapped segment: ``view`` is its data area (after the nonce page)."""
+    """A mapped segment: ``view`` is its data area (after the nonce page). ``retired``: a
+    call on it went unanswered, so the daemon may still use that call's range; the client
+    allocates nothing from it again (``ClientCore._staged_call``)."""
 
     staging_id: int
     map: mmap.mmap
     view: memoryview
     base_addr: int
     allocator: RangeAllocator
+    retired: bool = False
 
     def rows(self, offset: int, nbytes: int) -> memoryview:
         return self.view[offset : offset + nbytes]

@@ -110,7 +110,8 @@ class GrpcStore(KVStore):
     def staging_buffer(self, nbytes: int) -> tuple[int, Any] | None:
         """A buffer inside the shared segment (offset, uint8 array) for zero-copy
         ``get_into``/``commit``; None without the fast path or when the segment is full.
-        Release with ``release_buffer(offset)``."""
+        Release with ``release_buffer(offset)``; after a call naming it failed without the
+        daemon's answer (a timeout), the daemon may still write it: release it, take another."""
         st = self._run(self.core.staging_area())
         return None if st is None else st.buffer(nbytes)
 

@@ -1,9 +1,10 @@
 """Node health: ejection after consecutive failures, re-admission after good probes.
 
 Calls report their outcome (``success``/``failure``); a background prober checks every
-node's ``grpc.health.v1`` status each ``probe_interval_s``. An ejected node gets no
-traffic except probes, so a dead node costs callers nothing once ejected, and it
-returns to service on its own when it answers again.
+node's ``grpc.health.v1`` status each ``probe_interval_s`` (a node that has not answered
+yet is not judged by probes: calls wait for it, see ``kvstore.wire.contact``). An
+ejected node gets no traffic except probes, so a dead node costs callers nothing once
+ejected, and it returns to service on its own when it answers again.
 """
 
 from __future__ import annotations
@@ -84,10 +85,12 @@ class HealthTracker:
 
 
 class Prober:
-    """Calls ``probe(i) -> bool`` for every node each interval, in its own thread."""
+    """Calls ``probe(i)`` for every node each interval, in its own thread: True healthy,
+    False a failure, None no verdict (a node not reached yet, which calls still wait for:
+    ``kvstore.wire.contact``), which neither ejects nor re-admits it."""
 
     def __init__(
-        self, tracker: HealthTracker, probe: Callable[[int], bool], interval_s: float
+        self, tracker: HealthTracker, probe: Callable[[int], bool | None], interval_s: float
     ) -> None:
         self._tracker = tracker
         self._probe = probe
@@ -106,6 +109,8 @@ class Prober:
                 ok = self._probe(i)
             except Exception:  # a probe must never kill the prober
                 ok = False
+            if ok is None:
+                continue
             if ok:
                 self._tracker.success(i, probe=True)
             else:

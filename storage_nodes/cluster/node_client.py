@@ -3,7 +3,11 @@ block encoding on the wire (DESIGN §4, §7).
 
 Transport failures (UNAVAILABLE, DEADLINE_EXCEEDED, a refused token...) raise
 ``NodeUnavailable``, which the cluster turns into a fail-over; misuse the node
-reports is re-raised as the kvstore error it names. Blocks received from a node are
+reports is re-raised as the kvstore error it names. Until the node has answered once, calls
+wait for its channel to connect within their deadline (``kvstore.wire.contact``, the
+daemon clients' rule): a cluster client started just before its nodes uses them as they
+come up instead of failing on the channel's reconnect backoff; a node that never answers
+costs one deadline, then calls fail fast and the cluster ejects it. Blocks received from a node are
 reassembled and verified (fingerprint, key, length, checksum) before they count: a
 bad block ends the node's prefix there, so it is a miss, never data.
 """
@@ -12,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -22,6 +27,7 @@ from kvstore.keys import Key, Namespace
 from kvstore.tier import TierStats
 from kvstore.wire import codec
 from kvstore.wire.channel import bearer_metadata, open_channel
+from kvstore.wire.contact import FirstContact
 from kvstore.wire.proto import kvstore_pb2 as pb
 from kvstore.wire.proto import kvstore_pb2_grpc as pb_grpc
 from kvstore.wire.stats import tier_stats_from_proto
@@ -65,9 +71,31 @@ class NodeClient:
         self._channel = open_channel(address, tls=config.tls, ca_file=config.tls_ca_file)
         self._stub = pb_grpc.StorageNodeStub(self._channel)
         self._health = health_pb2_grpc.HealthStub(self._channel)
+        self.contact = FirstContact(
+            address,
+            server="storage node",
+            hint="is `kvstore node` listening on that address?",
+            error=NodeUnavailable,
+        )
 
-    def _fail(self, e: grpc.RpcError) -> Exception:
+    def _kw(self, timeout_s: float) -> dict[str, Any]:
+        """One call's options; it waits for the channel until the node first answered."""
+        return {
+            "timeout": timeout_s,
+            "metadata": self._md,
+            "wait_for_ready": self.contact.wait_for_ready(),
+        }
+
+    def _answered(self) -> None:
+        self.contact.saw(None)
+
+    def _fail(self, e: grpc.RpcError, kw: dict[str, Any]) -> Exception:
         code = e.code() if hasattr(e, "code") else grpc.StatusCode.UNKNOWN
+        gave_up = self.contact.failed(
+            code, e.details(), waited=kw["wait_for_ready"], timeout_s=kw["timeout"]
+        )
+        if gave_up is not None:
+            return gave_up
         if code in UNAVAILABLE_CODES or code in (
             grpc.StatusCode.UNAUTHENTICATED,
             grpc.StatusCode.UNKNOWN,
@@ -95,10 +123,12 @@ class NodeClient:
                 for chunk in codec.encoded_chunks(i, block):
                     yield pb.NodePutRequest(chunk=chunk)
 
+        kw = self._kw(self._timeout_s)
         try:
-            resp = self._stub.Put(messages(), timeout=self._timeout_s, metadata=self._md)
+            resp = self._stub.Put(messages(), **kw)
         except grpc.RpcError as e:
-            raise self._fail(e) from None
+            raise self._fail(e, kw) from None
+        self._answered()
         out = bytes(resp.outcomes)
         return out if len(out) == len(keys) else bytes(len(keys))  # an old node: trust nothing
 
@@ -109,10 +139,9 @@ class NodeClient:
         ``slots[j]`` of ``rows``. Stops at the first block failing verification."""
         asm = codec.BlockAssembler(ns, keys, rows, slots)
         corrupt = 0
+        kw = self._kw(self._timeout_s)
         try:
-            for msg in self._stub.Get(
-                self._req(ns, keys), timeout=self._timeout_s, metadata=self._md
-            ):
+            for msg in self._stub.Get(self._req(ns, keys), **kw):
                 if msg.WhichOneof("part") != "chunk":
                     break
                 try:
@@ -121,57 +150,55 @@ class NodeClient:
                     corrupt = 1
                     break
         except grpc.RpcError as e:
-            raise self._fail(e) from None
+            raise self._fail(e, kw) from None
+        self._answered()
         sums = asm.prefix_checksums()
         return FetchResult(len(sums), corrupt, tuple(sums))
 
-    def contains(self, ns: Namespace, keys: Sequence[Key]) -> int:
+    def _unary(self, method: str, req: Any) -> Any:
+        kw = self._kw(self._timeout_s)
         try:
-            resp = self._stub.Contains(
-                self._req(ns, keys), timeout=self._timeout_s, metadata=self._md
-            )
+            resp = getattr(self._stub, method)(req, **kw)
         except grpc.RpcError as e:
-            raise self._fail(e) from None
+            raise self._fail(e, kw) from None
+        self._answered()
+        return resp
+
+    def contains(self, ns: Namespace, keys: Sequence[Key]) -> int:
+        resp = self._unary("Contains", self._req(ns, keys))
         return min(int(resp.hit_blocks), len(keys))
 
     def touch(self, ns: Namespace, keys: Sequence[Key]) -> None:
-        try:
-            self._stub.Touch(self._req(ns, keys), timeout=self._timeout_s, metadata=self._md)
-        except grpc.RpcError as e:
-            raise self._fail(e) from None
+        self._unary("Touch", self._req(ns, keys))
 
     def delete(self, ns: Namespace) -> int:
-        try:
-            resp = self._stub.Delete(
-                pb.NodeDeleteRequest(ns=codec.ns_to_proto(ns)),
-                timeout=self._timeout_s,
-                metadata=self._md,
-            )
-        except grpc.RpcError as e:
-            raise self._fail(e) from None
+        resp = self._unary("Delete", pb.NodeDeleteRequest(ns=codec.ns_to_proto(ns)))
         return int(resp.deleted_blocks)
 
     def stats(self) -> TierStats:
-        try:
-            t = self._stub.Stats(pb.StatsRequest(), timeout=self._timeout_s, metadata=self._md)
-        except grpc.RpcError as e:
-            raise self._fail(e) from None
-        return tier_stats_from_proto(t)
+        return tier_stats_from_proto(self._unary("Stats", pb.StatsRequest()))
 
-    def probe(self) -> bool:
+    def probe(self) -> bool | None:
         """Healthy = grpc health says SERVING *and* an authenticated call succeeds (the
-        health service takes no token, so a node refusing ours would look healthy)."""
+        health service takes no token, so a node refusing ours would look healthy).
+        None, no verdict, while a node that never answered did not answer this probe
+        either: it may be starting (the calls wait for it; the first that waits its whole
+        deadline in vain gives the waiting up, and probes count again from then on).
+        Probes never wait for the channel: one prober serves every node."""
         try:
             resp = self._health.Check(
                 health_pb2.HealthCheckRequest(service=SERVICE_NAME),
                 timeout=self._probe_timeout_s,
                 metadata=self._md,
             )
+            self._answered()
             if resp.status != health_pb2.HealthCheckResponse.SERVING:
                 return False
             self._stub.Stats(pb.StatsRequest(), timeout=self._probe_timeout_s, metadata=self._md)
-        except grpc.RpcError:
-            return False
+        except grpc.RpcError as e:
+            code = e.code() if hasattr(e, "code") else grpc.StatusCode.UNKNOWN
+            self.contact.saw(code)
+            return None if self.contact.state == "waiting" else False
         return True
 
     def close(self) -> None:

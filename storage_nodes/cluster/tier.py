@@ -319,10 +319,12 @@ class ClusterTier(Tier):
             # Each block lives on R nodes: report blocks, not copies.
             return math.ceil(total / self.config.replicas)
 
-    def _probe(self, i: int) -> bool:
-        """Healthy, and every delete it missed replayed (before it takes traffic again)."""
-        if not self._nodes[i].probe():
-            return False
+    def _probe(self, i: int) -> bool | None:
+        """Healthy, and every delete it missed replayed (before it takes traffic again);
+        None: no verdict (a node not reached yet, maybe starting: ``NodeClient.probe``)."""
+        ok = self._nodes[i].probe()
+        if not ok:
+            return ok
         with self._pending_lock:
             pending = list(self._pending_deletes[i].values())
         for ns in pending:

@@ -1,4 +1,4 @@
-"""A client's first calls wait for its daemon (``clients.contact``): real ``kvstore serve``
+"""A client's first calls wait for its daemon (``kvstore.wire.contact``): real ``kvstore serve``
 processes on 127.0.0.1, started after the client, and a port where nothing listens."""
 
 from __future__ import annotations
@@ -12,12 +12,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import grpc
 import pytest
 
 from clients.async_client import AsyncGrpcStore
 from clients.config import ClientConfig
-from clients.contact import FirstContact
 from clients.errors import CircuitOpen
 from clients.sync_client import GrpcStore
 from kvstore.errors import StoreUnavailable
@@ -110,22 +108,6 @@ def test_a_client_pointed_at_nothing_fails_with_one_line_after_its_deadline() ->
         with pytest.raises(StoreUnavailable):
             s.stats(timeout_s=30)
         assert time.monotonic() - start < 15
-
-
-def test_the_daemon_answering_ends_the_wait_for_good() -> None:
-    contact = FirstContact("127.0.0.1:7420")
-    assert contact.wait_for_ready() and contact.state == "waiting"
-    for code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
-        contact.saw(code)  # not an answer: still waiting
-        assert contact.wait_for_ready()
-    err = contact.gave_up(2.0, "Deadline\nExceeded")
-    assert str(err).startswith("kv store 127.0.0.1:7420 is not reachable: nothing answered "
-                               "there within 2.0 s (Deadline Exceeded)")
-    assert not contact.wait_for_ready() and contact.state == "gave_up"
-    contact.saw(grpc.StatusCode.NOT_FOUND)  # the daemon's own error is an answer
-    assert contact.state == "answered"
-    contact.gave_up(1.0, None)  # a later timeout does not undo it
-    assert contact.state == "answered" and not contact.wait_for_ready()
 
 
 def test_kvstore_stats_at_a_closed_port_is_one_line_after_its_timeout() -> None:

@@ -45,7 +45,7 @@ def test_an_unreachable_daemon_at_start_is_misses_and_one_warning(
 def test_a_daemon_started_just_after_vllm_is_used_from_the_first_call(
         caplog: pytest.LogCaptureFixture) -> None:
     """The connector opens its link through the engine's path (``open_store_link``, the
-    sync client): its first call waits for a daemon that is starting (``clients.contact``)
+    sync client): its first call waits for a daemon that is starting (``kvstore.wire.contact``)
     instead of failing on the channel's reconnect backoff."""
     port = closed_port()
     cfg = ConnectorConfig.from_extra({"store": f"grpc://127.0.0.1:{port}",
