@@ -226,7 +226,7 @@ def test_a_daemon_started_just_after_the_engine_is_used_from_the_first_call(
 ) -> None:
     """``kvengine serve --kv-store grpc://…`` and ``kvstore serve`` started together: the
     engine's first ask (its tenant) waits for the daemon within its deadline
-    (``clients.contact``) instead of failing on the channel's reconnect backoff, so the
+    (``kvstore.wire.contact``) instead of failing on the channel's reconnect backoff, so the
     link starts with the daemon's tenant, no counted failure and no warning."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
