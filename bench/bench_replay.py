@@ -164,7 +164,7 @@ class Bench:
         return {"ttft_s": s.ttft_s, "cpu_s": cpu_s, "hit_tokens": dict(s.hit_tokens),
                 "computed_tokens": s.computed_tokens, "replayed_tokens": s.replayed_tokens,
                 "loaded_bytes": eng.store_counters().get("loaded_bytes_total", 0),
-                "stored_bytes_per_token": eng.stored_bytes_per_token}
+                "stored_bytes_per_token": eng.stored_bytes_per_token(len(ids))}
 
     def order(self, reverse: bool) -> tuple[str, ...]:
         """Exact mode, then the bounded modes, in reverse with ``reverse``."""
