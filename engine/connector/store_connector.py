@@ -117,7 +117,9 @@ class StoreConnector:
         of the cap, or a last window lacking the sliding layers (exact mode needs them,
         bounded mode skips its replay with a tail)."""
         planner = self.kv.planner
-        wanted = len(hit.blocks) < hit.cap_blocks or planner.needs_sliding_load(hit.blocks)
+        sliding = self.sliding_link is not None and self.sliding_link.enabled
+        wanted = len(hit.blocks) < hit.cap_blocks or (
+            sliding and planner.needs_sliding_load(hit.blocks))
         if not (self.link.enabled and wanted):
             return None
         return LoadNeed(hit.cap_blocks - len(hit.blocks),

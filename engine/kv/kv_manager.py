@@ -221,11 +221,8 @@ class KVManager:
         if not self.blocks.grow(owner, num_tokens):
             return False
         a = seq.num_computed_tokens
-        # Bounded mode keeps the window of the last block boundary too: the window tail a
-        # commit of the blocks computed so far sends (``ReplayPlanner.tail``).
-        bt = self.block_tokens
-        tails = self.planner.policy.keeps_window_tails
-        lo = self.layout.window_first_block(a // bt * bt if tails else a, bt)
+        lo = self.layout.window_first_block(self.planner.kept_window_from(a),
+                                            self.block_tokens)
         cacheable = self.cacheable_blocks(seq)
         leaving = sorted(i for i in self.sliding.held(seq.seq_id) if i < min(lo, cacheable))
         if leaving:
@@ -310,8 +307,7 @@ class KVManager:
         held: list[frozenset[int]] = []
         stored: list[frozenset[int]] = []
         for i, b in enumerate(self.table(seq)[:full]):
-            # A hit block the replay wrote whole holds the sliding rows too (the table's
-            # block, or in a hybrid pool the request's companion for it).
+            # A hit block the replay wrote whole holds its sliding rows (or its companion)
             extra = self.planner.sliding_layers if i in rewritten and (
                 not self.layout.is_hybrid or i in sliding) else none
             if b.key is not None:

@@ -59,6 +59,14 @@ class ReplayPlanner:
             return None
         return range(self.window_first_block(end_blocks), end_blocks)
 
+    def kept_window_from(self, computed_tokens: int) -> int:
+        """The position whose window a hybrid pool keeps a request's sliding rows for: the
+        next token's, and in bounded mode that of the last block boundary, the end a commit
+        of the blocks computed so far sends the window tail of (one block more at most)."""
+        if not self.policy.keeps_window_tails:
+            return computed_tokens
+        return computed_tokens // self.block_tokens * self.block_tokens
+
     def rewritten_blocks(self, plan: ReplayPlan | None, computed_tokens: int) -> range:
         """Hit blocks whose sliding rows a replay wrote whole (from the first block at or
         after its ``kv_start`` to what is computed): a window tail may include them."""
