@@ -165,7 +165,9 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
                    help="torch device of the model and the pool (cpu, cuda, cuda:1)")
     p.add_argument("--replay-keep", type=int, metavar="N",
                    help="opt into bounded replay (hybrid models): the store keeps the "
-                        "full-attention layers only and a hit recomputes its last N tokens "
+                        "full-attention layers, plus the sliding ones of the last window at "
+                        "each committed end (a session's next turn, hitting there, replays "
+                        "nothing); any other hit recomputes its last N tokens "
                         "(safe minimum: the largest sliding window + 12); 0 = exact, as "
                         "--cache-all-layers, the default. " + help_summary())
     p.add_argument("--max-model-len", type=int, metavar="N",
