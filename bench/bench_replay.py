@@ -336,7 +336,7 @@ def main(argv: list[str] | None = None) -> int:
                       f"{', '.join(f'{x:.3f}' for x in per)} (CPU "
                       f"{', '.join(f'{x:.3f}' for x in cpu)})", flush=True)
             for twin in (k.replace("_", "-nocut_", 1), k.replace("_", "-notail_", 1)):
-                if twin in med:
+                if twin != k and twin in med:  # "cold" has no "_", hence no twin
                     print_twin(n, k, twin, med, runs)
     if args.json:
         args.json.write_text(json.dumps({"keep_tokens": list(keeps), "rows": rows,
