@@ -17,8 +17,8 @@ the bytes per token the store keeps. Ratios are against the same run's figures.
 
 The store is filled once per ``N`` by one cold prefill of the ``N`` cached tokens in exact
 mode; bounded mode's namespaces get the same full-attention blocks and the tail's sliding
-blocks copied over (a bounded fill would store exactly those bytes: a cold prefill's). Run alone, on an otherwise
-idle machine::
+blocks copied over (a bounded fill would store exactly those bytes: a cold prefill's).
+Run alone, on an otherwise idle machine::
 
     python -m bench.bench_replay --sizes 4096,16384 --new-tokens 1024
     python -m bench.bench_replay --model DIR --sizes 31744 --keeps default,140

@@ -5,15 +5,16 @@ hold a store link's layers and that the store is not known to hold go, per link,
 background committer (``engine.connector.committer``) as a ``CommitJob``, their bytes copied
 out of the pool into bounded staging rows first (so the pool blocks go back at once, and a
 slow store never holds them; under back-pressure a commit is cut short or dropped, never
-waited for). The primary link's chain is always
-sent, even when nothing in it is new: the commit refreshes the store's recency. A hybrid
-model's sliding layers go to their own namespace, only when some block has them to send:
-exact mode sends every block's; bounded mode only the **window tail** of the committed end
-(``ReplayPlanner.tail``: the blocks the next token's sliding layers see, so a session's next
-turn, which hits exactly there, needs no replay), and only whole: a tail lacking a block
-(rows given back, a replay's unwritten ones) or cut short by back-pressure is not sent. Once the store answered, the pool blocks it accepted (and that
-were not reused meanwhile) are marked stored, so later requests do not send them again;
-after a commit that dropped any block, none are (the result does not say which).
+waited for). The primary link's chain is always sent, even when nothing in it is new: the
+commit refreshes the store's recency. A hybrid model's sliding layers go to their own
+namespace, only when some block has them to send: exact mode sends every block's; bounded
+mode only the **window tail** of the committed end (``ReplayPlanner.tail``: the blocks the
+next token's sliding layers see, so a session's next turn, which hits exactly there, needs
+no replay), and only whole: a tail lacking a block (rows given back, a replay's unwritten
+ones) or cut short by back-pressure is not sent. Once the store answered, the pool blocks
+it accepted (and that were not reused meanwhile) are marked stored, so later requests do
+not send them again; after a commit that dropped any block, none are (the result does not
+say which).
 
 It is the store connector's (``engine.connector.store_connector``): the scheduler decides
 when a request finishes, this what goes to the store, from each block's layers as the KV

@@ -11,8 +11,8 @@ model, the ``replayed_tokens`` of a bounded replay included (so hit + computed =
 replayed); ``stored_bytes_per_token`` is what the store keeps per token of the turn's
 context (prompt and answer) under the replay policy: every token's stored layers, plus in
 bounded mode one window tail (the sliding layers of the last window) per committed end,
-spread over the context. Otherwise a table, one row per turn as it finishes, and a summary of the pool, the
-store and the replay policy.
+spread over the context. Otherwise a table, one row per turn as it finishes, and a summary
+of the pool, the store and the replay policy.
 """
 
 from __future__ import annotations
