@@ -65,10 +65,15 @@ def turn(lm: LoadedModel, cfg: EngineConfig, store: KVStore, prompt: list[int],
         return run, eng.link.counters(), eng.sliding_link.counters()
 
 
-def test_a_tail_hit_replays_nothing_and_is_bitwise_an_exact_hit(gemma: LoadedModel) -> None:
+@pytest.mark.parametrize("hybrid_pool", [True, False], ids=["hybrid-pool", "one-group-pool"])
+def test_a_tail_hit_replays_nothing_and_is_bitwise_an_exact_hit(gemma: LoadedModel,
+                                                                hybrid_pool: bool) -> None:
+    """In a hybrid pool the loaded tail lands in companion pages the engine thread gives;
+    in a one-group pool the loader writes it into the hit's blocks."""
     first, second = prompts(gemma)
     runs = {}
     for name, cfg in (("bounded", BOUNDED), ("exact", EXACT)):
+        cfg = replace(cfg, hybrid_pool=hybrid_pool)
         store = open_embedded(dram_bytes=64 << 20)
         try:
             cold, primary, sliding = turn(gemma, cfg, store, first)
@@ -83,7 +88,7 @@ def test_a_tail_hit_replays_nothing_and_is_bitwise_an_exact_hit(gemma: LoadedMod
     assert hit.hit_tokens == {"hbm": 0, "dram": END * BT, "ssd": 0}
     assert hit.replayed_tokens == 0 and hit.computed_tokens == len(second) - END * BT
     assert torch.equal(runs["bounded"].logits, runs["exact"].logits)
-    with engine(gemma, EXACT) as eng:  # and both are a cold prefill's, bit for bit
+    with engine(gemma, replace(EXACT, hybrid_pool=hybrid_pool)) as eng:  # and a cold one's
         assert torch.equal(request(eng, second, 1).logits, runs["exact"].logits)
 
 
