@@ -4,20 +4,25 @@ For each context ``N``: a prompt of ``N`` cached tokens plus ``--new-tokens`` ne
 Cold: the whole prompt prefilled from nothing. Exact reuse (``--cache-all-layers``): the
 store holds every layer (full and sliding layers in two namespaces; the sliding ones are
 loaded only for the last window's blocks) and a hit computes only the new tokens. Bounded
-replay (the default keep): the store holds the full-attention layers only and a hit
-recomputes ``keep`` + new tokens (``--keeps``: the default keep, and others beside it, a
-keep below the default measured forced). Each hit is served from the embedded store's DRAM, then,
+(the default keep): the store holds the full-attention layers and, at the committed end,
+the window tail (the sliding layers of the blocks its last window reaches); the hit lands
+there, as a session's next turn does, so it loads the tail and computes only the new
+tokens. ``--no-tail`` adds, beside each bounded mode, the same mode with the tail absent
+(``-notail`` cases): a hit anywhere else, which recomputes ``keep`` + new tokens
+(``--keeps``: the default keep, and others beside it, a keep below the default measured
+forced). Each hit is served from the embedded store's DRAM, then,
 the store reopened on the same directory (empty DRAM), from its SSD. Per case: TTFT, the
 tokens computed and replayed (counted by the engine), the bytes loaded from the store, and
 the bytes per token the store keeps. Ratios are against the same run's figures.
 
 The store is filled once per ``N`` by one cold prefill of the ``N`` cached tokens in exact
-mode; bounded mode's namespace gets the same full-attention blocks copied over (a bounded
-fill would store exactly those bytes: the full layers of a cold prefill). Run alone, on an otherwise
-idle machine::
+mode; bounded mode's namespaces get the same full-attention blocks and the tail's sliding
+blocks copied over (a bounded fill would store exactly those bytes: a cold prefill's).
+Run alone, on an otherwise idle machine::
 
     python -m bench.bench_replay --sizes 4096,16384 --new-tokens 1024
     python -m bench.bench_replay --model DIR --sizes 31744 --keeps default,140
+    python -m bench.bench_replay --model DIR --sizes 15360 --no-tail --repeats 3 --tiers dram
 
 ``--ab-cut`` adds, beside each bounded mode, the same mode with its replayed tokens run
 through every layer (``EngineConfig.replay_row_cut=False``; ``-nocut`` cases), and prints
@@ -94,10 +99,18 @@ class ReadOnlyLink(KVStoreLink):
         return CommitResult(dropped=len(payloads))
 
 
+class TaillessLink(ReadOnlyLink):
+    """A ``-notail`` case: the window tail is absent (its sibling namespaces are null), so
+    the hit replays."""
+
+    def sibling(self, ns: Namespace) -> StoreLink:
+        return NullStoreLink(ns)
+
+
 class Bench:
     def __init__(self, lm: LoadedModel, pool_tokens: int, budget: int, store_root: Path,
                  dram_bytes: int, ssd_bytes: int, keeps: tuple[int, ...] = (),
-                 ab_cut: bool = False) -> None:
+                 ab_cut: bool = False, no_tail: bool = False) -> None:
         self.lm = lm
         default = default_keep_tokens(lm.spec.layer_windows)
         self.configs = {
@@ -113,6 +126,8 @@ class Bench:
             if ab_cut:
                 self.configs[mode_name(keep, default) + "-nocut"] = replace(
                     cfg, replay_row_cut=False)
+            if no_tail:
+                self.configs[mode_name(keep, default) + "-notail"] = cfg
         self.modes = tuple(self.configs)
         self.ns = {m: engine_namespaces(lm.spec, c.block_tokens,
                                         c.replay_policy(lm.spec.layer_windows))
@@ -124,7 +139,8 @@ class Bench:
     def engine(self, mode: str, store: KVStore | None = None, *, fill: bool = False
                ) -> LLMEngine:
         ns = self.ns[mode].primary
-        kind = KVStoreLink if fill else ReadOnlyLink
+        kind = KVStoreLink if fill else TaillessLink if mode.endswith("-notail") \
+            else ReadOnlyLink
         link: StoreLink = (NullStoreLink(ns) if store is None
                            else kind(store, ns, "embedded", close_store=False))
         return LLMEngine(self.lm.model, self.configs[mode], link)
@@ -142,19 +158,24 @@ class Bench:
         (seq,) = eng.generate([ids], ONE_TOKEN)
         return seq
 
-    def copy_full_layers(self, store: KVStore, tokens: list[int], mode: str) -> None:
-        """Exact mode's full-attention blocks, committed under a bounded mode's namespace."""
-        src: Namespace = self.ns["exact"].primary
-        dst: Namespace = self.ns[mode].primary
-        if tuple(src.cached_layers) != tuple(dst.cached_layers):
-            raise RuntimeError("exact and bounded primary namespaces hold different layers")
-        src_keys, dst_keys = chain_keys(src, tokens), chain_keys(dst, tokens)
-        rows = torch.empty((len(src_keys), *src.payload_shape), dtype=self.lm.spec.dtype)
-        store.register(dst)
-        got = store.get_into(src, src_keys, rows)
-        if got != len(src_keys):
-            raise RuntimeError(f"the fill stored {got} of {len(src_keys)} blocks")
-        store.commit(dst, dst_keys, {i: rows[i] for i in range(got)})
+    def copy_layers(self, store: KVStore, tokens: list[int], mode: str) -> None:
+        """Exact mode's full-attention blocks, and the sliding blocks of the window tail at
+        the end of ``tokens``, committed under a bounded mode's namespaces."""
+        src, dst = self.ns["exact"], self.ns[mode]
+        if src.sliding is None or dst.sliding is None:
+            raise RuntimeError("a hybrid model has a sliding namespace in either mode")
+        end = len(tokens) // src.primary.block_tokens
+        tail = dst.tail_blocks if end >= dst.tail_blocks else end
+        for a, b, first in ((src.primary, dst.primary, 0), (src.sliding, dst.sliding, end - tail)):
+            if tuple(a.cached_layers) != tuple(b.cached_layers):
+                raise RuntimeError("exact and bounded namespaces hold different layers")
+            src_keys, dst_keys = chain_keys(a, tokens), chain_keys(b, tokens)
+            rows = torch.empty((end - first, *a.payload_shape), dtype=self.lm.spec.dtype)
+            store.register(b)
+            got = store.get_into(a, src_keys[first:], rows)
+            if got != end - first:
+                raise RuntimeError(f"the fill stored {got} of {end - first} blocks")
+            store.commit(b, dst_keys, {first + i: rows[i] for i in range(got)})
 
     def case(self, eng: LLMEngine, ids: list[int]) -> dict[str, Any]:
         cpu0 = time.process_time()
@@ -164,7 +185,7 @@ class Bench:
         return {"ttft_s": s.ttft_s, "cpu_s": cpu_s, "hit_tokens": dict(s.hit_tokens),
                 "computed_tokens": s.computed_tokens, "replayed_tokens": s.replayed_tokens,
                 "loaded_bytes": eng.store_counters().get("loaded_bytes_total", 0),
-                "stored_bytes_per_token": eng.stored_bytes_per_token}
+                "stored_bytes_per_token": eng.stored_bytes_per_token(len(ids))}
 
     def order(self, reverse: bool) -> tuple[str, ...]:
         """Exact mode, then the bounded modes, in reverse with ``reverse``."""
@@ -194,7 +215,7 @@ class Bench:
                 copied: set[Namespace] = set()
                 for mode in self.modes[1:]:  # a -nocut twin shares its mode's namespace
                     if self.ns[mode].primary not in copied:
-                        self.copy_full_layers(store, ids[:n], mode)
+                        self.copy_layers(store, ids[:n], mode)
                         copied.add(self.ns[mode].primary)
                 store.flush()
                 for r, order in enumerate(orders if "dram" in tiers else ()):
@@ -214,6 +235,21 @@ class Bench:
         finally:
             shutil.rmtree(directory, ignore_errors=True)
         return out
+
+
+def print_twin(n: int, k: str, twin: str, med: dict[str, float],
+               runs: list[dict[str, dict[str, Any]]]) -> None:
+    """A bounded case over its twin (``-nocut``, ``-notail``) from the same fills."""
+    per = [run[k]["ttft_s"] / run[twin]["ttft_s"] for run in runs]
+    print(f"# {n}: {k} / {twin} = {med[k] / med[twin]:.3f} (medians), "
+          f"median of the per-sample ratios {statistics.median(per):.3f}; "
+          f"per sample {', '.join(f'{x:.3f}' for x in per)}", flush=True)
+    # CPU seconds of the process (one torch thread): what the step computed, less swayed
+    # than the wall clock by other jobs on an oversubscribed machine.
+    cpu = [run[k]["cpu_s"] / run[twin]["cpu_s"] for run in runs]
+    print(f"# {n}: {k} / {twin}, CPU seconds: median of the per-sample ratios "
+          f"{statistics.median(cpu):.3f}; per sample "
+          f"{', '.join(f'{x:.3f}' for x in cpu)}", flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -237,6 +273,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ab-cut", action="store_true",
                    help="also run each bounded mode with its replayed tokens through every "
                         "layer (-nocut cases) and print bounded / bounded-nocut")
+    p.add_argument("--no-tail", action="store_true",
+                   help="also run each bounded mode with the window tail absent (-notail "
+                        "cases: the hit replays keep tokens) and print bounded / "
+                        "bounded-notail")
     args = p.parse_args(argv)
     tiers = tuple(t.strip() for t in args.tiers.split(","))
     if args.repeats < 1 or not tiers or not set(tiers) <= {"dram", "ssd"}:
@@ -249,7 +289,8 @@ def main(argv: list[str] | None = None) -> int:
     except ReplayError as e:
         p.error(str(e))
     pool = (max(sizes) + args.new_tokens) * 2 + 4096
-    b = Bench(lm, pool, args.budget, store_root, args.dram, args.ssd, keeps, args.ab_cut)
+    b = Bench(lm, pool, args.budget, store_root, args.dram, args.ssd, keeps, args.ab_cut,
+              args.no_tail)
     keep = ", ".join(str(b.configs[m].replay_policy(lm.spec.layer_windows).keep_tokens)
                      for m in b.modes[1:])
     print(f"# bench_replay on {model_dir.name}: {machine()}, torch threads "
@@ -294,18 +335,9 @@ def main(argv: list[str] | None = None) -> int:
                       f"{statistics.median(cpu):.3f}); per sample "
                       f"{', '.join(f'{x:.3f}' for x in per)} (CPU "
                       f"{', '.join(f'{x:.3f}' for x in cpu)})", flush=True)
-            twin = k.replace("_", "-nocut_", 1)
-            if twin in med:
-                per = [run[k]["ttft_s"] / run[twin]["ttft_s"] for run in runs]
-                print(f"# {n}: {k} / {twin} = {med[k] / med[twin]:.3f} (medians), "
-                      f"median of the per-sample ratios {statistics.median(per):.3f}; "
-                      f"per sample {', '.join(f'{x:.3f}' for x in per)}", flush=True)
-                # CPU seconds of the process (one torch thread): what the step computed,
-                # less swayed than the wall clock by other jobs on an oversubscribed machine.
-                cpu = [run[k]["cpu_s"] / run[twin]["cpu_s"] for run in runs]
-                print(f"# {n}: {k} / {twin}, CPU seconds: median of the per-sample ratios "
-                      f"{statistics.median(cpu):.3f}; per sample "
-                      f"{', '.join(f'{x:.3f}' for x in cpu)}", flush=True)
+            for twin in (k.replace("_", "-nocut_", 1), k.replace("_", "-notail_", 1)):
+                if twin != k and twin in med:  # "cold" has no "_", hence no twin
+                    print_twin(n, k, twin, med, runs)
     if args.json:
         args.json.write_text(json.dumps({"keep_tokens": list(keeps), "rows": rows,
                                          "rounds": samples}, indent=1))

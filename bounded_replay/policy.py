@@ -7,8 +7,10 @@ Defaults are the safe ones (DESIGN §11):
   default only within 2x the chunking noise floor at every measured context, and on Gemma 3
   270M in bfloat16 it is 4.9x at 2K and 9.6x at 8K (``bounded_replay.measured``);
 - bounded replay is an opt-in (``keep_tokens`` N): the store keeps the full-attention layers
-  only and a hit replays the last ``keep`` tokens; ``default_keep_tokens`` = the largest
-  window + ``KEEP_MARGIN_TOKENS`` (140 for a 128-token window) is its safe minimum;
+  of every block and, at each committed sequence end, the sliding layers of the blocks its
+  last window reaches (the *window tail*); a hit at a tail replays nothing, any other hit
+  replays the last ``keep`` tokens; ``default_keep_tokens`` = the largest window +
+  ``KEEP_MARGIN_TOKENS`` (140 for a 128-token window) is its safe minimum;
 - a ``keep`` below that minimum is refused unless forced: the sliding layers would rebuild
   the window from less than a whole window of context;
 - ``keep = 0`` or ``cache_all_layers`` is **exact** mode: the store keeps every layer (for a
@@ -61,15 +63,27 @@ class ReplayPolicy:
     @property
     def stored_layer_groups(self) -> tuple[tuple[int, ...], ...]:
         """The layers of each store namespace, the primary one first: every hit is looked up
-        in the primary chain (and the pool indexes it). Bounded: the full-attention layers.
-        Exact, hybrid: the full-attention layers, then the sliding ones apart. Otherwise:
-        every layer in one namespace."""
+        in the primary chain (and the pool indexes it). Hybrid (either mode): the
+        full-attention layers, then the sliding ones apart (exact mode stores them for every
+        block, bounded mode only for window tails: ``keeps_window_tails``). Otherwise: every
+        layer in one namespace."""
         lay = self.layout
-        if self.is_bounded:
-            return (lay.full_layers,)
         if lay.is_hybrid:
             return (lay.full_layers, lay.sliding_layers)
         return (lay.all_layers,)
+
+    @property
+    def keeps_window_tails(self) -> bool:
+        """Bounded mode: the sliding namespace holds, per committed sequence end, only the
+        blocks its last window reaches (``tail_blocks``), not every block."""
+        return self.is_bounded
+
+    def tail_blocks(self, block_tokens: int) -> int:
+        """Blocks of one window tail: those the first token after an end (of enough blocks)
+        sees in some sliding layer, ``ceil((W − 1) / B)``; 0 unless ``keeps_window_tails``."""
+        if not self.keeps_window_tails:
+            return 0
+        return -(-(self.layout.max_window_tokens - 1) // block_tokens)
 
     @property
     def primary_layers(self) -> tuple[int, ...]:
@@ -84,9 +98,11 @@ class ReplayPolicy:
 
     @property
     def stored_layer_fraction(self) -> float:
-        """Share of a token's KV bytes the store keeps (every layer has the same KV shape)."""
-        kept = sum(len(g) for g in self.stored_layer_groups)
-        return kept / self.layout.num_layers
+        """Share of a token's KV bytes the store keeps for every token (every layer has the
+        same KV shape): bounded mode's window tails come on top, per committed end."""
+        groups = self.stored_layer_groups[:1] if self.keeps_window_tails \
+            else self.stored_layer_groups
+        return sum(len(g) for g in groups) / self.layout.num_layers
 
     def max_replay_blocks(self, block_tokens: int) -> int:
         """The most hit blocks one replay writes into: ``keep`` tokens ending on a block
@@ -94,9 +110,9 @@ class ReplayPolicy:
         return -(-self.keep_tokens // block_tokens)
 
     def revision_tag(self) -> str:
-        """Appended to the namespace's ``model_revision`` in bounded mode: blocks computed
-        after a replay carry its drift, so they never mix with exact blocks, nor with those
-        of another ``keep``."""
+        """Appended to every namespace's ``model_revision`` in bounded mode (the window
+        tails' too): blocks computed after a replay carry its drift, so they never mix with
+        exact blocks, nor with those of another ``keep``."""
         return f"+bounded-keep{self.keep_tokens}" if self.is_bounded else ""
 
     def describe(self) -> str:

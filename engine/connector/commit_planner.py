@@ -5,12 +5,16 @@ hold a store link's layers and that the store is not known to hold go, per link,
 background committer (``engine.connector.committer``) as a ``CommitJob``, their bytes copied
 out of the pool into bounded staging rows first (so the pool blocks go back at once, and a
 slow store never holds them; under back-pressure a commit is cut short or dropped, never
-waited for). The primary link's chain is always
-sent, even when nothing in it is new: the commit refreshes the store's recency. Exact
-mode for a hybrid model sends the sliding layers to their own namespace, only when some
-block has them to send. Once the store answered, the pool blocks it accepted (and that
-were not reused meanwhile) are marked stored, so later requests do not send them again;
-after a commit that dropped any block, none are (the result does not say which).
+waited for). The primary link's chain is always sent, even when nothing in it is new: the
+commit refreshes the store's recency. A hybrid model's sliding layers go to their own
+namespace, only when some block has them to send: exact mode sends every block's; bounded
+mode only the **window tail** of the committed end (``ReplayPlanner.tail``: the blocks the
+next token's sliding layers see, so a session's next turn, which hits exactly there, needs
+no replay), and only whole: a tail lacking a block (rows given back, a replay's unwritten
+ones) or cut short by back-pressure is not sent. Once the store answered, the pool blocks
+it accepted (and that were not reused meanwhile) are marked stored, so later requests do
+not send them again; after a commit that dropped any block, none are (the result does not
+say which).
 
 It is the store connector's (``engine.connector.store_connector``): the scheduler decides
 when a request finishes, this what goes to the store, from each block's layers as the KV
@@ -58,7 +62,10 @@ class CommitPlanner(WindowListener):
         Returns the leading blocks the jobs covered: ``full``, or where the first block
         left out under back-pressure lies."""
         receipts = (*self._own_receipt(seq), *receipts)
+        tail = self.kv.planner.tail(full)
         return min((self._submit(seq, link, range(start, full), full, receipts)
+                    if link is self.links[0] or tail is None
+                    else self._submit(seq, link, tail, full, receipts, whole=True)
                     for link in self.links), default=full)
 
     def leaving(self, seq: Sequence, indices: list[int]) -> None:
@@ -76,16 +83,20 @@ class CommitPlanner(WindowListener):
         return (seq.commit_receipt,) if seq.commit_receipt is not None else ()
 
     def _submit(self, seq: Sequence, link: StoreLink, indices: Iterable[int], full: int,
-                receipts: tuple[CommitReceipt, ...]) -> int:
+                receipts: tuple[CommitReceipt, ...], *, whole: bool = False) -> int:
         """One job for ``link``: the blocks among ``indices`` (of ``seq``'s first ``full``)
-        that hold its layers and that the store lacks. Returns ``full``, or the first block
-        back-pressure left out."""
+        that hold its layers and that the store lacks. ``whole`` (a window tail): all of
+        them or nothing, as a hit needs every block of a window. Returns ``full``, or the
+        first block back-pressure left out."""
         kv = self.kv
         block_ids = kv.block_ids(seq)[:full]
         layers_of = kv.layers_of(seq, full)
         held, stored = layers_of.held, layers_of.stored
         pool_keys = kv.keys(seq)
         layers = frozenset(link.ns.cached_layers)
+        indices = list(indices)
+        if whole and not all(layers <= held[i] | stored[i] for i in indices):
+            return full  # a tail with a hole: no hit could use it
         send = [i for i in indices if layers <= held[i] and not layers <= stored[i]]
         if link is not self.links[0] and not send:
             return full  # the primary chain is always sent: it refreshes recency
@@ -98,7 +109,8 @@ class CommitPlanner(WindowListener):
             covered = send[kept]
         if staged is None:
             return covered
-        if not kept and send and link is not self.links[0]:
+        if (not kept or (whole and kept < len(send))) and send \
+                and link is not self.links[0]:
             self.committer.staging.give_back(staged.span)
             return covered
         send = send[:kept]

@@ -1,7 +1,8 @@
 """The store connector: the one object between the engine and its KV store.
 
 As vLLM v1 keeps its KV connector apart from the KV cache manager, this owns the store
-links (the primary namespace's, and in exact mode for a hybrid model the sliding layers'),
+links (the primary namespace's, and for a hybrid model the sliding layers': every block's in
+exact mode, the window tails of committed ends in bounded mode),
 the background loader and committer, and their planners (``engine.connector.load_planner``,
 ``engine.connector.commit_planner``), behind four calls the scheduler makes:
 
@@ -82,7 +83,7 @@ class StoreConnector:
         config: EngineConfig,
         progress: threading.Event,
     ) -> None:
-        """``sliding_link``: exact mode for a hybrid model, the sliding layers' namespace.
+        """``sliding_link``: a hybrid model's sliding layers' namespace.
         ``progress`` is set whenever a transfer finishes (the engine waits on it)."""
         self.link = link
         self.sliding_link = sliding_link
@@ -100,7 +101,7 @@ class StoreConnector:
         )
         self.loads = LoadPlanner(kv, self.links, config.load_timeout_s)
         self.commits = CommitPlanner(kv, self.links, self.committer, self.counters)
-        if sliding_link is not None:
+        if sliding_link is not None and kv.planner.commits_leaving_rows:
             kv.window_listener = self.commits  # sliding rows leaving the window: commit
         # By seq_id: the loads requests wait for. A job given up on leaves at once; the
         # loader still reports it later, and only its blocks are released then.
@@ -113,9 +114,12 @@ class StoreConnector:
     # -- loads ------------------------------------------------------------------------
     def match(self, seq: Sequence, hit: PrefixMatch) -> LoadNeed | None:
         """Whether ``seq`` asks the store for more than the pool's ``hit``: blocks short
-        of the cap, or in exact mode a last window lacking the sliding layers."""
+        of the cap, or a last window lacking the sliding layers (exact mode needs them,
+        bounded mode skips its replay with a tail)."""
         planner = self.kv.planner
-        wanted = len(hit.blocks) < hit.cap_blocks or planner.needs_sliding_load(hit.blocks)
+        sliding = self.sliding_link is not None and self.sliding_link.enabled
+        wanted = len(hit.blocks) < hit.cap_blocks or (
+            sliding and planner.needs_sliding_load(hit.blocks))
         if not (self.link.enabled and wanted):
             return None
         return LoadNeed(hit.cap_blocks - len(hit.blocks),

@@ -349,3 +349,12 @@ class KVStoreLink(StoreLink):
             self.store.close()
         except KVStoreError as e:
             self.note_failure("close", e)
+
+
+class PrimaryOnlyLink(KVStoreLink):
+    """A link whose siblings are null: the engine over it stores and loads only its primary
+    namespace. For measurements of bounded replay itself (``replay-fidelity``,
+    ``bench/bench_replay.py``): without window tails every bounded hit replays."""
+
+    def sibling(self, ns: Namespace) -> StoreLink:
+        return NullStoreLink(ns)

@@ -197,10 +197,11 @@ class LLMEngine:
     def hbm_stats(self) -> TierStats:
         return self.kv.stats()
 
-    @property
-    def stored_bytes_per_token(self) -> float:
-        """KV bytes the store keeps per token under this engine's replay policy."""
-        return self.namespaces.bytes_per_token
+    def stored_bytes_per_token(self, context_tokens: int) -> float:
+        """KV bytes the store keeps per token of a context of ``context_tokens`` committed
+        at one end, under this engine's replay policy (bounded mode: the full layers of
+        every token plus that end's window tail, ``StoredNamespaces.bytes_per_token``)."""
+        return self.namespaces.bytes_per_token(context_tokens)
 
     def store_counters(self) -> dict[str, int]:
         """The store links' counters, summed over the namespaces."""

@@ -32,7 +32,12 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from engine.connector.store_link import KVStoreLink, NullStoreLink, StoreLink
+from engine.connector.store_link import (
+    KVStoreLink,
+    NullStoreLink,
+    PrimaryOnlyLink,
+    StoreLink,
+)
 from engine.core.config import EngineConfig
 from engine.core.llm_engine import LLMEngine
 from engine.core.sampling_params import SamplingParams
@@ -101,9 +106,13 @@ def compare(ref: Trace, got: Trace) -> tuple[float, float, float, int]:
 
 
 def _engine(lm: LoadedModel, cfg: EngineConfig, store: KVStore | None) -> LLMEngine:
-    ns = engine_namespace(lm.spec, cfg.block_tokens, "", cfg.replay_policy(lm.spec.layer_windows))
+    policy = cfg.replay_policy(lm.spec.layer_windows)
+    ns = engine_namespace(lm.spec, cfg.block_tokens, "", policy)
+    # The replay's drift is measured: a bounded engine keeps no window tails here (a hit at
+    # one would replay nothing).
+    kind = PrimaryOnlyLink if policy.is_bounded else KVStoreLink
     link: StoreLink = (NullStoreLink(ns) if store is None
-                       else KVStoreLink(store, ns, "fidelity", close_store=False))
+                       else kind(store, ns, "fidelity", close_store=False))
     return LLMEngine(lm.model, cfg, link)
 
 

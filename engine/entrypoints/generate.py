@@ -8,9 +8,11 @@ took.
 "ttft_s", "decode_tokens_per_s", "token_ids", "text"}]}`` (``token_ids`` and ``text`` are
 the generated answer). ``computed_tokens`` counts every prompt token that went through the
 model, the ``replayed_tokens`` of a bounded replay included (so hit + computed = prompt +
-replayed); ``stored_bytes_per_token`` is what the store keeps per token under the replay
-policy. Otherwise a table, one row per turn as it finishes, and a summary of the pool, the
-store and the replay policy.
+replayed); ``stored_bytes_per_token`` is what the store keeps per token of the turn's
+context (prompt and answer) under the replay policy: every token's stored layers, plus in
+bounded mode one window tail (the sliding layers of the last window) per committed end,
+spread over the context. Otherwise a table, one row per turn as it finishes, and a summary
+of the pool, the store and the replay policy.
 """
 
 from __future__ import annotations
@@ -163,7 +165,9 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
                    help="torch device of the model and the pool (cpu, cuda, cuda:1)")
     p.add_argument("--replay-keep", type=int, metavar="N",
                    help="opt into bounded replay (hybrid models): the store keeps the "
-                        "full-attention layers only and a hit recomputes its last N tokens "
+                        "full-attention layers, plus the sliding ones of the last window at "
+                        "each committed end (a session's next turn, hitting there, replays "
+                        "nothing); any other hit recomputes its last N tokens "
                         "(safe minimum: the largest sliding window + 12); 0 = exact, as "
                         "--cache-all-layers, the default. " + help_summary())
     p.add_argument("--max-model-len", type=int, metavar="N",
@@ -235,7 +239,7 @@ def run(args: argparse.Namespace) -> int:
                        progress=not args.json)
         store_counters = engine.store_counters()
         hbm = engine.hbm_stats()
-        stored_per_token = engine.stored_bytes_per_token
+        stored = engine.namespaces
     failed = store_counters.get("store_errors_total", 0)
     if failed:
         calls = "call" if failed == 1 else "calls"
@@ -251,8 +255,11 @@ def run(args: argparse.Namespace) -> int:
               f"{hbm.counters.get('evicted_blocks_total', 0)} evicted, "
               f"{store_counters.get('loaded_blocks_total', 0)} loaded from the store, "
               f"{store_counters.get('committed_blocks_total', 0)} committed")
-        print(f"replay: {policy.describe()}; the store keeps {stored_per_token:.0f} bytes "
-              f"of KV per token ({policy.stored_layer_fraction:.0%} of the layers)")
+        tail = (f" + a window tail of {stored.tail_bytes} bytes per committed end"
+                if stored.tail_bytes else "")
+        print(f"replay: {policy.describe()}; the store keeps "
+              f"{stored.block_bytes / config.block_tokens:.0f} bytes of KV per token "
+              f"({policy.stored_layer_fraction:.0%} of the layers){tail}")
     return 0
 
 
@@ -282,7 +289,7 @@ def play(
         seq = engine.add_request(ids, turn_params)
         _run_to_end(engine, seq, progress)
         result = TurnResult.of(seq, turn.session, conv.record_answer(seq.output_ids),
-                               engine.stored_bytes_per_token)
+                               engine.stored_bytes_per_token(max(1, len(seq.token_ids))))
         results.append(result)
         if on_turn is not None:
             on_turn(i, result)

@@ -12,10 +12,10 @@ Every block is in exactly one of three states:
 - **free, empty**: ``ref_cnt == 0`` and no key.
 
 An indexed block records the layers whose K/V it holds: every layer when this engine
-computed it, only the stored layers when it was loaded from the store (bounded replay keeps
-the full-attention layers only, exact mode loads the sliding layers only for the last
-window's blocks). A pool hit on a block without the sliding layers is therefore still
-replayed or completed from the store, never read as if it held them.
+computed it, only the stored layers when it was loaded from the store (the full-attention
+layers, and the sliding layers only for the last window's blocks, which bounded mode's
+store has only at a window tail). A pool hit on a block without the sliding layers is
+therefore still replayed or completed from the store, never read as if it held them.
 
 Allocation takes empty blocks first, then evicts the least recently freed cached block.
 Sequences free their blocks tail first, so the tail of a chain is evicted first and what

@@ -221,7 +221,8 @@ class KVManager:
         if not self.blocks.grow(owner, num_tokens):
             return False
         a = seq.num_computed_tokens
-        lo = self.layout.window_first_block(a, self.block_tokens)
+        lo = self.layout.window_first_block(self.planner.kept_window_from(a),
+                                            self.block_tokens)
         cacheable = self.cacheable_blocks(seq)
         leaving = sorted(i for i in self.sliding.held(seq.seq_id) if i < min(lo, cacheable))
         if leaving:
@@ -302,11 +303,15 @@ class KVManager:
         copied = self._copied_stored.get(seq.seq_id, {})
         sliding = self.sliding.held(seq.seq_id)
         none: frozenset[int] = frozenset()
+        rewritten = self.planner.rewritten_blocks(seq.plan, seq.num_computed_tokens)
         held: list[frozenset[int]] = []
         stored: list[frozenset[int]] = []
         for i, b in enumerate(self.table(seq)[:full]):
+            # A hit block the replay wrote whole holds its sliding rows (or its companion)
+            extra = self.planner.sliding_layers if i in rewritten and (
+                not self.layout.is_hybrid or i in sliding) else none
             if b.key is not None:
-                held.append(b.layers)
+                held.append(b.layers | extra)
                 stored.append(b.stored_layers)
             elif i >= hit:
                 held.append(self.planner.computed_layers
@@ -314,7 +319,7 @@ class KVManager:
                             else self.planner.primary_layers)
                 stored.append(none)
             else:
-                held.append(self.planner.primary_layers)
+                held.append(self.planner.primary_layers | extra)
                 stored.append(copied.get(i, none))
         return BlockLayers(tuple(held), tuple(stored))
 

@@ -5,8 +5,8 @@ the revision digest of its tensors and KV-relevant config), the KV dtype, the la
 blocks carry, the head geometry and the block size; and the tenant the store's token maps
 to, so an engine never registers a namespace the daemon would refuse and tenants never
 share hits. Which layers go into which namespace is the replay policy's decision
-(``bounded_replay.stored_namespaces``): bounded mode keeps the full-attention layers only,
-exact mode for a hybrid model keeps the sliding layers in a second namespace.
+(``bounded_replay.stored_namespaces``): a hybrid model keeps the sliding layers in a second
+namespace (exact mode every block's, bounded mode the window tails of committed ends).
 """
 
 from __future__ import annotations

@@ -29,8 +29,9 @@ def test_the_hybrid_preset_defaults_to_exact_and_opts_into_bounded_keep_140() ->
     assert default.stored_layer_fraction == 1.0 and "opt-in" in default.reason
     p = resolve_policy(HYBRID, 140)
     assert p.mode is ReplayMode.BOUNDED and p.keep_tokens == 140
-    assert p.stored_layer_groups == ((1, 3, 5, 7),)
-    assert p.stored_layer_fraction == 0.5
+    assert p.stored_layer_groups == ((1, 3, 5, 7), (0, 2, 4, 6))  # the sliding: tails only
+    assert p.keeps_window_tails and p.tail_blocks(64) == 2
+    assert p.stored_layer_fraction == 0.5  # of every token
 
 
 @given(hybrid_windows)

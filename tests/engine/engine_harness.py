@@ -38,10 +38,13 @@ def fake_engine(
     eos: tuple[int, ...] = (),
     max_model_len: int | None = None,
     windows: tuple[int | None, ...] | None = None,
+    link_kind: type[KVStoreLink] = KVStoreLink,
     **config: object,
 ) -> LLMEngine:
-    """``windows``: the layers' sliding windows (a hybrid model); ``config``: more
-    ``EngineConfig`` fields (``cache_all_layers=True`` for exact mode, say)."""
+    """``windows``: the layers' sliding windows (a hybrid model); ``link_kind``: the store
+    link's class (``PrimaryOnlyLink``: a bounded engine keeping no window tails);
+    ``config``: more ``EngineConfig`` fields (``cache_all_layers=True`` for exact mode,
+    say)."""
     model = FakeModel(fake_spec(context=context, eos=eos, windows=windows))
     cfg = EngineConfig(
         pool_tokens=pool_blocks * BT,
@@ -54,7 +57,7 @@ def fake_engine(
         **config,  # type: ignore[arg-type]
     )
     ns = engine_namespace(model.spec, BT, "", cfg.replay_policy(model.spec.layer_windows))
-    link: StoreLink = NullStoreLink(ns) if store is None else KVStoreLink(store, ns, "test")
+    link: StoreLink = NullStoreLink(ns) if store is None else link_kind(store, ns, "test")
     return LLMEngine(model, cfg, link)
 
 

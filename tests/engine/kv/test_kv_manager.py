@@ -7,6 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from engine.connector.store_link import PrimaryOnlyLink
 from engine.core.sequence import Sequence
 from engine.errors import EngineIntegrityError
 from engine.kv.request_scope import RequestScope
@@ -87,9 +88,9 @@ def test_a_replay_into_shared_pool_blocks_writes_private_copies_stored_as_the_or
     store = WrappedStore(inner)  # an engine's close leaves the inner store open
     try:
         p = list(range(1, 7 * BT + 2))
-        with fake_engine(store, **HYBRID) as first:
-            run_checked(first, [p])
-        with fake_engine(store, **HYBRID) as eng:
+        with fake_engine(store, link_kind=PrimaryOnlyLink, **HYBRID) as first:
+            run_checked(first, [p])  # no window tails: a hit at its end replays
+        with fake_engine(store, link_kind=PrimaryOnlyLink, **HYBRID) as eng:
             # A loads 7 blocks (the full layer only): pool blocks without the sliding one.
             (a,) = run_checked(eng, [p])
             assert a.stats.hit_tokens["dram"] == 7 * BT and a.stats.replayed_tokens > 0
@@ -104,8 +105,12 @@ def test_a_replay_into_shared_pool_blocks_writes_private_copies_stored_as_the_or
             layers = eng.kv.layers_of(b, plan.hit_blocks)
             for i in plan.replay_blocks:
                 assert table[i].key is None  # its own block, not the indexed one
-                # Held: the full layer (copied); stored: as the original, so not resent.
-                assert layers.held[i] == eng.planner.primary_layers
+                # Held: the full layer (copied), and the sliding one once the replay wrote
+                # the block whole (a window tail may send it); stored: as the original, so
+                # not resent.
+                rewritten = eng.planner.rewritten_blocks(plan, b.num_computed_tokens)
+                sliding = eng.planner.sliding_layers if i in rewritten else frozenset()
+                assert layers.held[i] == eng.planner.primary_layers | sliding
                 assert layers.stored[i] == eng.planner.primary_layers
             eng.check_integrity()
             while not b.is_finished:

@@ -7,7 +7,12 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.connector.store_link import KVStoreLink, NullStoreLink, StoreLink
+from engine.connector.store_link import (
+    KVStoreLink,
+    NullStoreLink,
+    PrimaryOnlyLink,
+    StoreLink,
+)
 from engine.core.config import EngineConfig
 from engine.core.llm_engine import LLMEngine
 from engine.core.sampling_params import SamplingParams
@@ -26,11 +31,13 @@ def config(keep: int | None = None, *, exact: bool = False, force: bool = False,
                         replay_force=force, cache_all_layers=exact)
 
 
-def engine(lm: LoadedModel, cfg: EngineConfig, store: KVStore | None = None) -> LLMEngine:
+def engine(lm: LoadedModel, cfg: EngineConfig, store: KVStore | None = None, *,
+           tails: bool = True) -> LLMEngine:
     ns = engine_namespace(lm.spec, cfg.block_tokens, "",
                           cfg.replay_policy(lm.spec.layer_windows))
+    kind = KVStoreLink if tails else PrimaryOnlyLink
     link: StoreLink = (NullStoreLink(ns) if store is None
-                       else KVStoreLink(store, ns, "test", close_store=False))
+                       else kind(store, ns, "test", close_store=False))
     return LLMEngine(lm.model, cfg, link)
 
 
@@ -67,9 +74,13 @@ def cold(lm: LoadedModel, prompt: list[int], new: int = 4) -> Run:
         return request(eng, prompt, new)
 
 
-def fill(lm: LoadedModel, cfg: EngineConfig, store: KVStore, prefix: list[int]) -> None:
-    """Commit ``prefix``'s full blocks (computed cold) to ``store`` under ``cfg``'s policy."""
-    with engine(lm, cfg, store) as eng:
+def fill(lm: LoadedModel, cfg: EngineConfig, store: KVStore, prefix: list[int], *,
+         tails: bool = False) -> None:
+    """Commit ``prefix``'s full blocks (computed cold) to ``store`` under ``cfg``'s policy;
+    in bounded mode without the window tail unless ``tails`` (a hit at the prefix's end then
+    replays: what these tests measure); exact mode stores every layer."""
+    bounded = cfg.replay_policy(lm.spec.layer_windows).is_bounded
+    with engine(lm, cfg, store, tails=tails or not bounded) as eng:
         request(eng, prefix, 1)
         eng.drain()
 

@@ -11,6 +11,7 @@ import pytest
 
 from bounded_replay import MEASURED_FIDELITY
 from engine.entrypoints import cli
+from engine.entrypoints.session import SessionTurn
 from tests.engine.sessions import agent_session, write_session_file
 
 # tiny: 2 layers (the sliding one first), 2 KV heads of 16, float32 K and V.
@@ -22,6 +23,16 @@ SAFE_KEEP = 128 + 12
 def session_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_session_file(tmp_path_factory.mktemp("sessions") / "agents.jsonl",
                               agent_session(turns_each=2))
+
+
+@pytest.fixture(scope="module")
+def other_session_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One turn sharing two thirds of ``session_file``'s header: a store hit that ends at
+    none of the first session's committed ends (no window tail there)."""
+    first = agent_session(turns_each=2)[0].user
+    text = first[: len(first) * 2 // 3] + "\nTask for c: tidy up"
+    return write_session_file(tmp_path_factory.mktemp("sessions") / "other.jsonl",
+                              [SessionTurn("c", text)])
 
 
 def main(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
@@ -40,8 +51,8 @@ def generate_json(capsys: pytest.CaptureFixture[str], model: Path, session: Path
     return list(json.loads(out)["turns"])
 
 
-def test_a_second_process_replays_keep_tokens_of_each_store_hit(
-    tiny_hybrid_dir: Path, session_file: Path, tmp_path: Path,
+def test_a_second_process_replays_nothing_at_a_tail_and_keep_tokens_elsewhere(
+    tiny_hybrid_dir: Path, session_file: Path, other_session_file: Path, tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     store = tmp_path / "store"
@@ -50,13 +61,23 @@ def test_a_second_process_replays_keep_tokens_of_each_store_hit(
     # One process: its pool hits hold every layer (computed here), nothing is replayed.
     assert all(t["replayed_tokens"] == 0 for t in first)
     assert sum(t["hit_tokens"]["hbm"] for t in first) > 0
+    # The same first turn in a second process hits the store exactly at the end the first
+    # committed, with its window tail: nothing replayed.
     second = generate_json(capsys, tiny_hybrid_dir, session_file, store, *keep)
     t0 = second[0]
-    store_hit = t0["hit_tokens"]["dram"] + t0["hit_tokens"]["ssd"]
-    assert store_hit > SAFE_KEEP
-    assert t0["replayed_tokens"] == SAFE_KEEP
-    for t in first + second:
-        assert t["stored_bytes_per_token"] == LAYER_BYTES_PER_TOKEN  # the full layer only
+    assert t0["hit_tokens"]["dram"] + t0["hit_tokens"]["ssd"] > SAFE_KEEP
+    assert t0["replayed_tokens"] == 0
+    # A turn sharing only the header hits elsewhere: no tail there, keep tokens replayed.
+    (other,) = generate_json(capsys, tiny_hybrid_dir, other_session_file, store, *keep)
+    assert other["hit_tokens"]["dram"] + other["hit_tokens"]["ssd"] > SAFE_KEEP
+    assert other["replayed_tokens"] == SAFE_KEEP
+    # The full layer of every token plus the sliding one of a window tail per committed
+    # end (ceil(127 / 64) = 2 blocks), over the turn's context.
+    for t in [*first, *second, other]:
+        context = t["prompt_tokens"] + len(t["token_ids"])
+        tail = min(2, context // 64) * 64
+        assert t["stored_bytes_per_token"] == pytest.approx(
+            LAYER_BYTES_PER_TOKEN * (1 + tail / context))
         hit = sum(t["hit_tokens"].values())
         assert hit + t["computed_tokens"] == t["prompt_tokens"] + t["replayed_tokens"]
 
@@ -79,14 +100,14 @@ def test_cache_all_layers_is_exact_and_stores_every_layer(
 
 
 def test_a_forced_small_keep_replays_that_many(
-    tiny_hybrid_dir: Path, session_file: Path, tmp_path: Path,
+    tiny_hybrid_dir: Path, session_file: Path, other_session_file: Path, tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     store = tmp_path / "store"
-    generate_json(capsys, tiny_hybrid_dir, session_file, store, "--replay-keep", "40", "--force")
-    second = generate_json(capsys, tiny_hybrid_dir, session_file, store, "--replay-keep", "40",
-                           "--force")
-    assert second[0]["replayed_tokens"] == 40
+    forced = ("--replay-keep", "40", "--force")
+    generate_json(capsys, tiny_hybrid_dir, session_file, store, *forced)
+    (other,) = generate_json(capsys, tiny_hybrid_dir, other_session_file, store, *forced)
+    assert other["replayed_tokens"] == 40
 
 
 def test_a_full_attention_model_ignores_keep(

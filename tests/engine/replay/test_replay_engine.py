@@ -141,22 +141,25 @@ def test_bounded_replay_drifts_from_a_cold_prefill(deep: LoadedModel, store: KVS
     assert 1e-5 < diff < 10.0
 
 
-def test_stored_bytes_per_token_are_the_full_layer_share(deep: LoadedModel) -> None:
-    full_share = bytes_per_token_all_layers(deep) * len(deep.spec.full_attention_layers) \
-        // deep.spec.num_layers
-    for cfg, want in ((config(KEEP), full_share),
+def test_stored_bytes_per_token_are_the_full_layer_share_and_one_tail(
+        deep: LoadedModel) -> None:
+    """Bounded: every token's full layers plus, per committed end, the sliding layers of
+    its last window (``tail_blocks`` = ceil(23 / 16) = 2 blocks); exact: every layer.
+    Checked against what the store really holds."""
+    layer = bytes_per_token_all_layers(deep) // deep.spec.num_layers
+    full, sliding = len(deep.spec.full_attention_layers), 2
+    end = 26 * BT  # the request's committed end: 420 prompt tokens (+ 3 computed answers)
+    for cfg, want in ((config(KEEP), layer * (full + sliding * 2 * BT / end)),
                       (config(exact=True), bytes_per_token_all_layers(deep))):
         s = open_embedded(dram_bytes=64 << 20)
         try:
-            fill(deep, cfg, s, tokens(320, 4))
+            fill(deep, cfg, s, tokens(320, 4))  # bounded: no tail at this end
             with engine(deep, cfg, s) as eng:
                 request(eng, tokens(320, 4) + tokens(100, 5))
                 eng.drain()
-                assert eng.stored_bytes_per_token == want
+                assert eng.stored_bytes_per_token(end) == want
             (dram,) = s.stats().tiers
-            primary = dram.size_classes[0]  # equal sizes: one class for both namespaces
-            blocks = primary.used_blocks // len(eng.namespaces.all)
-            assert dram.used_bytes / (blocks * BT) == want  # what the store really holds
+            assert dram.used_bytes == want * end  # what the store really holds
         finally:
             s.close()
 

@@ -67,28 +67,34 @@ def test_daemon_dies_under_a_running_server(tiny_dir: Path, token_file: Path,
 def test_cached_tokens_leave_out_what_bounded_replay_recomputes(
         tmp_path_factory: pytest.TempPathFactory, env: dict[str, str]) -> None:
     """A hybrid model (sliding layers) under bounded replay: the store keeps the full layers
-    only, so a store hit's last ``keep`` tokens are recomputed and not reported as cached."""
+    and, at each committed end, the window tail. The same prompt in a second process hits
+    its first's committed end: the tail is there, nothing is replayed. A prompt sharing
+    only its beginning hits elsewhere: its last ``keep`` tokens are recomputed and not
+    reported as cached."""
     from engine.model.make_model import make_model
 
     hybrid = make_model("qwen3", "tiny", tmp_path_factory.mktemp("hy") / "tiny-hybrid",
                         hybrid=True).path
     store = tmp_path_factory.mktemp("hy-store")
     prompt = words(150, seed=13)
+    other = " ".join(prompt.split()[:100] + words(40, seed=14).split())
     keep = 128 + 12  # the tiny hybrid's window + 12: the safe default
     got = []
-    for _ in range(2):  # the second process starts with an empty pool: its hit is the store's
+    # The second process starts with an empty pool: its hits are the store's.
+    for prompts in ([prompt], [prompt, other]):
         with ServeProcess(["--model", str(hybrid), "--kv-store", f"embedded:{store}",
                            "--pool-tokens", "4096", "--replay-keep", str(keep)], env) as s:
-            r = client(s).completions.create(model="tiny-hybrid", prompt=prompt,
-                                              max_tokens=2, temperature=0)
-            assert r.usage is not None
-            got.append((cached(r.usage), replayed(r.usage), r.usage.prompt_tokens))
-    (first, first_replayed, n), (second, second_replayed, _) = got
+            for text in prompts:
+                r = client(s).completions.create(model="tiny-hybrid", prompt=text,
+                                                  max_tokens=2, temperature=0)
+                assert r.usage is not None
+                got.append((cached(r.usage), replayed(r.usage), r.usage.prompt_tokens))
+    (first, first_replayed, n), (again, again_replayed, _), (elsewhere, replayed_there, _) = got
     assert first == first_replayed == 0
     hit = (n - 1) // 64 * 64  # every full block, short of the last token's
-    assert hit > keep and second == hit - keep
+    assert hit > keep and again == hit and again_replayed == 0  # the first's committed end
     # Which mode served it, per response: bounded replay recomputed `keep` tokens.
-    assert second_replayed == keep
+    assert replayed_there == keep and elsewhere > 0
 
 
 def replayed(usage: object) -> int:
