@@ -28,6 +28,8 @@ from kernels.torch_ref import TorchBackend
 
 class CpuPagedBackend(TorchBackend):
     name = "cpu_paged"
+    #: The decode kernel's item path: the best this CPU runs (``decode.PATH_BEST``).
+    decode_path: int = decode.PATH_BEST
 
     def __init__(self) -> None:
         decode.require_extension()
@@ -74,7 +76,16 @@ class CpuPagedBackend(TorchBackend):
             return super().paged_decode_attention(q, k_pool, v_pool, block_tables, seq_lens,
                                                   scale, window, kv_start)
         return decode.paged_decode(q, k_pool, v_pool, block_tables, seq_lens, scale, window,
-                                   kv_start)
+                                   kv_start, path=self.decode_path)
+
+
+class CpuPagedPortableBackend(CpuPagedBackend):
+    """``cpu_paged`` with decode forced onto the kernel's portable path (float32 dot products,
+    whatever the CPU): the peer of an A/B against the AVX-512 BF16 path. Not in the
+    registry; ``bench/bench_decode_backends.py --portable-peer`` registers it."""
+
+    name = "cpu_paged_portable"
+    decode_path = decode.PATH_PORTABLE
 
 
 _log = logging.getLogger(__name__)
@@ -90,4 +101,4 @@ def _prefill_refusal() -> str:
     return "" if result.ok else f"failed its self-check: {result.detail}"
 
 
-__all__ = ["CpuPagedBackend"]
+__all__ = ["CpuPagedBackend", "CpuPagedPortableBackend"]
