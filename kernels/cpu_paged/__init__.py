@@ -82,7 +82,8 @@ class CpuPagedBackend(TorchBackend):
 class CpuPagedPortableBackend(CpuPagedBackend):
     """``cpu_paged`` with decode forced onto the kernel's portable path (float32 dot products,
     whatever the CPU): the peer of an A/B against the AVX-512 BF16 path. Not in the
-    registry; ``bench/bench_decode_backends.py --portable-peer`` registers it."""
+    registry; ``bench/bench_decode_backends.py --backends cpu_paged_portable,cpu_paged``
+    registers it."""
 
     name = "cpu_paged_portable"
     decode_path = decode.PATH_PORTABLE
