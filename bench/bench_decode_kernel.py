@@ -107,7 +107,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"# paged decode kernel, bf16: {machine()}; {args.batch} × {args.context} tokens, "
           f"{args.heads}/{args.kv_heads} heads × {args.head_dim}, block {args.block}, "
           f"{args.threads} threads, {args.layers} layer copies, {args.runs} rounds × "
-          f"{args.calls} calls (median, {'CPU' if args.cpu_time else 'wall'} time); AVX-512 BF16 path: {decode.bf16_path()}; "
+          f"{args.calls} calls (median, {'CPU' if args.cpu_time else 'wall'} time); "
+          f"AVX-512 BF16 path: {decode.bf16_path()}; "
           f"K+V {kv_bytes / 1e6:.2f} MB per call; max |best − portable| {err:.2g}; "
           f"load {load0} → {load1}")
     print("| batch | best µs | portable µs | read µs | best / portable | best / read |")
