@@ -3,9 +3,10 @@
 Decode (one query per sequence) is where the reference pays for paging on the CPU: it
 gathers each round's blocks into scratch and calls ATen's flash kernel, which tiles for long
 query blocks while a decode query is a few rows per KV head. ``decode.py`` reads the blocks
-in place instead. Prefill is where a cold prompt spends its time, and on a CPU without AMX
-ATen's flash kernel runs it at about a third of the bf16 GEMM rate; ``prefill.py`` reads the
-pool in place with ``vdpbf16ps`` dot products instead. The KV copies are the reference's,
+in place instead (bf16 with ``vdpbf16ps``, 16 keys at a time, where the CPU has AVX-512
+BF16). Prefill is where a cold prompt spends its time, and on a CPU without AMX ATen's flash
+kernel runs it at about a third of the bf16 GEMM rate; ``prefill.py`` reads the pool in
+place with ``vdpbf16ps`` dot products instead. The KV copies are the reference's,
 and so are prefill and decode for what the kernels do not take (float16 pools, say).
 
 The backend is handed out only after ``selfcheck.run_selfcheck`` (decode) agreed with the
