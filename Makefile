@@ -14,7 +14,8 @@ $(STAMP): pyproject.toml Makefile kvstore/_rowcopy.c kvstore/_hitrate.c kvstore/
           kvstore/_hitrate_s3fifo_type.c kvstore/_hitrate_s3fifo.h kernels/_paged_decode.c \
           kernels/_gemv.c kernels/_fused.c \
           kernels/_paged_prefill.c kernels/_paged_prefill_bf16.c kernels/_paged_prefill.h \
-          kernels/_bf16.h
+          kernels/_paged_decode_bf16.c kernels/_paged_decode.h kernels/_bf16.h \
+          kernels/_bf16_avx512.h
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0

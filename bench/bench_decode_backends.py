@@ -11,6 +11,10 @@ figure is the median of ``--rounds`` interleaved rounds (each round's pair is pr
 the ratio (second / first) comes from the same rounds. The load average is printed at start
 and end: on a shared machine absolute figures are inflated, the ratio much less.
 
+``cpu_paged_portable`` names ``cpu_paged`` with its decode kernel forced onto the portable
+path (``kernels.cpu_paged.CpuPagedPortableBackend``; registered here, not in the registry):
+``--backends cpu_paged_portable,cpu_paged`` is the A/B of the AVX-512 BF16 decode path.
+
 With ``--linears A,B`` the two engines differ in their linear kernel instead (``onednn``,
 ``bf16gemv``, ``dense``: ``kernels/linear.py``), on the default attention backend: each gets
 its own copy of the model, whose weights are prepared for its kernel during its warm-up
@@ -44,7 +48,14 @@ from engine.core.config import EngineConfig
 from engine.core.llm_engine import LLMEngine
 from engine.core.sampling_params import SamplingParams
 from engine.kv.namespace import engine_namespace
+from kernels.backend import BackendEntry, register_backend
 from kernels.threads import thread_plan
+
+#: Backends this bench registers when asked for by name (A/B peers, not served ones).
+BENCH_BACKENDS = {
+    "cpu_paged_portable": BackendEntry("kernels.cpu_paged", "CpuPagedPortableBackend",
+                                       ("cpu",)),
+}
 
 
 def _load() -> str:
@@ -85,6 +96,9 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(f"bench_decode_backends: {exc}", file=sys.stderr)
         return 2
+    for name in names:
+        if name in BENCH_BACKENDS and not args.linears:
+            register_backend(name, BENCH_BACKENDS[name])
     from engine.model.loader import load_model
 
     lm = load_model(args.model, dtype=args.dtype)

@@ -13,9 +13,11 @@
  * module links libgomp.so.1, the soname of the runtime torch ships and has already loaded
  * when this module is imported, so both share one runtime and one thread pool.
  *
- * Vectorisation: the inner loops are plain C that GCC vectorises; the item function is
- * compiled for AVX-512, AVX2 and a portable default (target_clones, chosen at load time),
- * so a shipped build never assumes the build machine's CPU.
+ * Two item paths, both chosen at run time so that a shipped build never assumes the build
+ * machine's CPU: on a CPU with AVX-512 BF16, bfloat16 calls with head_dim a multiple of 32
+ * take _paged_decode_bf16.c (`vdpbf16ps` on the pool's rows in place, 16 keys per pass);
+ * everything else takes the portable path below, plain C that GCC vectorises, compiled for
+ * AVX-512, AVX2 and a portable default (target_clones). `path` 1 forces the portable one.
  *
  * The caller (kernels/cpu_paged/decode.py) has validated every argument: shapes, dtypes,
  * block ids inside the pool, lengths. This file trusts them.
@@ -29,16 +31,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "_bf16.h"
-
-enum { DT_F32 = 0, DT_BF16 = 1 };
+#include "_paged_decode.h"
 
 /* Scores are computed for at most this many keys at a time (a block is walked in chunks). */
 #define CHUNK 32
-/* The largest query group and head_dim the stack buffers take (the wrapper delegates
- * anything larger to the torch backend). */
-#define MAX_GROUP 16
-#define MAX_DIM 256
 /* Fewer keys than this per split are not worth a merge. */
 #define MIN_SPLIT_TOKENS 256
 
@@ -47,38 +43,6 @@ enum { DT_F32 = 0, DT_BF16 = 1 };
 #else
 #define CLONES
 #endif
-
-typedef struct {
-    const void *q;
-    const void *k;
-    const void *v;
-    void *out;
-    const void *tables;
-    const void *lens;
-    const void *kv_start; /* NULL: none */
-    float *partial;       /* [items][group][dim + 2]: acc, max, sum; NULL when splits == 1 */
-    int64_t q_stride_b, q_stride_h; /* in elements */
-    int64_t table_stride;           /* in elements */
-    int64_t batch, heads, kv_heads, dim, block_tokens, window; /* window 0: none */
-    int64_t splits;
-    int dtype, index64;
-    float scale;
-} job_t;
-
-static inline int64_t read_index(const void *p, int64_t i, int index64) {
-    return index64 ? ((const int64_t *)p)[i] : (int64_t)((const int32_t *)p)[i];
-}
-
-
-/* The visible key range [lo, hi) of sequence b. */
-static inline void key_range(const job_t *j, int64_t b, int64_t *lo, int64_t *hi) {
-    int64_t len = read_index(j->lens, b, j->index64);
-    int64_t start = j->kv_start ? read_index(j->kv_start, b, j->index64) : 0;
-    if (j->window > 0 && len - j->window > start) start = len - j->window;
-    if (start < 0) start = 0;
-    *lo = start;
-    *hi = len;
-}
 
 /* exp(x) for x <= 0 in float32 (the softmax's arguments), written so that GCC vectorises
  * it: 2^n × p(r) with r = x − n ln 2, |r| <= ln2/2, p of degree 6 (relative error ~2e-7, as
@@ -178,26 +142,8 @@ item_impl(const job_t *j, int64_t b, int64_t g, int64_t t0, int64_t t1, float *p
             }
         t += n;
     }
-    if (part) {
-        for (int64_t r = 0; r < G; r++) {
-            float *p = part + r * (D + 2);
-            memcpy(p, acc[r], (size_t)D * sizeof(float));
-            p[D] = m[r];
-            p[D + 1] = l[r];
-        }
-        return;
-    }
-    for (int64_t r = 0; r < G; r++) {
-        float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f; /* no visible key: zeros */
-        int64_t o = (b * j->heads + g * G + r) * D;
-        if (bf16) {
-            uint16_t *out = (uint16_t *)j->out + o;
-            for (int64_t d = 0; d < D; d++) out[d] = f32_to_bf16(acc[r][d] * inv);
-        } else {
-            float *out = (float *)j->out + o;
-            for (int64_t d = 0; d < D; d++) out[d] = acc[r][d] * inv;
-        }
-    }
+    for (int64_t r = 0; r < G; r++)
+        write_row(j, b, g * G + r, acc[r], m[r], l[r], part ? part + r * (D + 2) : NULL);
 }
 
 /* The item for this CPU (target_clones), with the common head dims (64, 128, 256) as
@@ -237,7 +183,8 @@ static void run_split(const job_t *j, int64_t it) {
     if (t0 > t1) t0 = t1;
     float *part = j->partial
         ? j->partial + it * (j->heads / j->kv_heads) * (j->dim + 2) : NULL;
-    run_item(j, b, g, t0, t1, part);
+    if (j->fast) pd_item_bf16(j, b, g, t0, t1, part);
+    else run_item(j, b, g, t0, t1, part);
 }
 
 /* Merge the splits of item group bg into the output through their maxima and sums. */
@@ -288,15 +235,25 @@ static int64_t choose_splits(const job_t *j, int threads) {
     return want < 1 ? 1 : want;
 }
 
+/* Whether bfloat16 calls with this head_dim may take the AVX-512 BF16 item path here. */
+static int use_bf16_path(int dtype, int64_t dim) {
+    return dtype == DT_BF16 && dim % 32 == 0 && pd_bf16_path_built()
+#if defined(__x86_64__) && defined(__GNUC__)
+           && __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw")
+#endif
+        ;
+}
+
 static PyObject *py_paged_decode(PyObject *self, PyObject *args) {
     (void)self;
     unsigned long long out, q, k, v, tables, lens, kv_start;
     long long qsb, qsh, tstride, batch, heads, kv_heads, dim, bt, window, splits_forced;
-    int dtype, index64, threads;
+    int dtype, index64, threads, path;
     double scale;
-    if (!PyArg_ParseTuple(args, "KKKKKKKLLLLLLLLLiidiL", &out, &q, &k, &v, &tables, &lens,
+    if (!PyArg_ParseTuple(args, "KKKKKKKLLLLLLLLLiidiLi", &out, &q, &k, &v, &tables, &lens,
                           &kv_start, &qsb, &qsh, &tstride, &batch, &heads, &kv_heads, &dim,
-                          &bt, &window, &dtype, &index64, &scale, &threads, &splits_forced))
+                          &bt, &window, &dtype, &index64, &scale, &threads, &splits_forced,
+                          &path))
         return NULL;
     if (heads <= 0 || kv_heads <= 0 || heads % kv_heads || heads / kv_heads > MAX_GROUP ||
         dim <= 0 || dim > MAX_DIM || bt <= 0 || batch < 0 || (dtype != DT_F32 && dtype != DT_BF16)) {
@@ -312,11 +269,13 @@ static PyObject *py_paged_decode(PyObject *self, PyObject *args) {
         .heads = heads, .kv_heads = kv_heads, .dim = dim, .block_tokens = bt,
         .window = window, .splits = 1, .dtype = dtype, .index64 = index64,
         .scale = (float)scale,
+        /* path: 0 the best this CPU runs, 1 the portable path (tests cover both). */
+        .fast = path == 0 && use_bf16_path(dtype, dim),
     };
     if (threads <= 0) threads = omp_get_max_threads();
     j.splits = splits_forced > 0 ? splits_forced : choose_splits(&j, threads);
     int64_t groups = batch * kv_heads, items = groups * j.splits;
-    if (items == 0) Py_RETURN_NONE;
+    if (items == 0) return PyBool_FromLong(j.fast);
     if (j.splits > 1) {
         j.partial = malloc((size_t)items * (size_t)(heads / kv_heads) * (size_t)(dim + 2)
                            * sizeof(float));
@@ -341,7 +300,13 @@ static PyObject *py_paged_decode(PyObject *self, PyObject *args) {
     }
     Py_END_ALLOW_THREADS
     free(j.partial);
-    Py_RETURN_NONE;
+    return PyBool_FromLong(j.fast);
+}
+
+static PyObject *py_bf16_path(PyObject *self, PyObject *noargs) {
+    (void)self;
+    (void)noargs;
+    return PyBool_FromLong(use_bf16_path(DT_BF16, 64));
 }
 
 static PyObject *py_limits(PyObject *self, PyObject *noargs) {
@@ -354,7 +319,11 @@ static PyMethodDef methods[] = {
     {"paged_decode", py_paged_decode, METH_VARARGS,
      "paged_decode(out, q, k_pool, v_pool, tables, lens, kv_start, q_stride_b, q_stride_h, "
      "table_stride, batch, heads, kv_heads, head_dim, block_tokens, window, dtype, index64, "
-     "scale, threads, splits) on raw data pointers; see kernels/cpu_paged/decode.py."},
+     "scale, threads, splits, path) on raw data pointers (path 0: the best this CPU runs, "
+     "1: the portable one); returns whether the AVX-512 BF16 path ran. See "
+     "kernels/cpu_paged/decode.py."},
+    {"bf16_path", py_bf16_path, METH_NOARGS,
+     "Whether bfloat16 calls (head_dim a multiple of 32) take the AVX-512 BF16 path here."},
     {"limits", py_limits, METH_NOARGS, "The largest query group and head_dim supported."},
     {NULL, NULL, 0, NULL},
 };

@@ -22,35 +22,12 @@
 #include "_paged_prefill.h"
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 10
-#include <immintrin.h>
+#include "_bf16_avx512.h"
 
-#define TGT __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512bf16")))
 #define RV (ROWS / 16)
 #define KB 8 /* keys per Q·Kᵀ pass, dims per P·V pass */
 
 int pf_bf16_path_built(void) { return 1; }
-
-/* 2^x for x <= 0: 2^n × p(f), f in [−0.5, 0.5], p of degree 6; x <= −160 (masked scores)
- * gives exactly 0 through scalef's underflow. */
-TGT static inline __m512 exp2v(__m512 x) {
-    x = _mm512_max_ps(x, _mm512_set1_ps(-160.0f));
-    __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 f = _mm512_sub_ps(x, n);
-    __m512 p = _mm512_set1_ps(1.5403530393381606e-4f);
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.3333558146428443e-3f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.6181291076284772e-3f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.5504108664821580e-2f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4022650695910071e-1f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9314718055994531e-1f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
-    return _mm512_scalef_ps(p, n);
-}
-
-TGT static inline __m512i bcast32(const void *p) {
-    uint32_t x;
-    memcpy(&x, p, sizeof x);
-    return _mm512_set1_epi32((int)x);
-}
 
 /* s[i][r] = Q[r]·K[t0 + i] for the n keys whose rows start at krow[i]. */
 TGT static void qk_tile(const uint32_t *qp, const uint16_t *const *krow, int64_t n,
@@ -132,12 +109,7 @@ TGT static void pair_p(const float *s, int64_t n, uint32_t *pp) {
 
 /* vp[i][d] = (V[2i, d], V[2i+1, d]) for the n keys whose rows start at vrow[i]. */
 TGT static void pair_v(const uint16_t *const *vrow, int64_t n, int64_t D, uint32_t *vp) {
-    uint16_t lo[32], hi[32];
-    for (int k = 0; k < 16; k++) {
-        lo[2 * k] = (uint16_t)k, lo[2 * k + 1] = (uint16_t)(32 + k);
-        hi[2 * k] = (uint16_t)(16 + k), hi[2 * k + 1] = (uint16_t)(48 + k);
-    }
-    const __m512i lo_v = _mm512_loadu_si512(lo), hi_v = _mm512_loadu_si512(hi);
+    const __m512i lo_v = pair_words_idx(0), hi_v = pair_words_idx(16);
     for (int64_t i = 0; i < (n + 1) / 2; i++) {
         const uint16_t *a = vrow[2 * i], *b = vrow[2 * i + 1 < n ? 2 * i + 1 : 2 * i];
         for (int64_t d = 0; d < D; d += 32) {

@@ -3,9 +3,10 @@
 Decode (one query per sequence) is where the reference pays for paging on the CPU: it
 gathers each round's blocks into scratch and calls ATen's flash kernel, which tiles for long
 query blocks while a decode query is a few rows per KV head. ``decode.py`` reads the blocks
-in place instead. Prefill is where a cold prompt spends its time, and on a CPU without AMX
-ATen's flash kernel runs it at about a third of the bf16 GEMM rate; ``prefill.py`` reads the
-pool in place with ``vdpbf16ps`` dot products instead. The KV copies are the reference's,
+in place instead (bf16 with ``vdpbf16ps``, 16 keys at a time, where the CPU has AVX-512
+BF16). Prefill is where a cold prompt spends its time, and on a CPU without AMX ATen's flash
+kernel runs it at about a third of the bf16 GEMM rate; ``prefill.py`` reads the pool in
+place with ``vdpbf16ps`` dot products instead. The KV copies are the reference's,
 and so are prefill and decode for what the kernels do not take (float16 pools, say).
 
 The backend is handed out only after ``selfcheck.run_selfcheck`` (decode) agreed with the
@@ -28,6 +29,8 @@ from kernels.torch_ref import TorchBackend
 
 class CpuPagedBackend(TorchBackend):
     name = "cpu_paged"
+    #: The decode kernel's item path: the best this CPU runs (``decode.PATH_BEST``).
+    decode_path: int = decode.PATH_BEST
 
     def __init__(self) -> None:
         decode.require_extension()
@@ -74,7 +77,17 @@ class CpuPagedBackend(TorchBackend):
             return super().paged_decode_attention(q, k_pool, v_pool, block_tables, seq_lens,
                                                   scale, window, kv_start)
         return decode.paged_decode(q, k_pool, v_pool, block_tables, seq_lens, scale, window,
-                                   kv_start)
+                                   kv_start, path=self.decode_path)
+
+
+class CpuPagedPortableBackend(CpuPagedBackend):
+    """``cpu_paged`` with decode forced onto the kernel's portable path (float32 dot products,
+    whatever the CPU): the peer of an A/B against the AVX-512 BF16 path. Not in the
+    registry; ``bench/bench_decode_backends.py --backends cpu_paged_portable,cpu_paged``
+    registers it."""
+
+    name = "cpu_paged_portable"
+    decode_path = decode.PATH_PORTABLE
 
 
 _log = logging.getLogger(__name__)
@@ -90,4 +103,4 @@ def _prefill_refusal() -> str:
     return "" if result.ok else f"failed its self-check: {result.detail}"
 
 
-__all__ = ["CpuPagedBackend"]
+__all__ = ["CpuPagedBackend", "CpuPagedPortableBackend"]

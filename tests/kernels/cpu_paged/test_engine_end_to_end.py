@@ -21,6 +21,7 @@ from engine.core.llm_engine import LLMEngine
 from engine.kv.namespace import engine_namespace
 from engine.model.loader import LoadedModel, load_model
 from engine.model.make_model import make_model
+from kernels.backend import get_backend
 from kernels.cpu_paged import decode, prefill
 from tests.engine.sessions import Recorded, agent_session, assert_same_session, play_recorded
 
@@ -53,11 +54,27 @@ def test_cpu_paged_gives_the_torch_backends_tokens(
             torch.testing.assert_close(mine.float(), theirs.float(), atol=2e-2, rtol=2e-2)
 
 
+class _PathsRan:
+    """``decode._ext`` with a record of what each ``paged_decode`` call reported it ran."""
+
+    def __init__(self, ext: object) -> None:
+        self._ext = ext
+        self.fast: list[bool] = []
+
+    def paged_decode(self, *args: object) -> bool:
+        ran = self._ext.paged_decode(*args)  # type: ignore[attr-defined]
+        self.fast.append(ran)
+        return ran
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._ext, name)
+
+
 def test_fast_prefill_path_gives_the_torch_backends_tokens(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The ``small`` preset (head_dim 64) in bfloat16: the prefill kernel's AVX-512 BF16 path
-    where the CPU has it, over sliding and full layers, in 64-token chunks after cached
-    prefixes."""
+    """The ``small`` preset (head_dim 64) in bfloat16: the prefill and decode kernels'
+    AVX-512 BF16 paths where the CPU has them, over sliding and full layers, in 64-token
+    chunks after cached prefixes."""
     monkeypatch.setenv("KVENGINE_CACHE_DIR", str(tmp_path / "cache"))
     model = make_model("qwen3", "small", tmp_path / "small", hybrid=True).path
     lm = load_model(model, dtype="bfloat16", revision_cache_dir=tmp_path / "revisions")
@@ -70,8 +87,12 @@ def test_fast_prefill_path_gives_the_torch_backends_tokens(
 
     ref = _play(lm, "torch", budget=64)
     monkeypatch.setattr(prefill, "paged_prefill", counted)
+    get_backend("cpu_paged")  # its self-check's calls (both paths) before the record starts
+    paths = _PathsRan(decode._ext)
+    monkeypatch.setattr(decode, "_ext", paths)
     ours = _play(lm, None, budget=64)
     assert calls  # the kernel served the prefill
+    assert paths.fast and all(ran == decode.bf16_path() for ran in paths.fast)
     assert ours.turns[1].hit_tokens["hbm"] > 0
     assert [t.token_ids for t in ours.turns] == [t.token_ids for t in ref.turns]
     for mine, theirs in zip(ours.logits(), ref.logits(), strict=True):
