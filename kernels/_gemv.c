@@ -51,24 +51,22 @@
 #define BLOCK 16        /* output columns per packed block (one zmm of float32) */
 #define ACCUMULATORS 24 /* rows × blocks of a tile: zmm float32 sums (24 of 32 registers) */
 #define GROUP_ROWS 8    /* the most rows in one pass over a tile */
-#ifndef MAX_BLOCKS
 #define MAX_BLOCKS 8    /* the most blocks (weight streams) side by side */
-#endif
-#ifndef BLOCK_CAP
-#define BLOCK_CAP MAX_BLOCKS /* (a build-time knob for measuring: fewer streams) */
-#endif
 #define SHARED_ROWS 16  /* up to this many rows, row groups share each K chunk from L1 */
 #ifndef CHUNK_PAIRS
 #define CHUNK_PAIRS 64  /* K pairs per chunk when they do: ≤ 32 KiB of tile */
 #endif
-/* Software prefetch distance, in K pairs (= 64-byte lines) ahead in each block's stream:
- * about DRAM latency over the time one K pair of the tile takes, which grows with the tile's
- * accumulators (one vdpbf16ps each per pair). */
-#ifndef PF_SMALL
-#define PF_SMALL 32     /* tiles of ≤ 8 accumulators */
+/* Software prefetch: lines requested ahead of the tile, over all its blocks' streams (each
+ * block's stream PREFETCH_LINES / blocks pairs ahead), into L2 (T1). What a thread has in
+ * flight bounds its DRAM rate (Little's law: bytes in flight / latency), so the total is the
+ * same whatever the tile's width; into L1 (T0) that many lines would overrun its miss buffers
+ * and evict the tile (measured: T0 at 128 lines 1.02–1.05x the time of the former 16 pairs per
+ * stream, T1 0.77–0.80x, at 1–16 rows; bench/RESULTS.md). Build-time knobs for measuring. */
+#ifndef PREFETCH_LINES
+#define PREFETCH_LINES 128
 #endif
-#ifndef PF_BIG
-#define PF_BIG 16       /* larger tiles */
+#ifndef PREFETCH_HINT
+#define PREFETCH_HINT _MM_HINT_T1
 #endif
 
 typedef struct {
@@ -134,7 +132,7 @@ tile_fast(const gemv_t *g, int64_t b0, const int nbk, int64_t r0, const int rows
     const int64_t bstride = g->kp * (2 * BLOCK);
     const uint16_t *w = g->w + b0 * bstride;
     const uint32_t *x = g->x + r0 * g->xs;
-    const int64_t ahead = (rows * nbk <= 8 ? PF_SMALL : PF_BIG) * (2 * BLOCK);
+    const int64_t ahead = (PREFETCH_LINES / nbk) * (2 * BLOCK);
 #pragma GCC unroll 8
     for (int r = 0; r < rows; r++)
 #pragma GCC unroll 8
@@ -148,7 +146,7 @@ tile_fast(const gemv_t *g, int64_t b0, const int nbk, int64_t r0, const int rows
             const uint16_t *p = w + b * bstride + k * (2 * BLOCK);
             wv[b] = (__m512bh)_mm512_loadu_si512((const void *)p);
             /* Past the end is harmless: a prefetch never faults. */
-            if (prefetch) _mm_prefetch((const char *)(p + ahead), _MM_HINT_T0);
+            if (prefetch) _mm_prefetch((const char *)(p + ahead), PREFETCH_HINT);
         }
 #pragma GCC unroll 8
         for (int r = 0; r < rows; r++) {
@@ -221,7 +219,7 @@ static int cpu_has_fast(void) {
 static plan_t plan(int64_t m, int64_t kp, int fast) {
     plan_t p;
     p.group = m <= GROUP_ROWS ? (int)m : m <= SHARED_ROWS ? (int)((m + 1) / 2) : GROUP_ROWS;
-    p.blocks = ACCUMULATORS / p.group < BLOCK_CAP ? ACCUMULATORS / p.group : BLOCK_CAP;
+    p.blocks = ACCUMULATORS / p.group < MAX_BLOCKS ? ACCUMULATORS / p.group : MAX_BLOCKS;
     p.chunk = fast && m > GROUP_ROWS && m <= SHARED_ROWS ? CHUNK_PAIRS : kp;
     return p;
 }
