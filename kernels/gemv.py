@@ -5,7 +5,7 @@ weights' bytes over DRAM bandwidth. ``prepare`` packs a weight once into the lay
 kernel's inner loop wants (``pack``: blocks of 16 output columns, each block contiguous with
 its K pairs interleaved, so one 64-byte load feeds one ``_mm512_dpbf16_ps``); ``apply`` runs
 the kernel on it for any row count (decode's few rows stream the weight once; a prefill's
-many rows reuse each 4-block tile from L2), so the model keeps one prepared form.
+many rows reuse each tile of blocks from L2), so the model keeps one prepared form.
 
 Numerics: float32 accumulation over K in order, bias in float32, bfloat16 by
 round-to-nearest-even. Each row's result is computed the same way whatever the other rows
