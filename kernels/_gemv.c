@@ -59,14 +59,15 @@
 #define PREFILL_ROWS 4  /* rows per group beyond SHARED_ROWS (a prefill): 4 × 6 blocks */
 #define SHARED_ROWS 16  /* up to this many rows, row groups share each K chunk from L1 */
 #ifndef CHUNK_PAIRS
-#define CHUNK_PAIRS 64  /* K pairs per chunk when they do: ≤ 32 KiB of tile */
+#define CHUNK_PAIRS 64  /* K pairs per chunk when they do: ≤ 4 blocks × 4 KiB of tile */
 #endif
 /* Software prefetch: lines requested ahead of the tile, over all its blocks' streams (each
  * block's stream PREFETCH_LINES / blocks pairs ahead), into L2 (T1). What a thread has in
  * flight bounds its DRAM rate (Little's law: bytes in flight / latency), so the total is the
  * same whatever the tile's width; into L1 (T0) that many lines would overrun its miss buffers
- * and evict the tile (measured: T0 at 128 lines 1.02–1.05x the time of the former 16 pairs per
- * stream, T1 0.77–0.80x, at 1–16 rows; bench/RESULTS.md). Build-time knobs for measuring. */
+ * and evict the tile (measured at 1–16 rows against the former 16 lines per stream into L1:
+ * T0 at 128 lines 0.88–1.05x the time, T1 0.76–0.80x; none at all 0.78x at 1 row, but
+ * 0.94–0.97x at 8–16; bench/RESULTS.md). Build-time knobs for measuring. */
 #ifndef PREFETCH_LINES
 #define PREFETCH_LINES 128
 #endif
