@@ -5,7 +5,7 @@ weights' bytes over DRAM bandwidth. ``prepare`` packs a weight once into the lay
 kernel's inner loop wants (``pack``: blocks of 16 output columns, each block contiguous with
 its K pairs interleaved, so one 64-byte load feeds one ``_mm512_dpbf16_ps``); ``apply`` runs
 the kernel on it for any row count (decode's few rows stream the weight once; a prefill's
-many rows reuse each 4-block tile from L2), so the model keeps one prepared form.
+many rows reuse each tile of blocks from L2), so the model keeps one prepared form.
 
 Numerics: float32 accumulation over K in order, bias in float32, bfloat16 by
 round-to-nearest-even. Each row's result is computed the same way whatever the other rows
@@ -123,14 +123,15 @@ def error_ratio(got: torch.Tensor, x: torch.Tensor, w: torch.Tensor,
 
 @functools.cache
 def run_selfcheck() -> SelfCheckResult:
-    """Small ragged cases (rows 1–5 and 17, K and N off the tile, bias or none, strided x)
-    against the exact product (float64); once per process."""
+    """Small ragged cases (rows 1, 3, 5, 12 and 17: one row group, two sharing K chunks, a
+    prefill's groups; K and N off the tile, bias or none, strided x) against the exact
+    product (float64); once per process."""
     if _ext is None:
         return SelfCheckResult(False, float("inf"), f"kernels._gemv is not built: {IMPORT_ERROR}")
     gen = torch.Generator().manual_seed(0)
     worst = 0.0
     for m, n, k, with_bias in ((1, 37, 64, True), (3, 70, 33, False), (5, 128, 200, True),
-                               (17, 19, 96, True)):
+                               (12, 100, 300, True), (17, 19, 96, True)):
         w = torch.randn(n, k, generator=gen).bfloat16()
         x = torch.randn(k, m, generator=gen).bfloat16().t()  # strided rows
         b = torch.randn(n, generator=gen).bfloat16() if with_bias else None

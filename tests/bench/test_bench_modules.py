@@ -14,10 +14,9 @@ BENCH = Path(__file__).resolve().parents[2] / "bench"
 MODULES = sorted(p.stem for p in BENCH.glob("*.py") if p.stem != "__init__")
 # No command line of their own: the runner of all benchmarks, a worker driven over a pipe,
 # the shared helpers, bench_router's --pd half and its prediction table, the vLLM peer
-# bench_engine drives, the decode step's linears and the prefill-kernel table bench_kernels
-# times.
+# bench_engine drives and the prefill-kernel table bench_kernels times.
 NO_CLI = {"run_all", "daemon_bench_worker", "harness", "engine_args", "fio", "ssd_store",
-          "router_pd", "router_table", "vllm_peer", "linear_step", "prefill_table"}
+          "router_pd", "router_table", "vllm_peer", "prefill_table"}
 
 
 @pytest.mark.parametrize("name", MODULES)
@@ -81,3 +80,14 @@ def test_the_vllm_peer_is_skipped_saying_why_without_its_venv(tmp_path: Path) ->
 
     started = VllmPeer.start(tmp_path, tmp_path / "no-venv" / "bin" / "python")
     assert started.peer is None and "no vLLM venv" in started.reason
+
+
+@pytest.mark.parametrize("argv", [["--kernels", "nope"], ["--rows", "0"],
+                                  ["--ext", "/nonexistent/_gemv_x.so"]])
+def test_linear_step_refuses_bad_arguments(argv: list[str],
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    from bench.linear_step import main
+
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("linear_step: ") and err.count("\n") == 1

@@ -72,7 +72,7 @@ def test_a_rows_bits_depend_on_neither_batch_nor_threads(portable: bool, m: int,
 
 @needs_fast
 @settings(max_examples=15, deadline=None)
-@given(m=st.integers(1, 20), n=st.integers(1, 100), k=st.integers(1, 100),
+@given(m=st.integers(1, 20), n=st.integers(1, 100), k=st.integers(1, 700),
        seed=st.integers(0, 2**16))
 def test_both_paths_agree_on_normal_numbers(m: int, n: int, k: int, seed: int) -> None:
     """The same sums in the same order: the AVX512-BF16 and portable paths differ only where
@@ -115,3 +115,19 @@ def test_error_ratio_catches_a_wrong_result() -> None:
     wrong = right.clone()
     wrong[1, 7] += 0.05 * right.abs().max()
     assert gemv.error_ratio(wrong.bfloat16(), x, w, b) > 1
+
+
+@pytest.mark.parametrize("m", range(1, 21))
+def test_every_tile_shape_and_k_chunk(m: int) -> None:
+    """Each row count 1–20 (one group of ≤ 8 rows, two groups sharing K chunks at 9–16, groups
+    of 8 beyond) over 1–9 blocks (every remainder of a tile of up to 8 blocks), K over several
+    chunks of 64 pairs with a ragged last one: right on the AVX512-BF16 path, the portable
+    path's bits, and each row's bits alone."""
+    for blocks in range(1, 10):
+        x, w, b = _case(m, 16 * blocks - (blocks % 3), 2 * 64 * 2 + 37, True, False, m * 10 + blocks)
+        packed = gemv.pack(w)
+        got = gemv.linear(x, packed, b, threads=1)
+        assert gemv.error_ratio(got, x, w, b) <= 1.0, blocks
+        if gemv.has_fast():
+            assert torch.equal(got, gemv.linear(x, packed, b, threads=1, portable=True)), blocks
+        assert torch.equal(gemv.linear(x[m - 1:], packed, b, threads=1), got[m - 1:]), blocks
