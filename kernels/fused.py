@@ -116,6 +116,12 @@ class FusedOps(ABC):
     @abstractmethod
     def gated_act(self, gate_up: torch.Tensor, gelu: bool) -> torch.Tensor: ...
 
+    def add_rms_norm_(self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                      eps: float, one_plus: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """``add_rms_norm`` for a caller that gives ``residual`` up: ``h`` may be
+        ``residual`` itself, overwritten (the same bits either way)."""
+        return self.add_rms_norm(x, residual, weight, eps, one_plus)
+
     @abstractmethod
     def rope_write(self, qkv: torch.Tensor, heads: int, kv_heads: int, head_dim: int,
                    cos: torch.Tensor, sin: torch.Tensor, q_w: torch.Tensor | None,
@@ -295,6 +301,20 @@ class TrustedFusedOps(CompiledFusedOps):
         _ext.rms_norm(out.data_ptr(), h.data_ptr(), x.data_ptr(), residual.data_ptr(),
                       weight.data_ptr(), rows, cols, cols, cols, _BF16[dtype], one_plus, eps)
         return out, h
+
+    def add_rms_norm_(self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                      eps: float, one_plus: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        # h written over residual row by row (each chunk read before it is written).
+        rows, cols = x.shape
+        if residual.shape[0] != rows:
+            raise ValueError(f"add_rms_norm_: {rows} rows and a residual of "
+                             f"{residual.shape[0]}")
+        dtype = x.dtype
+        out = torch.empty((rows, cols), dtype=dtype)
+        res = residual.data_ptr()
+        _ext.rms_norm(out.data_ptr(), res, x.data_ptr(), res, weight.data_ptr(), rows, cols,
+                      cols, cols, _BF16[dtype], one_plus, eps)
+        return out, residual
 
     def gated_act(self, gate_up: torch.Tensor, gelu: bool) -> torch.Tensor:
         return c_gated_act(gate_up, gelu) if gelu else torch_gated_act(gate_up, gelu)

@@ -31,7 +31,7 @@ from engine.core.forward_batch import ForwardBatch
 from engine.kv.cache import KVCache
 from engine.model.attention import Attention
 from engine.model.linear import BoundLinear, Linear, weight_version
-from kernels import debug_checks
+from kernels import debug_checks, resolve_backend
 from kernels import linear as kernels_linear
 from kernels.fused import TRUSTED_OPS, CompiledFusedOps, FusedOps, step_fits
 
@@ -160,9 +160,10 @@ class EagerLayers:
         loop leaves them (the stream is their sum)."""
         residual: torch.Tensor | None = None
         k_pools, v_pools = kv.k, kv.v
-        rms_norm, add_rms_norm, rope_write = ops.rms_norm, ops.add_rms_norm, ops.rope_write
+        # The residual stream is this loop's own: each add may overwrite it in place.
+        rms_norm, add_rms_norm, rope_write = ops.rms_norm, ops.add_rms_norm_, ops.rope_write
         gated_act = ops.gated_act
-        backend = batch.backend
+        backend = resolve_backend(batch.backend, h.device)
         for p in plans:
             cos, sin = cos_sin[p.rotary]
             eps, one_plus = p.eps, p.one_plus
@@ -177,7 +178,7 @@ class EagerLayers:
             q = rope_write(qkv, attn.num_heads, attn.num_kv_heads, attn.head_dim, cos, sin,
                            p.q_w, p.k_w, attn.norm_eps, attn.norm_one_plus, k_pool, v_pool,
                            attn.slots(batch), backend)
-            a = attn.attend_written(q, batch, k_pool, v_pool)
+            a = attn.attend_written(q, batch, k_pool, v_pool, backend)
             lin = p.o
             a = lin.apply(a.reshape(a.shape[0], attn.q_size), lin.value, lin.bias)
             if p.pre_ff_w is None or p.post_ff_w is None:

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from kernels import gemv
 from kernels.linear import PreparedWeight
 
 
@@ -70,5 +71,9 @@ class Linear(nn.Linear):
         cached = self.prepared._cached  # kernels.linear keeps (key, kernel, value) here
         if cached is None:
             return None
-        return BoundLinear(w, b, w.data_ptr(), weight_version(w), cached.kernel.apply,
-                           cached.value)
+        apply = cached.kernel.apply
+        if isinstance(cached.value, gemv.PackedWeight) and (b is None
+                                                             or b.dtype == torch.bfloat16):
+            # bf16gemv's apply only converts the bias and forwards: call what it calls.
+            apply = gemv.linear  # type: ignore[assignment]
+        return BoundLinear(w, b, w.data_ptr(), weight_version(w), apply, cached.value)
