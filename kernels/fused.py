@@ -44,6 +44,7 @@ else:
     IMPORT_ERROR = ""
 
 _BF16 = {torch.float32: 0, torch.bfloat16: 1}
+_silu = torch._C._nn.silu
 MAX_HEAD_DIM: int = _ext.limits()["max_head_dim"] if _ext is not None else 0
 
 
@@ -317,7 +318,12 @@ class TrustedFusedOps(CompiledFusedOps):
         return out, residual
 
     def gated_act(self, gate_up: torch.Tensor, gelu: bool) -> torch.Tensor:
-        return c_gated_act(gate_up, gelu) if gelu else torch_gated_act(gate_up, gelu)
+        if gelu:
+            return c_gated_act(gate_up, gelu)
+        # torch_gated_act's kernels (the same bits) without chunk's list and F.silu's
+        # torch-function hop (a step on these ops runs under no TorchFunctionMode).
+        inter = gate_up.shape[1] // 2
+        return _silu(gate_up[:, :inter]).mul_(gate_up[:, inter:])
 
     def rope_write(self, qkv: torch.Tensor, heads: int, kv_heads: int, head_dim: int,
                    cos: torch.Tensor, sin: torch.Tensor, q_w: torch.Tensor | None,
