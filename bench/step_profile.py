@@ -14,6 +14,9 @@ every batch size with the ratio B / A from the same rounds. ``--cpu-time`` (with
 host other tenants keep busy it still measures the step's work. The compiled extensions are
 read from each tree itself (an export needs its ``kernels/*.so`` copied beside it).
 
+``--paths`` compares, in one process and interleaved over ``--rounds``, the eager step on
+its layer plans (``engine.model.eager_step``) with the module path it replaces.
+
 ``PYTHONPATH=. python -m bench.step_profile --model ~/.cache/kvengine/models/smollm2-135m-instruct
 [--batches 1,8] [--new-tokens 128] [--prompt-tokens 512] [--profile] [--trees A,B --rounds 3]``
 """
@@ -71,6 +74,8 @@ def measure(args: argparse.Namespace) -> dict[str, float]:
         return clock() - t0
 
     out: dict[str, float] = {}
+    if args.paths:
+        return _paths_ab(args, batches, run)
     try:
         run(max(batches), 3)  # warm-up: weights prepared, first calls paid
         for n in batches:
@@ -83,6 +88,38 @@ def measure(args: argparse.Namespace) -> dict[str, float]:
                 _profile_table(lambda k, n=n: run(n, k), args.new_tokens, args.top)
     finally:
         eng.close()
+    return out
+
+
+def _paths_ab(args: argparse.Namespace, batches: list[int], run) -> dict[str, float]:  # type: ignore[no-untyped-def]
+    """In one process, interleaved: the eager step on its layer plans against the module
+    path (``EagerLayers.usable`` forced False), ms per step each and the ratio."""
+    from engine.model.eager_step import EagerLayers
+
+    usable = EagerLayers.usable
+    per: dict[tuple[int, str], list[float]] = {}
+    try:
+        run(max(batches), 3)
+        for r in range(args.rounds):
+            for n in batches:
+                for path in (("plans", "modules") if r % 2 == 0 else ("modules", "plans")):
+                    EagerLayers.usable = usable if path == "plans" else (  # type: ignore[method-assign]
+                        lambda self: False)
+                    d = [(run(n, args.new_tokens + 1) - run(n, 1)) / args.new_tokens
+                         for _ in range(args.repeats)]
+                    per.setdefault((n, path), []).append(1e3 * statistics.median(d))
+            print(f"  round {r + 1}: " + ", ".join(f"{p}@{n} {v[-1]:.2f}"
+                                                  for (n, p), v in per.items())
+                  + f"; load {_load()}", file=sys.stderr, flush=True)
+    finally:
+        EagerLayers.usable = usable  # type: ignore[method-assign]
+    print("| requests | module path ms/step | plans ms/step | plans / modules |\n"
+          "|---|---|---|---|")
+    out = {}
+    for n in batches:
+        m, p = (statistics.median(per[(n, x)]) for x in ("modules", "plans"))
+        print(f"| {n} | {m:.2f} | {p:.2f} | {p / m:.2f}× |")
+        out[str(n)] = p
     return out
 
 
@@ -153,6 +190,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--trees", default="", help="two source trees to compare, A,B")
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds with --trees")
     p.add_argument("--json", action="store_true", help="one JSON line of ms per step")
+    p.add_argument("--paths", action="store_true",
+                   help="in one process: the eager layer plans against the module path")
     p.add_argument("--cpu-time", action="store_true",
                    help="the step thread's CPU time instead of wall time (needs "
                         "KVENGINE_THREADS=1: on a loaded host it measures the work, not "
