@@ -138,20 +138,22 @@ class Attention(nn.Module):
         window = self.window
         if batch.prefill is not None:
             pre = batch.prefill
-            args = (q[:n_pre], k_pool, v_pool, pre.cu_seqlens_q,
-                    pre.block_tables if group == 0 else pre.group_tables[group - 1],
-                    pre.seq_lens, self.scale, window,
-                    pre.sliding_kv_start if window is not None else None)
-            parts.append(kernels.paged_prefill_attention(*args, backend=backend, validated=True)
-                         if direct is None else direct.paged_prefill_attention(*args))
+            pre_args = (q[:n_pre], k_pool, v_pool, pre.cu_seqlens_q,
+                        pre.block_tables if group == 0 else pre.group_tables[group - 1],
+                        pre.seq_lens, self.scale, window,
+                        pre.sliding_kv_start if window is not None else None)
+            parts.append(kernels.paged_prefill_attention(*pre_args, backend=backend,
+                                                         validated=True)
+                         if direct is None else direct.paged_prefill_attention(*pre_args))
         if batch.decode is not None:
             dec = batch.decode
-            args = (q[n_pre:] if n_pre else q, k_pool, v_pool,
-                    dec.block_tables if group == 0 else dec.group_tables[group - 1],
-                    dec.seq_lens, self.scale, window,
-                    dec.sliding_kv_start if window is not None else None)
-            parts.append(kernels.paged_decode_attention(*args, backend=backend, validated=True)
-                         if direct is None else direct.paged_decode_attention(*args))
+            dec_args = (q[n_pre:] if n_pre else q, k_pool, v_pool,
+                        dec.block_tables if group == 0 else dec.group_tables[group - 1],
+                        dec.seq_lens, self.scale, window,
+                        dec.sliding_kv_start if window is not None else None)
+            parts.append(kernels.paged_decode_attention(*dec_args, backend=backend,
+                                                        validated=True)
+                         if direct is None else direct.paged_decode_attention(*dec_args))
         if not parts:
             raise ValueError("a ForwardBatch needs prefill or decode metadata")
         return parts[0] if len(parts) == 1 else torch.cat(parts)

@@ -98,6 +98,8 @@ class DecoderStack(nn.Module):
 class DecoderLM(CausalLM):
     """Llama, Mistral, Qwen2, Qwen3 and Gemma 3 (the config's switches pick the variant)."""
 
+    eager: EagerLayers
+
     def __init__(self, cfg: ModelConfig, spec: ModelSpec) -> None:
         super().__init__()
         self.cfg = cfg

@@ -22,8 +22,9 @@ module path would use. A bounded replay's ``RowCut`` keeps the module path too.
 from __future__ import annotations
 
 import operator
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -56,7 +57,8 @@ class LayerPlan:
     gelu: bool
 
 
-def _param_slots(layers: Sequence[torch.nn.Module]) -> list[tuple[dict, str]]:
+def _param_slots(layers: Sequence[torch.nn.Module]
+                 ) -> list[tuple[dict[str, Any], str]]:
     """Where each parameter of ``layers`` lives (its module's ``_parameters`` and name), so
     a step reads them back without ``nn.Module.__getattr__``."""
     return [(mod._parameters, name) for layer in layers for mod in layer.modules()
@@ -82,7 +84,7 @@ class _Key:
 class EagerLayers:
     """The layer plans of one ``DecoderStack``, rebuilt when a parameter changes."""
 
-    def __init__(self, layers: Sequence[torch.nn.Module], layer_rotary: Sequence[int]) -> None:
+    def __init__(self, layers: Iterable[torch.nn.Module], layer_rotary: Sequence[int]) -> None:
         self._modules = list(layers)
         self._rotary = list(layer_rotary)
         self._plans: list[LayerPlan] | None = None
@@ -116,11 +118,13 @@ class EagerLayers:
 
     def _build(self) -> list[LayerPlan] | None:
         plans = []
-        for i, layer in enumerate(self._modules):
-            attn, mlp = layer.self_attn, layer.mlp  # type: ignore[union-attr]
+        for i, module in enumerate(self._modules):
+            layer: Any = module  # a DecoderLayer (engine.model.decoder imports this module)
+            attn, mlp = layer.self_attn, layer.mlp
             linears = [attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj]
             bound = [lin.bound() for lin in linears if isinstance(lin, Linear)]
-            if len(bound) != 4 or any(b is None for b in bound):
+            qkv, o, gate_up, down = (bound + [None] * 4)[:4]
+            if qkv is None or o is None or gate_up is None or down is None:
                 return None
             pre, post = layer.pre_feedforward_layernorm, layer.post_feedforward_layernorm
             plans.append(LayerPlan(
@@ -129,7 +133,7 @@ class EagerLayers:
                 None if pre is None else pre.weight, None if post is None else post.weight,
                 None if attn.q_norm is None else attn.q_norm.weight,
                 None if attn.k_norm is None else attn.k_norm.weight,
-                layer.eps, layer.one_plus, *bound, mlp.gelu))  # type: ignore[arg-type]
+                layer.eps, layer.one_plus, qkv, o, gate_up, down, mlp.gelu))
         return plans
 
     def step_ops(self, plans: list[LayerPlan], ops: FusedOps, batch: ForwardBatch,

@@ -57,7 +57,7 @@ class Linear(nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         params = self._parameters  # not nn.Module.__getattr__: this runs per product
-        return self.prepared.linear(x, params["weight"], params["bias"])
+        return self.prepared.linear(x, params["weight"], params["bias"])  # type: ignore[arg-type]
 
     def bound(self) -> BoundLinear | None:
         """The prepared product for eager steps, or None where ``forward`` must run (a

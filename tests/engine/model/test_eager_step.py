@@ -97,8 +97,8 @@ def test_a_weight_written_in_place_rebuilds_the_plans(tmp_path: Path,
     before = _run(lm.model, prompts, 2)
     layer = lm.model.model.layers[0]
     with torch.no_grad():
-        layer.mlp.down_proj.weight.mul_(-1.5)  # type: ignore[union-attr]
-        layer.input_layernorm.weight.add_(0.25)  # type: ignore[union-attr]
+        layer.mlp.down_proj.weight.mul_(-1.5)  # type: ignore[union-attr, operator]
+        layer.input_layernorm.weight.add_(0.25)  # type: ignore[union-attr, operator]
     after = _run(lm.model, prompts, 2)
     assert lm.model.eager.rebuilds == 2
     assert not torch.equal(before, after)
