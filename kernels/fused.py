@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import os
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 
 import torch
 from torch.nn import functional as F
@@ -43,6 +44,7 @@ else:
     IMPORT_ERROR = ""
 
 _BF16 = {torch.float32: 0, torch.bfloat16: 1}
+_silu = torch._C._nn.silu
 MAX_HEAD_DIM: int = _ext.limits()["max_head_dim"] if _ext is not None else 0
 
 
@@ -114,6 +116,12 @@ class FusedOps(ABC):
 
     @abstractmethod
     def gated_act(self, gate_up: torch.Tensor, gelu: bool) -> torch.Tensor: ...
+
+    def add_rms_norm_(self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                      eps: float, one_plus: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """``add_rms_norm`` for a caller that gives ``residual`` up: ``h`` may be
+        ``residual`` itself, overwritten (the same bits either way)."""
+        return self.add_rms_norm(x, residual, weight, eps, one_plus)
 
     @abstractmethod
     def rope_write(self, qkv: torch.Tensor, heads: int, kv_heads: int, head_dim: int,
@@ -265,8 +273,103 @@ def _weight_ok(w: torch.Tensor, head_dim: int, dtype: torch.dtype) -> bool:
     return w.dtype == dtype and w.shape == (head_dim,) and w.is_contiguous()
 
 
+class TrustedFusedOps(CompiledFusedOps):
+    """The C ops without their per-call layout checks, for a model step whose caller
+    checked once (``step_fits``) that every weight, pool, cos/sin table and slot tensor of
+    the step fits and whose activations are all fresh contiguous 2-D rows of the step's
+    dtype (the products' and these ops' outputs are). What stays per call is what keeps a
+    wrong call from writing out of bounds: the row counts of ``rope_write``'s inputs."""
+
+    name = "c-trusted"
+
+    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float, one_plus: bool
+                 ) -> torch.Tensor:
+        rows, cols = x.shape
+        out = torch.empty((rows, cols), dtype=x.dtype)
+        _ext.rms_norm(out.data_ptr(), 0, x.data_ptr(), 0, weight.data_ptr(), rows, cols,
+                      cols, 0, _BF16[x.dtype], one_plus, eps)
+        return out
+
+    def add_rms_norm(self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                     eps: float, one_plus: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        rows, cols = x.shape
+        if residual.shape[0] != rows:
+            raise ValueError(f"add_rms_norm: {rows} rows and a residual of "
+                             f"{residual.shape[0]}")
+        dtype = x.dtype
+        out = torch.empty((rows, cols), dtype=dtype)
+        h = torch.empty((rows, cols), dtype=dtype)
+        _ext.rms_norm(out.data_ptr(), h.data_ptr(), x.data_ptr(), residual.data_ptr(),
+                      weight.data_ptr(), rows, cols, cols, cols, _BF16[dtype], one_plus, eps)
+        return out, h
+
+    def add_rms_norm_(self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                      eps: float, one_plus: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        # h written over residual row by row (each chunk read before it is written).
+        rows, cols = x.shape
+        if residual.shape[0] != rows:
+            raise ValueError(f"add_rms_norm_: {rows} rows and a residual of "
+                             f"{residual.shape[0]}")
+        dtype = x.dtype
+        out = torch.empty((rows, cols), dtype=dtype)
+        res = residual.data_ptr()
+        _ext.rms_norm(out.data_ptr(), res, x.data_ptr(), res, weight.data_ptr(), rows, cols,
+                      cols, cols, _BF16[dtype], one_plus, eps)
+        return out, residual
+
+    def gated_act(self, gate_up: torch.Tensor, gelu: bool) -> torch.Tensor:
+        if gelu:
+            return c_gated_act(gate_up, gelu)
+        # torch_gated_act's kernels (the same bits) without chunk's list and F.silu's
+        # torch-function hop (a step on these ops runs under no TorchFunctionMode).
+        inter = gate_up.shape[1] // 2
+        return _silu(gate_up[:, :inter]).mul_(gate_up[:, inter:])
+
+    def rope_write(self, qkv: torch.Tensor, heads: int, kv_heads: int, head_dim: int,
+                   cos: torch.Tensor, sin: torch.Tensor, q_w: torch.Tensor | None,
+                   k_w: torch.Tensor | None, eps: float, one_plus: bool,
+                   k_pool: torch.Tensor, v_pool: torch.Tensor, slots: torch.Tensor,
+                   backend: object = None) -> torch.Tensor:
+        tokens, width = qkv.shape
+        if not (slots.shape[0] == tokens == cos.shape[0] == sin.shape[0]
+                and width == (heads + 2 * kv_heads) * head_dim):
+            raise ValueError(f"rope_write: qkv {tuple(qkv.shape)}, {slots.shape[0]} slots, "
+                             f"cos/sin of {cos.shape[0]}/{sin.shape[0]} rows")
+        dtype = qkv.dtype
+        q = torch.empty((tokens, heads, head_dim), dtype=dtype)
+        _ext.rope_write(q.data_ptr(), k_pool.data_ptr(), v_pool.data_ptr(), qkv.data_ptr(),
+                        cos.data_ptr(), sin.data_ptr(), slots.data_ptr(),
+                        0 if q_w is None else q_w.data_ptr(),
+                        0 if k_w is None else k_w.data_ptr(), tokens, width, head_dim,
+                        heads, kv_heads, head_dim, _BF16[dtype], one_plus, eps)
+        return q
+
+
+def step_fits(dtype: torch.dtype, head_dim: int, kv_heads: int,
+              weights: Sequence[torch.Tensor], pools: Sequence[torch.Tensor],
+              tables: Sequence[torch.Tensor], slots: Sequence[torch.Tensor]) -> bool:
+    """Whether a step's arguments fit ``TrustedFusedOps`` (checked once per step): the
+    dtype is float32 or bfloat16 and the C ops are built; every norm weight (1-D) is of
+    the dtype and contiguous; every pool is a contiguous CPU ``[blocks, block_tokens,
+    kv_heads, head_dim]`` of the dtype; every cos/sin table is ``[tokens, 1, head_dim]``
+    (or ``[tokens, head_dim]``) of the dtype, contiguous; every slot tensor is a contiguous
+    1-D int64 CPU tensor."""
+    if _ext is None or dtype not in _BF16 or head_dim % 2 or head_dim > MAX_HEAD_DIM:
+        return False
+    if not all(w.dtype == dtype and w.dim() == 1 and w.is_contiguous() for w in weights):
+        return False
+    if not all(_pool_ok(p, kv_heads, head_dim, dtype) for p in pools):
+        return False
+    if not all(_rope_table_ok(t, t.shape[0], head_dim, dtype) and t.is_contiguous()
+               for t in tables):
+        return False
+    return all(s.dtype == torch.int64 and s.dim() == 1 and s.device.type == "cpu"
+               and s.is_contiguous() for s in slots)
+
+
 TORCH_OPS = TorchFusedOps()
 _COMPILED_OPS = CompiledFusedOps() if _ext is not None else None
+TRUSTED_OPS: FusedOps | None = TrustedFusedOps() if _ext is not None else None
 FUSED_OPS: dict[str, FusedOps] = {"torch": TORCH_OPS}
 if _COMPILED_OPS is not None:
     FUSED_OPS["c"] = _COMPILED_OPS

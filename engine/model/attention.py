@@ -29,6 +29,7 @@ from engine.model.linear import Linear
 from engine.model.norm import RMSNorm
 from engine.model.registry import NormStyle
 from engine.model.rope import apply_rotary
+from kernels import AttentionBackend
 from kernels.fused import TORCH_OPS, FusedOps
 
 
@@ -41,7 +42,7 @@ class Attention(nn.Module):
         self.head_dim = cfg.head_dim
         self.q_size = cfg.num_heads * cfg.head_dim
         self.kv_size = cfg.num_kv_heads * cfg.head_dim
-        self.scale = cfg.attention_scale
+        self.scale = float(cfg.attention_scale)
         # transformers' sliding_window: key j is visible to query i iff i - j < window.
         self.window = cfg.layer_windows[layer]
         self.layer = layer
@@ -123,32 +124,36 @@ class Attention(nn.Module):
         return self.attend_written(q, batch, k_pool, v_pool)
 
     def attend_written(self, q: torch.Tensor, batch: ForwardBatch, k_pool: torch.Tensor,
-                       v_pool: torch.Tensor) -> torch.Tensor:
-        """Attention over the pools, the step's K/V already in them."""
+                       v_pool: torch.Tensor, direct: AttentionBackend | None = None
+                       ) -> torch.Tensor:
+        """Attention over the pools, the step's K/V already in them. ``direct``: the step's
+        backend, resolved, its metadata validated and no per-call checks wanted
+        (``engine.model.eager_step``): its methods are called as they are."""
         if batch.num_tokens == 0:
             return q  # every row of the step stopped below this layer: no query
         backend = batch.backend
         group = batch.kv_group(self.layer)
         parts = []
         n_pre = batch.num_prefill_tokens
+        window = self.window
         if batch.prefill is not None:
             pre = batch.prefill
-            parts.append(kernels.paged_prefill_attention(
-                q[:n_pre], k_pool, v_pool, pre.cu_seqlens_q,
-                pre.block_tables if group == 0 else pre.group_tables[group - 1], pre.seq_lens,
-                self.scale, self.window,
-                pre.sliding_kv_start if self.window is not None else None, backend=backend,
-                validated=True,
-            ))
+            pre_args = (q[:n_pre], k_pool, v_pool, pre.cu_seqlens_q,
+                        pre.block_tables if group == 0 else pre.group_tables[group - 1],
+                        pre.seq_lens, self.scale, window,
+                        pre.sliding_kv_start if window is not None else None)
+            parts.append(kernels.paged_prefill_attention(*pre_args, backend=backend,
+                                                         validated=True)
+                         if direct is None else direct.paged_prefill_attention(*pre_args))
         if batch.decode is not None:
             dec = batch.decode
-            parts.append(kernels.paged_decode_attention(
-                q[n_pre:], k_pool, v_pool,
-                dec.block_tables if group == 0 else dec.group_tables[group - 1], dec.seq_lens,
-                self.scale,
-                self.window, dec.sliding_kv_start if self.window is not None else None,
-                backend=backend, validated=True,
-            ))
+            dec_args = (q[n_pre:] if n_pre else q, k_pool, v_pool,
+                        dec.block_tables if group == 0 else dec.group_tables[group - 1],
+                        dec.seq_lens, self.scale, window,
+                        dec.sliding_kv_start if window is not None else None)
+            parts.append(kernels.paged_decode_attention(*dec_args, backend=backend,
+                                                        validated=True)
+                         if direct is None else direct.paged_decode_attention(*dec_args))
         if not parts:
             raise ValueError("a ForwardBatch needs prefill or decode metadata")
         return parts[0] if len(parts) == 1 else torch.cat(parts)

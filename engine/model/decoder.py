@@ -23,6 +23,7 @@ from engine.model.attention import Attention
 from engine.model.attention_op import StepContext, step_context
 from engine.model.base import CausalLM
 from engine.model.config import ModelConfig
+from engine.model.eager_step import EagerLayers, LayerPlan
 from engine.model.linear import Linear
 from engine.model.mlp import GatedMLP
 from engine.model.norm import RMSNorm
@@ -97,6 +98,8 @@ class DecoderStack(nn.Module):
 class DecoderLM(CausalLM):
     """Llama, Mistral, Qwen2, Qwen3 and Gemma 3 (the config's switches pick the variant)."""
 
+    eager: EagerLayers
+
     def __init__(self, cfg: ModelConfig, spec: ModelSpec) -> None:
         super().__init__()
         self.cfg = cfg
@@ -113,6 +116,8 @@ class DecoderLM(CausalLM):
             cfg.layer_rope(i) for i in range(cfg.num_layers)))
         self.rotaries = nn.ModuleList(RotaryEmbedding(r, cfg.head_dim) for r in self.ropes)
         self.layer_rotary = [self.ropes.index(cfg.layer_rope(i)) for i in range(cfg.num_layers)]
+        # Not a submodule (a plain attribute): the layers' prepared plans for eager steps.
+        self.__dict__["eager"] = EagerLayers(self.model.layers, self.layer_rotary)
 
     def init_buffers(self, device: torch.device) -> None:
         """Recompute the non-persistent buffers (the model is built on the meta device
@@ -127,19 +132,41 @@ class DecoderLM(CausalLM):
     def run_step(self, batch: ForwardBatch, kv: KVCache, dense: DenseStep) -> torch.Tensor:
         """One engine step with ``dense`` computing it (``dense_step`` itself, or a compiled
         form of it): the metadata checked once, the attention calls pointed at ``batch`` and
-        ``kv`` (``engine.model.attention_op``)."""
+        ``kv`` (``engine.model.attention_op``). Eager, without a ``RowCut``, the layers run
+        on their prepared plans (``engine.model.eager_step``) where the step allows."""
         if len(kv.k) != self.cfg.num_layers:
             raise ValueError(f"the KV cache has {len(kv.k)} layers, the model "
                              f"{self.cfg.num_layers}")
         batch.validate(kv.k[0], kv.v[0])  # once for every layer's kernel calls
+        cut = batch.row_cut
+        if dense == self.dense_step and cut is None and self.eager.usable():
+            plans = self.eager.plans()
+            if plans is not None:
+                return self._planned_step(plans, batch, kv)
         attention: list[Attention] = [layer.self_attn for layer in self.model.layers]  # type: ignore[misc]
         ctx = StepContext(batch, kv, attention)
-        cut = batch.row_cut
         with step_context(ctx):
             if cut is None:
                 return dense(batch.input_ids, batch.positions, batch.logits_indices, None, -1)
             return dense(batch.input_ids, batch.positions, cut.tail.logits_indices, cut.rows,
                          cut.layer)
+
+    def _planned_step(self, plans: list[LayerPlan], batch: ForwardBatch, kv: KVCache
+                      ) -> torch.Tensor:
+        h, cos_sin = self._embed(batch.input_ids, batch.positions)
+        ops = self.eager.step_ops(plans, fused_ops(), batch, kv, h.dtype, cos_sin)
+        h, residual = EagerLayers.run(plans, h, cos_sin, batch, kv, ops)
+        # The final norm's weight is not among those step_ops checked: the checked ops.
+        return self._logits(h, residual, batch.logits_indices, fused_ops())
+
+    def _embed(self, input_ids: torch.Tensor, positions: torch.Tensor
+               ) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
+        """The step's embeddings and each rotary's ``(cos, sin)``."""
+        embed = self.model.embed_tokens
+        h = embed(input_ids)
+        if self.cfg.embed_scale:
+            h = h * torch.tensor(self.cfg.hidden_size**0.5).to(embed.weight.dtype)
+        return h, [rotary(positions, h.dtype) for rotary in self.rotaries]
 
     def dense_step(self, input_ids: torch.Tensor, positions: torch.Tensor,
                    logits_indices: torch.Tensor, cut_rows: torch.Tensor | None = None,
@@ -148,11 +175,7 @@ class DecoderLM(CausalLM):
         ``StepContext``), so ``torch.compile`` can trace it whole. With ``cut_rows`` only
         those rows go on past layer ``cut_layer``'s KV write (``engine.core.row_cut``), and
         ``logits_indices`` number them."""
-        embed = self.model.embed_tokens
-        h = embed(input_ids)
-        if self.cfg.embed_scale:
-            h = h * torch.tensor(self.cfg.hidden_size**0.5).to(embed.weight.dtype)
-        cos_sin = [rotary(positions, h.dtype) for rotary in self.rotaries]
+        h, cos_sin = self._embed(input_ids, positions)
         ops = fused_ops()  # the torch forms while torch.compile traces
         residual: torch.Tensor | None = None
         layer_rotary = self.layer_rotary
@@ -164,7 +187,11 @@ class DecoderLM(CausalLM):
             h, residual = layer.forward(h, residual, cos, sin, ops, cut_rows)
             cos_sin = [(c.index_select(0, cut_rows), s.index_select(0, cut_rows))
                        for c, s in cos_sin]
-        # The last add, norm and logits only for the rows the runner asked for.
+        return self._logits(h, residual, logits_indices, ops)
+
+    def _logits(self, h: torch.Tensor, residual: torch.Tensor | None,
+                logits_indices: torch.Tensor, ops: FusedOps) -> torch.Tensor:
+        """The last add, norm and logits, only for the rows the runner asked for."""
         norm = self.model.norm
         rows = h.index_select(0, logits_indices)
         if residual is None:  # no layers
@@ -173,7 +200,7 @@ class DecoderLM(CausalLM):
             h = ops.add_rms_norm(rows, residual.index_select(0, logits_indices), norm.weight,
                                  norm.eps, norm.one_plus)[0]
         if self.lm_head is None:
-            logits = self.tied_logits.linear(h, embed.weight, None)
+            logits = self.tied_logits.linear(h, self.model.embed_tokens.weight, None)
         else:
             logits = self.lm_head(h)
         cap = self.cfg.final_logit_softcap
