@@ -166,6 +166,12 @@ def plain_linears() -> Iterator[None]:
         _local.plain = before
 
 
+def plain_linears_active() -> bool:
+    """Whether ``plain_linears`` is active on this thread (a caller that binds prepared
+    products ahead of time must not use them then)."""
+    return bool(getattr(_local, "plain", False))
+
+
 #: How a ``PreparedWeight`` appears in a graph ``torch.compile`` traces: ``"opaque"``, the
 #: custom op ``kernels::prepared_linear`` (this module's packed GEMM, called as is);
 #: ``"inductor"``, a plain ``F.linear`` that inductor lowers itself (with weight freezing it
@@ -207,6 +213,15 @@ class PreparedWeight:
 
     def clear(self) -> None:
         self._cached = None
+
+    def prepared_for(self, weight: torch.Tensor) -> tuple[LinearKernel, object] | None:
+        """The kernel and prepared value ``linear`` would use for ``weight`` now, or None
+        when it has not prepared this weight as it is (another tensor, a newer version)."""
+        cached = self._cached
+        key = (weight.data_ptr(), _version(weight), weight.dtype, weight.device)
+        if cached is None or cached.key != key:
+            return None
+        return cached.kernel, cached.value
 
 
 @torch.library.custom_op("kernels::prepared_linear", mutates_args=())

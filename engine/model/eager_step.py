@@ -96,7 +96,7 @@ class EagerLayers:
         """Whether this step may run on the plans (the reasons are the module docstring's)."""
         return (not torch.compiler.is_compiling()
                 and not torch._C._is_torch_function_mode_enabled()
-                and not getattr(kernels_linear._local, "plain", False)
+                and not kernels_linear.plain_linears_active()
                 and not debug_checks())
 
     def plans(self) -> list[LayerPlan] | None:

@@ -68,12 +68,12 @@ class Linear(nn.Linear):
         # One product through the public path prepares the weight (or finds it prepared)
         # exactly as ``forward`` would; its prepared form is then read back.
         self.prepared.linear(w.new_zeros((1, w.shape[1])), w, b)
-        cached = self.prepared._cached  # kernels.linear keeps (key, kernel, value) here
-        if cached is None:
+        prepared = self.prepared.prepared_for(w)
+        if prepared is None:
             return None
-        apply = cached.kernel.apply
-        if isinstance(cached.value, gemv.PackedWeight) and (b is None
-                                                             or b.dtype == torch.bfloat16):
+        kernel, value = prepared
+        apply = kernel.apply
+        if isinstance(value, gemv.PackedWeight) and (b is None or b.dtype == torch.bfloat16):
             # bf16gemv's apply only converts the bias and forwards: call what it calls.
             apply = gemv.linear  # type: ignore[assignment]
-        return BoundLinear(w, b, w.data_ptr(), weight_version(w), apply, cached.value)
+        return BoundLinear(w, b, w.data_ptr(), weight_version(w), apply, value)
