@@ -205,15 +205,7 @@ static void merge_group(const job_t *j, int64_t bg) {
             l += w * p[D + 1];
             for (int64_t d = 0; d < D; d++) acc[d] += w * p[d];
         }
-        float inv = l > 0.0f ? 1.0f / l : 0.0f;
-        int64_t o = (b * j->heads + g * G + r) * D;
-        if (j->dtype == DT_BF16) {
-            uint16_t *out = (uint16_t *)j->out + o;
-            for (int64_t d = 0; d < D; d++) out[d] = f32_to_bf16(acc[d] * inv);
-        } else {
-            float *out = (float *)j->out + o;
-            for (int64_t d = 0; d < D; d++) out[d] = acc[d] * inv;
-        }
+        write_row(j, b, g * G + r, acc, mx, l, NULL);
     }
 }
 
